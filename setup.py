@@ -39,6 +39,7 @@ def extensions() -> list:
     exts = [
         Extension(f"batchbench._native.{name}", [f"csrc/{name}.pyx"], extra_compile_args=["-O3"])
         for name in NATIVE_MODULES
+        if os.path.exists(f"csrc/{name}.pyx")
     ]
     return cythonize(exts, language_level=3, compiler_directives={"boundscheck": False, "wraparound": False})
 
