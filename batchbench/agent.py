@@ -1,0 +1,258 @@
+"""``batchbench-agent``: the run sequence of COMPAT §1.3, from arguments to reports."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from urllib.parse import urlsplit
+
+from batchbench.agent_args import (
+    SIZE_DEFAULTS,
+    SIZE_FAMILIES,
+    parse_agent_args,
+    shape_flags_given,
+)
+from batchbench.config import RunConfig
+from batchbench.content import ContentFactory
+from batchbench.dryrun import DryRunBody
+from batchbench.engine import EngineResult, run_closed_loop, run_open_loop
+from batchbench.errors import BatchbenchError, UsageError
+from batchbench.events import LifecycleWriter
+from batchbench.manifest import hash_manifest, load_manifest
+from batchbench.metrics import RunTotals
+from batchbench.report import CsvContext, banner_lines, csv_row, dry_run_lines, summary_lines, write_csv
+from batchbench.sampling import FamilyFlags, resolve_latency_spec, resolve_size_spec
+from batchbench.synth import Synthesizer
+from batchbench.tokenizer import load_tokenizer
+from batchbench.workload import SampledShape, Workload, compile_manifest, compile_sampled
+
+
+def resolve_endpoint(host: str, endpoint: str) -> str:
+    """COMPAT §2.2: scheme defaulting, trailing-slash trimming, full-URL endpoints."""
+    if endpoint.startswith(("http://", "https://")):
+        url = endpoint
+    else:
+        if not host.startswith(("http://", "https://")):
+            host = "https://" + host
+        url = host.rstrip("/") + "/" + endpoint.lstrip("/")
+    try:
+        parts = urlsplit(url)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+        _ = parts.port  # raises ValueError for a port that is not a number in range
+    except ValueError:
+        valid = False
+    if not valid:
+        raise UsageError(f"invalid endpoint URL: {url}")
+    return url
+
+
+def resolve_shape(args) -> SampledShape:
+    """Resolve the four size families and the latency spec (COMPAT §2.3, §2.4)."""
+    specs = {}
+    for label, dest, _fixed, _lognorm in SIZE_FAMILIES:
+        flags = FamilyFlags(
+            fixed=getattr(args, f"{dest}_fixed"),
+            mu=getattr(args, f"{dest}_mu"),
+            median=getattr(args, f"{dest}_median"),
+            sigma=getattr(args, f"{dest}_sigma"),
+            cap=getattr(args, f"{dest}_max"),
+        )
+        specs[label] = resolve_size_spec(label, flags, SIZE_DEFAULTS[label])
+    latency = resolve_latency_spec(
+        FamilyFlags(
+            fixed=args.tool_call_latency_ms,
+            mu=args.tool_call_latency_lognorm_mu,
+            median=args.tool_call_latency_lognorm_median_ms,
+            sigma=args.tool_call_latency_lognorm_sigma,
+            cap=args.tool_call_latency_lognorm_max_ms,
+        )
+    )
+    return SampledShape(
+        input=specs["input"],
+        output=specs["output"],
+        environment=specs["environment"],
+        tool_invocations=specs["tool-invocations"],
+        latency=latency,
+    )
+
+
+def runtime_checks(args) -> tuple[str | None, SampledShape]:
+    """The runtime checks of COMPAT §2.8, in order; returns (manifest hash, shape)."""
+    replay = args.agent_plans_jsonl is not None
+    if replay and args.agents is not None:
+        raise UsageError(
+            "--agents cannot be combined with --agent-plans-jsonl; "
+            "the manifest defines the total agent count"
+        )
+    if replay and shape_flags_given(args):
+        raise UsageError("synthetic workload-shape flags cannot be combined with --agent-plans-jsonl")
+    sha256 = hash_manifest(args.agent_plans_jsonl) if replay else None
+    if args.agents == 0:
+        raise UsageError("agents must be greater than zero")
+    if args.request_timeout_secs == 0:
+        raise UsageError("request-timeout-secs must be greater than zero")
+    shape = resolve_shape(args)
+    if not args.model:
+        raise UsageError("model must not be empty")
+    return sha256, shape
+
+
+def build_workload(args, sha256: str | None, shape: SampledShape, root_seed: int) -> Workload:
+    if args.agent_plans_jsonl is None:
+        return compile_sampled(shape, args.agents or 1, root_seed)
+    manifest = load_manifest(args.agent_plans_jsonl, sha256=sha256)
+    return compile_manifest(
+        manifest,
+        initial_overhead=args.replay_initial_overhead_tokens or 0,
+        turn_overhead=args.replay_turn_overhead_tokens or 0,
+        time_scale=args.time_scale or 1.0,
+    )
+
+
+def make_config(args, sha256: str | None, shape: SampledShape, workload: Workload, root_seed: int) -> RunConfig:
+    return RunConfig(
+        model=args.model,
+        tokenizer_model=args.tokenizer_model or args.model,
+        host=args.host,
+        endpoint_url=resolve_endpoint(args.host, args.endpoint),
+        workload_mode=workload.mode,
+        agents=len(workload),
+        root_seed=root_seed,
+        seed_given=args.seed,
+        max_active_requested=args.max_active_agents,
+        admission=args.admission or "closed-loop",
+        time_scale=args.time_scale or 1.0,
+        manifest_path=args.agent_plans_jsonl,
+        manifest_sha256=sha256,
+        initial_overhead=args.replay_initial_overhead_tokens,
+        turn_overhead=args.replay_turn_overhead_tokens,
+        shape=shape,
+        sglang=args.sglang,
+        ignore_eos=args.ignore_eos,
+        dp_ranks=args.dp_rank_perfect_routing_num if args.dp_rank_perfect_routing else None,
+        user_tagging=not args.disable_user_tagging,
+        dry_run=args.dry_run,
+        results_csv=args.results_csv,
+        agent_events_jsonl=args.agent_events_jsonl,
+        latency_flags=(
+            args.tool_call_latency_ms,
+            args.tool_call_latency_lognorm_mu,
+            args.tool_call_latency_lognorm_median_ms,
+            args.tool_call_latency_lognorm_sigma,
+            args.tool_call_latency_lognorm_max_ms,
+        ),
+        schema_version=workload.schema_version,
+    )
+
+
+def _event_loop_runner() -> asyncio.Runner:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency; keep running without it
+        return asyncio.Runner()
+    return asyncio.Runner(loop_factory=uvloop.new_event_loop)
+
+
+def execute_dry_run(config: RunConfig, workload: Workload, factory: ContentFactory, events: LifecycleWriter | None) -> EngineResult:
+    """Run admission with instant completion while generating every text."""
+    workers = min(os.cpu_count() or 1, 32)
+    sink = events.write if events is not None else None
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="batchbench-text") as pool:
+        body = DryRunBody(factory, workload, pool)
+        with _event_loop_runner() as runner:
+            if config.admission == "open-loop":
+                offsets = [0.0] * len(workload)  # schema v1 has no start offsets
+                return runner.run(run_open_loop(offsets, config.max_active_requested, body, sink))
+            return runner.run(run_closed_loop(len(workload), config.max_active_requested, body, sink))
+
+
+def dry_run_totals(workload: Workload, result: EngineResult) -> RunTotals:
+    """D13: no request counts as sent; completed agents report their end-to-end latency."""
+    completed = [r for r in result.records if r.completed]
+    return RunTotals(
+        agents=len(workload),
+        completed_agents=len(completed),
+        planned_tool_invocations=workload.n_requests,
+        agent_latencies_ms=[r.loop_seconds * 1000.0 for r in completed],
+    )
+
+
+def _write(lines) -> None:
+    out = sys.stdout
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) >= 4096:
+            out.write("\n".join(chunk) + "\n")
+            chunk.clear()
+    if chunk:
+        out.write("\n".join(chunk) + "\n")
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "batchbench-agent") -> int:
+    """Run the benchmark; raises BatchbenchError (UsageError for argument errors)."""
+    args = parse_agent_args(sys.argv[1:] if argv is None else argv, prog=prog)
+    if args is None:  # --help or --version was printed
+        return 0
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    sha256, shape = runtime_checks(args)
+    root_seed = args.seed if args.seed is not None else secrets.randbits(64)
+    workload = build_workload(args, sha256, shape, root_seed)
+    config = make_config(args, sha256, shape, workload, root_seed)
+    if not config.dry_run:
+        raise UsageError(
+            "sending requests to a server is not implemented yet in this version; "
+            "pass --dry-run to build the plans, generate every text and run admission"
+        )
+    loaded = load_tokenizer(config.tokenizer_model)
+    config.tokenizer_source = loaded.source
+    synth = Synthesizer.prepare(loaded)
+    _write(banner_lines(config))
+    sys.stdout.flush()
+    factory = ContentFactory(synth, workload, root_seed)
+    events = (
+        LifecycleWriter(config.agent_events_jsonl, config.dp_ranks, workload.trajectory_ids)
+        if config.agent_events_jsonl
+        else None
+    )
+    try:
+        result = execute_dry_run(config, workload, factory, events)
+    finally:
+        if events is not None:
+            events.close()
+    totals = dry_run_totals(workload, result)
+    _write(dry_run_lines(workload, result))
+    _write(summary_lines(totals, result))
+    if config.agent_events_jsonl:
+        print(f"Wrote agent lifecycle events to {config.agent_events_jsonl}")
+    if config.results_csv:
+        write_csv(config.results_csv, csv_row(config, totals, result, CsvContext(timestamp=started)))
+        print(f"Wrote agent benchmark summary to {config.results_csv}")
+    sys.stdout.flush()
+    return 0
+
+
+def run_console(argv: Sequence[str] | None, prog: str) -> int:
+    """Exit-status contract of D9: 0 ok, 1 runtime error, 2 usage error, 130 interrupted."""
+    try:
+        return main(argv, prog=prog)
+    except UsageError as exc:
+        sys.stdout.flush()
+        print(f"Error: {exc}", file=sys.stderr)
+        return 2
+    except BatchbenchError as exc:
+        sys.stdout.flush()
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("Error: interrupted", file=sys.stderr)
+        return 130
+
+
+def console_main() -> None:
+    sys.exit(run_console(None, "batchbench-agent"))

@@ -1,0 +1,45 @@
+"""``batchbench``: one command for the package's tools (``agent``, ``tokenizers``)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from batchbench.agent import run_console
+from batchbench.agent_args import version_text
+from batchbench.tokenizer import describe_builtins
+
+USAGE = """usage: batchbench <command> [options]
+
+commands:
+  agent        replay trajectories or sampled agents (same as batchbench-agent)
+  tokenizers   list the built-in tokenizer names usable with --tokenizer-model
+
+options:
+  --version    print the version and which implementation (native or pure Python) is active
+  -h, --help   show this help
+
+Run `batchbench agent --help` for the benchmark's options.
+"""
+
+
+def run(argv: Sequence[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.stdout.write(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], list(argv[1:])
+    if command == "--version":
+        print(version_text())
+        return 0
+    if command == "agent":
+        return run_console(rest, "batchbench agent")
+    if command == "tokenizers":
+        for name, path in describe_builtins():
+            print(f"{name}\t{path}")
+        return 0
+    print(f"Error: unknown command {command!r}; expected agent or tokenizers", file=sys.stderr)
+    return 2
+
+
+def main() -> None:
+    sys.exit(run(sys.argv[1:]))

@@ -1,0 +1,44 @@
+"""The resolved configuration of one run, built from the command line by ``batchbench.agent``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from batchbench.workload import SampledShape
+
+
+@dataclass
+class RunConfig:
+    """What every later stage needs to know; raw flag values are kept for the CSV."""
+
+    model: str
+    tokenizer_model: str
+    host: str
+    endpoint_url: str
+    workload_mode: str  # "synthetic" | "trajectory_replay"
+    agents: int
+    root_seed: int
+    seed_given: int | None
+    max_active_requested: int | None
+    admission: str = "closed-loop"
+    time_scale: float = 1.0
+    manifest_path: str | None = None
+    manifest_sha256: str | None = None
+    initial_overhead: int | None = None
+    turn_overhead: int | None = None
+    shape: SampledShape | None = None
+    sglang: bool = False
+    ignore_eos: bool = False
+    dp_ranks: int | None = None
+    user_tagging: bool = True
+    dry_run: bool = False
+    results_csv: str | None = None
+    agent_events_jsonl: str | None = None
+    latency_flags: tuple = (None, None, None, None, None)
+    tokenizer_source: str = ""
+    schema_version: int | None = None
+
+    @property
+    def effective_max_active(self) -> int:
+        requested = self.max_active_requested
+        return self.agents if requested is None else min(requested, self.agents)

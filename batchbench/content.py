@@ -1,0 +1,70 @@
+"""Materialize a trajectory's text on demand, deterministically (COMPAT §4.3, §4.5).
+
+Every text is a pure function of (root seed, agent id, field, turn) and the tokenizer, so
+it never depends on which worker generated it or when.
+"""
+
+from __future__ import annotations
+
+from batchbench.errors import SynthesisError
+from batchbench.rng import mix_seed
+from batchbench.synth import Synthesizer
+from batchbench.workload import Workload
+
+STREAM_INITIAL_TEXT = 0x1000_0000_0000_0000
+STREAM_RESET_TEXT = 0x2000_0000_0000_0000
+STREAM_ENVIRONMENT_TEXT = 0x2000_0000_0000_0001
+
+
+class ContentFactory:
+    """Text for the initial prompt, the environment replies and reset prompts of each agent."""
+
+    def __init__(self, synth: Synthesizer, workload: Workload, root_seed: int) -> None:
+        self.synth = synth
+        self.workload = workload
+        self.root_seed = root_seed
+
+    def _text(self, tokens: int, agent: int, stream: int, context: str, detail: str) -> str:
+        try:
+            return self.synth.text(tokens, mix_seed(self.root_seed, agent, stream))
+        except SynthesisError as exc:
+            raise exc.with_context(detail).with_context(context) from None
+
+    def initial_prompt(self, agent: int) -> str:
+        """The first user message: ``input_content_tokens`` of request 1."""
+        request = self.workload.turns(agent)[0]
+        tokens = int(self.workload.input_content_tokens[request])
+        ident = self.workload.trajectory_ids[agent]
+        return self._text(
+            tokens,
+            agent,
+            STREAM_INITIAL_TEXT,
+            f'failed to generate initial prompt for trajectory "{ident}"',
+            f"request 1 field input_content_tokens ({tokens})",
+        )
+
+    def environment(self, agent: int, turn: int) -> str:
+        """The tool result appended after turn ``turn`` (0-based) succeeds."""
+        request = self.workload.turns(agent)[turn]
+        tokens = int(self.workload.environment_tokens[request])
+        ident = self.workload.trajectory_ids[agent]
+        return self._text(
+            tokens,
+            agent,
+            STREAM_ENVIRONMENT_TEXT + 2 * turn,
+            f'failed to generate environment content for trajectory "{ident}" invocation {turn + 1}',
+            f"request {turn + 1} field environment_tokens ({tokens})",
+        )
+
+    def reset_prompt(self, agent: int, turn: int) -> str:
+        """The single user message that replaces the history before reset turn ``turn``."""
+        request = self.workload.turns(agent)[turn]
+        tokens = int(self.workload.input_content_tokens[request])
+        ident = self.workload.trajectory_ids[agent]
+        return self._text(
+            tokens,
+            agent,
+            STREAM_RESET_TEXT + 2 * turn,
+            f'failed to prefetch reset prompt for trajectory "{ident}" invocation {turn + 1}',
+            f"request {turn + 1} field input_content_tokens ({tokens})",
+        )

@@ -1,0 +1,39 @@
+"""The dry-run agent body: materialize every text of a trajectory, send nothing (COMPAT §3.8)."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import Executor
+
+from batchbench.content import ContentFactory
+from batchbench.workload import Workload
+
+
+class DryRunBody:
+    """Generates each trajectory's texts off the event loop so unconstructable content fails the run."""
+
+    def __init__(self, factory: ContentFactory, workload: Workload, pool: Executor) -> None:
+        self.factory = factory
+        self.workload = workload
+        self.pool = pool
+
+    async def prepare(self, agent: int) -> str:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool, self.factory.initial_prompt, agent)
+
+    def _materialize_rest(self, agent: int) -> int:
+        """Every environment text but the last turn's (D10) and every reset prompt; returns bytes made."""
+        produced = 0
+        turns = self.workload.turns(agent)
+        reset = self.workload.reset_before
+        for turn, request in enumerate(turns):
+            if turn > 0 and reset[request]:
+                produced += len(self.factory.reset_prompt(agent, turn))
+            if turn < len(turns) - 1:
+                produced += len(self.factory.environment(agent, turn))
+        return produced
+
+    async def run(self, agent: int, slot: int, prepared: str) -> bool:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self.pool, self._materialize_rest, agent)
+        return True

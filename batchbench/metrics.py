@@ -1,0 +1,57 @@
+"""Percentiles and run totals as COMPAT §6.8 defines them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+QUANTILES = (0.50, 0.90, 0.99)
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float | None:
+    """Element at index round((n-1)q), rounding half away from zero; None for no samples."""
+    n = len(sorted_values)
+    if n == 0:
+        return None
+    q = min(max(q, 0.0), 1.0)
+    return sorted_values[int(math.floor((n - 1) * q + 0.5))]
+
+
+def percentiles(values: Sequence[float]) -> tuple[float | None, float | None, float | None]:
+    """(p50, p90, p99) of unsorted samples."""
+    ordered = sorted(values)
+    p50, p90, p99 = (percentile(ordered, q) for q in QUANTILES)
+    return p50, p90, p99
+
+
+def cached_prefix_estimate(prompts: Sequence[int]) -> int:
+    """Per-agent perfect-prefix bound: each request reuses min(previous, current) prompt tokens."""
+    total, previous = 0, 0
+    for prompt in prompts:
+        total += min(previous, prompt)
+        previous = prompt
+    return total
+
+
+@dataclass
+class RunTotals:
+    """The counters of one run that the summary, CSV and JSON report."""
+
+    agents: int = 0
+    completed_agents: int = 0
+    planned_tool_invocations: int = 0
+    successful_requests: int = 0
+    failed_requests: int = 0
+    total_input_tokens: int = 0
+    total_output_tokens: int = 0
+    estimated_cached_input_tokens: int = 0
+    total_tool_call_latency_seconds: float = 0.0
+    live_block_fallbacks: int = 0
+    request_latencies_ms: list[float] = field(default_factory=list)
+    agent_latencies_ms: list[float] = field(default_factory=list)
+    failures: list[tuple[int, str, int, str]] = field(default_factory=list)
+
+    @property
+    def total_requests(self) -> int:
+        return self.successful_requests + self.failed_requests
