@@ -11,12 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
-from batchbench.agent_args import (
-    SIZE_DEFAULTS,
-    SIZE_FAMILIES,
-    parse_agent_args,
-    shape_flags_given,
-)
+from batchbench.agent_args import parse_agent_args, resolve_shape, shape_flags_given
 from batchbench.config import RunConfig
 from batchbench.content import ContentFactory
 from batchbench.dryrun import DryRunBody
@@ -26,7 +21,6 @@ from batchbench.events import LifecycleWriter
 from batchbench.manifest import hash_manifest, load_manifest
 from batchbench.metrics import RunTotals
 from batchbench.report import CsvContext, banner_lines, csv_row, dry_run_lines, summary_lines, write_csv
-from batchbench.sampling import FamilyFlags, resolve_latency_spec, resolve_size_spec
 from batchbench.synth import Synthesizer
 from batchbench.tokenizer import load_tokenizer
 from batchbench.workload import SampledShape, Workload, compile_manifest, compile_sampled
@@ -49,36 +43,6 @@ def resolve_endpoint(host: str, endpoint: str) -> str:
     if not valid:
         raise UsageError(f"invalid endpoint URL: {url}")
     return url
-
-
-def resolve_shape(args) -> SampledShape:
-    """Resolve the four size families and the latency spec (COMPAT §2.3, §2.4)."""
-    specs = {}
-    for label, dest, _fixed, _lognorm in SIZE_FAMILIES:
-        flags = FamilyFlags(
-            fixed=getattr(args, f"{dest}_fixed"),
-            mu=getattr(args, f"{dest}_mu"),
-            median=getattr(args, f"{dest}_median"),
-            sigma=getattr(args, f"{dest}_sigma"),
-            cap=getattr(args, f"{dest}_max"),
-        )
-        specs[label] = resolve_size_spec(label, flags, SIZE_DEFAULTS[label])
-    latency = resolve_latency_spec(
-        FamilyFlags(
-            fixed=args.tool_call_latency_ms,
-            mu=args.tool_call_latency_lognorm_mu,
-            median=args.tool_call_latency_lognorm_median_ms,
-            sigma=args.tool_call_latency_lognorm_sigma,
-            cap=args.tool_call_latency_lognorm_max_ms,
-        )
-    )
-    return SampledShape(
-        input=specs["input"],
-        output=specs["output"],
-        environment=specs["environment"],
-        tool_invocations=specs["tool-invocations"],
-        latency=latency,
-    )
 
 
 def runtime_checks(args) -> tuple[str | None, SampledShape]:

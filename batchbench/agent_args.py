@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 from batchbench import __version__
 from batchbench.errors import UsageError
+from batchbench.sampling import FamilyFlags, resolve_latency_spec, resolve_size_spec
+from batchbench.workload import SampledShape
 
 DEFAULT_MODEL = "Qwen/Qwen3-VL-235B-A22B-Instruct-FP8"
 
@@ -265,3 +267,33 @@ def parse_agent_args(argv: Sequence[str], prog: str = "batchbench-agent") -> arg
 def shape_flags_given(args: argparse.Namespace) -> bool:
     """True when any of the 25 synthetic shape flags (aliases included) was given."""
     return any(getattr(args, dest) is not None for dest in shape_dests())
+
+
+def resolve_shape(args) -> SampledShape:
+    """Resolve the four size families and the latency spec (COMPAT §2.3, §2.4)."""
+    specs = {}
+    for label, dest, _fixed, _lognorm in SIZE_FAMILIES:
+        flags = FamilyFlags(
+            fixed=getattr(args, f"{dest}_fixed"),
+            mu=getattr(args, f"{dest}_mu"),
+            median=getattr(args, f"{dest}_median"),
+            sigma=getattr(args, f"{dest}_sigma"),
+            cap=getattr(args, f"{dest}_max"),
+        )
+        specs[label] = resolve_size_spec(label, flags, SIZE_DEFAULTS[label])
+    latency = resolve_latency_spec(
+        FamilyFlags(
+            fixed=args.tool_call_latency_ms,
+            mu=args.tool_call_latency_lognorm_mu,
+            median=args.tool_call_latency_lognorm_median_ms,
+            sigma=args.tool_call_latency_lognorm_sigma,
+            cap=args.tool_call_latency_lognorm_max_ms,
+        )
+    )
+    return SampledShape(
+        input=specs["input"],
+        output=specs["output"],
+        environment=specs["environment"],
+        tool_invocations=specs["tool-invocations"],
+        latency=latency,
+    )

@@ -10,12 +10,17 @@ from batchbench.workload import Workload
 
 
 class DryRunBody:
-    """Generates each trajectory's texts off the event loop so unconstructable content fails the run."""
+    """Generates each trajectory's texts off the event loop so unconstructable content fails the run.
+
+    Completion is instant, and agents that complete at the same instant finish in admission
+    order, so slot inheritance (and so every dry-run line) is the same on every run.
+    """
 
     def __init__(self, factory: ContentFactory, workload: Workload, pool: Executor) -> None:
         self.factory = factory
         self.workload = workload
         self.pool = pool
+        self._last_finish: asyncio.Future | None = None
 
     async def prepare(self, agent: int) -> str:
         loop = asyncio.get_running_loop()
@@ -35,5 +40,12 @@ class DryRunBody:
 
     async def run(self, agent: int, slot: int, prepared: str) -> bool:
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self.pool, self._materialize_rest, agent)
+        previous, finished = self._last_finish, loop.create_future()
+        self._last_finish = finished
+        try:
+            await loop.run_in_executor(self.pool, self._materialize_rest, agent)
+            if previous is not None:
+                await previous
+        finally:
+            finished.set_result(None)
         return True

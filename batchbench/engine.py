@@ -8,6 +8,7 @@ scheduled, admitted and collected.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ class TrajectoryRecord:
     finished_at: float = 0.0
     loop_seconds: float = 0.0
     completed: bool = False
+    finish_sequence: int = 0
 
 
 @dataclass
@@ -84,9 +86,12 @@ async def run_closed_loop(
     clock = _Clock()
     clock.start()
 
+    finish_order = itertools.count()
+
     async def run_agent(record: TrajectoryRecord, content: Any) -> TrajectoryRecord:
         record.completed = await body.run(record.agent_id, record.routing_slot, content)
         record.loop_seconds = clock.now() - record.admitted_at
+        record.finish_sequence = next(finish_order)
         return record
 
     tasks: set[asyncio.Task] = set()
@@ -109,8 +114,7 @@ async def run_closed_loop(
     try:
         while tasks:
             done, tasks = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                record = task.result()
+            for record in _in_finish_order(done):
                 record.finished_at = clock.now()
                 result.records.append(record)
                 if sink is not None:
@@ -131,6 +135,11 @@ async def run_closed_loop(
     return result
 
 
+def _in_finish_order(done: set[asyncio.Task]) -> list[TrajectoryRecord]:
+    """Results of tasks that finished in one loop turn, in the order they finished (not set order)."""
+    return sorted((task.result() for task in done), key=lambda record: record.finish_sequence)
+
+
 async def run_open_loop(
     start_offsets: list[float],
     max_active: int | None,
@@ -148,6 +157,7 @@ async def run_open_loop(
     prepared = dict(zip(early, await asyncio.gather(*(body.prepare(a) for a in early)), strict=True))
     clock = _Clock()
     clock.start()
+    finish_order = itertools.count()
 
     async def trajectory(agent: int) -> TrajectoryRecord:
         try:
@@ -170,6 +180,7 @@ async def run_open_loop(
         try:
             record.completed = await body.run(agent, slot, content)
             record.loop_seconds = clock.now() - admitted
+            record.finish_sequence = next(finish_order)
         finally:
             slots.release(slot)
             if cap is not None:
@@ -188,12 +199,11 @@ async def run_open_loop(
         while not spawn.done() or tasks:
             waiting = set(tasks) | ({spawn} if not spawn.done() else set())
             done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if task is spawn:
-                    task.result()
-                    continue
-                tasks.discard(task)
-                record = task.result()
+            if spawn in done:
+                done.discard(spawn)
+                spawn.result()
+            tasks.difference_update(done)
+            for record in _in_finish_order(done):
                 record.finished_at = clock.now()
                 result.records.append(record)
                 if sink is not None:

@@ -50,12 +50,18 @@ def sample_sizes(spec: SizeSpec, seed: int, count: int, label: str) -> np.ndarra
     """``count`` draws of ``spec`` from the stream ``seed`` as int64 (draw k is fixed by k)."""
     if isinstance(spec, FixedSpec):
         return np.full(count, spec.value, dtype=np.int64)
-    values = np.exp(spec.mu + spec.sigma * standard_normal(seed, count))
+    with np.errstate(over="ignore"):
+        values = np.exp(spec.mu + spec.sigma * standard_normal(seed, count))
     if count and not np.all(np.isfinite(values)):
         raise UsageError(f"{label} log-normal distribution produced a non-finite sample")
+    return round_samples(values, spec.cap)
+
+
+def round_samples(values: np.ndarray, cap: int | None) -> np.ndarray:
+    """Round half away from zero (not to even), floor at 1, cap at ``cap``, as int64."""
     rounded = np.maximum(np.floor(values + 0.5), 1.0)
-    if spec.cap is not None:
-        rounded = np.minimum(rounded, float(spec.cap))
+    if cap is not None:
+        rounded = np.minimum(rounded, float(cap))
     # Values beyond int64 are capped there: such a sample is unusable either way.
     return np.minimum(rounded, float(2**62)).astype(np.int64)
 

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from batchbench.errors import PlanError
-from batchbench.manifest import Manifest
 from batchbench.rng import mix_seed
 from batchbench.sampling import SizeSpec, sample_sizes
 
 # Sampling stream ids of COMPAT §3.2 (4 is unused).
+if TYPE_CHECKING:
+    from batchbench.manifest import Manifest
+
 STREAM_INPUT = 0
 STREAM_INVOCATIONS = 1
 STREAM_OUTPUT = 2

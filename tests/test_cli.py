@@ -1,0 +1,168 @@
+"""Command-line parsing and the runtime-check order (COMPAT §2, §2.8; C57-C64)."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchbench.agent import main, resolve_endpoint, run_console
+from batchbench.agent_args import parse_agent_args, shape_dests, shape_flags_given
+from batchbench.errors import BatchbenchError, UsageError
+
+
+def usage_error(argv) -> str:
+    with pytest.raises(UsageError) as caught:
+        parse_agent_args(argv)
+    return str(caught.value)
+
+
+def test_c57_perfect_routing_needs_both_flags():
+    assert usage_error(["--dp-rank-perfect-routing"]) == (
+        "--dp-rank-perfect-routing requires --dp-rank-perfect-routing-num"
+    )
+    assert usage_error(["--dp-rank-perfect-routing-num", "4"]) == (
+        "--dp-rank-perfect-routing-num requires --dp-rank-perfect-routing"
+    )
+    assert usage_error(["--dp-rank-perfect-routing", "--dp-rank-perfect-routing-num", "0"]) == (
+        "argument --dp-rank-perfect-routing-num: value must be greater than zero"
+    )
+
+
+def test_c58_replay_flags_parse():
+    args = parse_agent_args(
+        [
+            "--agent-plans-jsonl", "plans.jsonl", "--max-active-agents", "128",
+            "--replay-initial-overhead-tokens", "1113", "--replay-turn-overhead-tokens=104",
+        ]
+    )
+    assert (args.agent_plans_jsonl, args.max_active_agents) == ("plans.jsonl", 128)
+    assert (args.replay_initial_overhead_tokens, args.replay_turn_overhead_tokens) == (1113, 104)
+    assert args.agents is None
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--input-tokens", "--initial-prompt-tokens", "--output-tokens", "--model-response-tokens",
+        "--environment-tokens", "--environment-response-tokens", "--tool-invocations",
+        "--input-lognorm-max", "--initial-prompt-lognorm-max", "--output-lognorm-max",
+        "--model-response-lognorm-max", "--environment-lognorm-max",
+        "--environment-response-lognorm-max", "--tool-invocations-lognorm-max",
+        "--tool-call-latency-ms", "--tool-latency-ms", "--tool-call-latency-lognorm-max-ms",
+        "--tool-call-latency-lognorm-max",
+    ],
+)
+def test_c59_shape_flags_detected_with_manifest(flag, tmp_path):
+    plans = tmp_path / "plans.jsonl"
+    plans.write_text('{"schema_version":1,"trajectory_id":"a","requests":[{"prompt_tokens":5,"output_tokens":1}]}\n')
+    argv = ["--agent-plans-jsonl", str(plans), flag, "3", "--dry-run"]
+    assert shape_flags_given(parse_agent_args(argv))
+    with pytest.raises(UsageError) as caught:
+        main(argv)
+    assert str(caught.value) == "synthetic workload-shape flags cannot be combined with --agent-plans-jsonl"
+
+
+def test_there_are_25_shape_flags():
+    assert len(shape_dests()) == 25
+
+
+def test_c60_agents_with_manifest(tmp_path):
+    with pytest.raises(UsageError, match="--agents cannot be combined"):
+        main(["--agent-plans-jsonl", str(tmp_path / "x.jsonl"), "--agents", "2", "--dry-run"])
+
+
+def test_c61_max_active_zero_and_text():
+    assert usage_error(["--max-active-agents", "0"]) == (
+        "argument --max-active-agents: value must be greater than zero"
+    )
+    assert usage_error(["--max-active-agents", "two"]) == (
+        'argument --max-active-agents: "two" is not a valid positive integer'
+    )
+
+
+def test_c62_admission_and_time_scale():
+    args = parse_agent_args(["--agent-plans-jsonl", "p", "--admission", "open-loop", "--time-scale", "4"])
+    assert (args.admission, args.time_scale) == ("open-loop", 4.0)
+    assert "--agent-plans-jsonl" in usage_error(["--admission", "open-loop"])
+    assert "positive finite number" in usage_error(["--agent-plans-jsonl", "p", "--time-scale", "0"])
+    for bad in ("nan", "inf", "-1"):
+        assert "positive finite number" in usage_error(["--agent-plans-jsonl", "p", "--time-scale", bad])
+    assert usage_error(["--agent-plans-jsonl", "p", "--time-scale", "fast"]) == (
+        'argument --time-scale: "fast" is not a valid number'
+    )
+    assert "invalid value" in usage_error(["--agent-plans-jsonl", "p", "--admission", "sometimes"])
+    from batchbench.agent import make_config  # noqa: F401 - the default is applied there
+
+    assert parse_agent_args(["--agent-plans-jsonl", "p"]).admission is None
+
+
+def test_admission_default_displays_as_closed_loop(capsys):
+    assert main(["--help"]) == 0
+    assert "default: closed-loop" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag", ["--replay-initial-overhead-tokens", "--replay-turn-overhead-tokens"])
+def test_c63_overheads_need_manifest(flag):
+    assert usage_error([flag, "3"]) == f"{flag} requires --agent-plans-jsonl"
+
+
+def test_c64_runtime_check_order(tmp_path):
+    missing = tmp_path / "missing.jsonl"
+    with pytest.raises(UsageError, match="^--agents cannot be combined"):
+        main(["--agent-plans-jsonl", str(missing), "--agents", "0", "--dry-run"])
+    with pytest.raises(BatchbenchError, match=f"^failed to open {missing} for hashing"):
+        main(["--agent-plans-jsonl", str(missing), "--request-timeout-secs", "0", "--dry-run"])
+    with pytest.raises(UsageError, match="^agents must be greater than zero$"):
+        main(["--agents", "0", "--request-timeout-secs", "0", "--dry-run"])
+    with pytest.raises(UsageError, match="^request-timeout-secs must be greater than zero$"):
+        main(["--request-timeout-secs", "0", "--input-tokens", "0", "--dry-run"])
+    with pytest.raises(UsageError, match="^invalid fixed input value"):
+        main(["--input-tokens", "0", "--model", "", "--dry-run"])
+    with pytest.raises(UsageError, match="^model must not be empty$"):
+        main(["--model", "", "--dry-run"])
+
+
+def test_no_abbreviations():
+    assert "unrecognized arguments: --agent" in usage_error(["--agent", "3"])
+    assert "unrecognized arguments" in usage_error(["--dry"])
+
+
+def test_equals_form_and_short_verbose():
+    args = parse_agent_args(["--agents=3", "-v", "--seed=18446744073709551615"])
+    assert (args.agents, args.verbose, args.seed) == (3, True, 2**64 - 1)
+    assert "does not fit in 64 bits" in usage_error(["--seed", str(2**64)])
+    assert "not a valid non-negative integer" in usage_error(["--agents", "-1"])
+
+
+def test_console_exit_statuses(capsys, tmp_path):
+    assert run_console(["--max-active-agents", "0"], "batchbench-agent") == 2
+    err = capsys.readouterr().err
+    assert err == "Error: argument --max-active-agents: value must be greater than zero\n"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"schema_version":1,"trajectory_id":"a","requests":[]}\n')
+    assert run_console(["--agent-plans-jsonl", str(bad), "--dry-run"], "batchbench-agent") == 1
+    assert capsys.readouterr().err == (
+        f"Error: invalid trajectory plan at {bad}:1: requests must contain at least one request\n"
+    )
+
+
+def test_sending_requests_is_refused_until_the_driver_exists(capsys):
+    assert run_console(["--agents", "1"], "batchbench-agent") == 2
+    assert "not implemented yet" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("host", "endpoint", "url"),
+    [
+        ("https://api.openai.com", "/v1/chat/completions", "https://api.openai.com/v1/chat/completions"),
+        ("localhost:8000/", "v1/chat/completions", "https://localhost:8000/v1/chat/completions"),
+        ("http://127.0.0.1:8000//", "//v1/x", "http://127.0.0.1:8000/v1/x"),
+        ("ignored", "http://10.0.0.1:9/v1/chat", "http://10.0.0.1:9/v1/chat"),
+    ],
+)
+def test_endpoint_resolution(host, endpoint, url):
+    assert resolve_endpoint(host, endpoint) == url
+
+
+def test_invalid_endpoint():
+    with pytest.raises(UsageError, match=r"^invalid endpoint URL: http://host:port/x$"):
+        resolve_endpoint("http://host:port", "/x")
