@@ -122,9 +122,14 @@ def _event_loop_runner() -> asyncio.Runner:
     return asyncio.Runner(loop_factory=uvloop.new_event_loop)
 
 
+def generation_workers() -> int:
+    """Size of the text-generation pool: min(CPU count, 32) (COMPAT §4.7)."""
+    return min(os.cpu_count() or 1, 32)
+
+
 def execute_dry_run(config: RunConfig, workload: Workload, factory: ContentFactory, events: LifecycleWriter | None) -> EngineResult:
     """Run admission with instant completion while generating every text."""
-    workers = min(os.cpu_count() or 1, 32)
+    workers = generation_workers()
     sink = events.write if events is not None else None
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="batchbench-text") as pool:
         body = DryRunBody(factory, workload, pool)
