@@ -19,14 +19,20 @@ class OptionalBuildExt(build_ext):
     def run(self) -> None:
         try:
             super().run()
-        except Exception as exc:  # noqa: BLE001 - any build failure means "use the twins"
-            print(f"batchbench: native extensions not built ({exc}); using pure Python", file=sys.stderr)
+        except Exception as exc:
+            print(
+                f"batchbench: native extensions not built ({exc}); using pure Python",
+                file=sys.stderr,
+            )
 
     def build_extension(self, ext: Extension) -> None:
         try:
             super().build_extension(ext)
-        except Exception as exc:  # noqa: BLE001
-            print(f"batchbench: could not build {ext.name} ({exc}); using pure Python", file=sys.stderr)
+        except Exception as exc:
+            print(
+                f"batchbench: could not build {ext.name} ({exc}); using pure Python",
+                file=sys.stderr,
+            )
 
 
 def extensions() -> list:
@@ -41,7 +47,9 @@ def extensions() -> list:
         for name in NATIVE_MODULES
         if os.path.exists(f"csrc/{name}.pyx")
     ]
-    return cythonize(exts, language_level=3, compiler_directives={"boundscheck": False, "wraparound": False})
+    return cythonize(
+        exts, language_level=3, compiler_directives={"boundscheck": False, "wraparound": False}
+    )
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -20,7 +20,14 @@ from batchbench.errors import BatchbenchError, UsageError
 from batchbench.events import LifecycleWriter
 from batchbench.manifest import hash_manifest, load_manifest
 from batchbench.metrics import RunTotals
-from batchbench.report import CsvContext, banner_lines, csv_row, dry_run_lines, summary_lines, write_csv
+from batchbench.report import (
+    CsvContext,
+    banner_lines,
+    csv_row,
+    dry_run_lines,
+    summary_lines,
+    write_csv,
+)
 from batchbench.synth import Synthesizer
 from batchbench.tokenizer import load_tokenizer
 from batchbench.workload import SampledShape, Workload, compile_manifest, compile_sampled
@@ -54,7 +61,9 @@ def runtime_checks(args) -> tuple[str | None, SampledShape]:
             "the manifest defines the total agent count"
         )
     if replay and shape_flags_given(args):
-        raise UsageError("synthetic workload-shape flags cannot be combined with --agent-plans-jsonl")
+        raise UsageError(
+            "synthetic workload-shape flags cannot be combined with --agent-plans-jsonl"
+        )
     sha256 = hash_manifest(args.agent_plans_jsonl) if replay else None
     if args.agents == 0:
         raise UsageError("agents must be greater than zero")
@@ -78,7 +87,9 @@ def build_workload(args, sha256: str | None, shape: SampledShape, root_seed: int
     )
 
 
-def make_config(args, sha256: str | None, shape: SampledShape, workload: Workload, root_seed: int) -> RunConfig:
+def make_config(
+    args, sha256: str | None, shape: SampledShape, workload: Workload, root_seed: int
+) -> RunConfig:
     return RunConfig(
         model=args.model,
         tokenizer_model=args.tokenizer_model or args.model,
@@ -127,7 +138,9 @@ def generation_workers() -> int:
     return min(os.cpu_count() or 1, 32)
 
 
-def execute_dry_run(config: RunConfig, workload: Workload, factory: ContentFactory, events: LifecycleWriter | None) -> EngineResult:
+def execute_dry_run(
+    config: RunConfig, workload: Workload, factory: ContentFactory, events: LifecycleWriter | None
+) -> EngineResult:
     """Run admission with instant completion while generating every text."""
     workers = generation_workers()
     sink = events.write if events is not None else None
@@ -137,7 +150,9 @@ def execute_dry_run(config: RunConfig, workload: Workload, factory: ContentFacto
             if config.admission == "open-loop":
                 offsets = [0.0] * len(workload)  # schema v1 has no start offsets
                 return runner.run(run_open_loop(offsets, config.max_active_requested, body, sink))
-            return runner.run(run_closed_loop(len(workload), config.max_active_requested, body, sink))
+            return runner.run(
+                run_closed_loop(len(workload), config.max_active_requested, body, sink)
+            )
 
 
 def dry_run_totals(workload: Workload, result: EngineResult) -> RunTotals:
@@ -200,7 +215,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "batchbench-agent") -> i
     if config.agent_events_jsonl:
         print(f"Wrote agent lifecycle events to {config.agent_events_jsonl}")
     if config.results_csv:
-        write_csv(config.results_csv, csv_row(config, totals, result, CsvContext(timestamp=started)))
+        write_csv(
+            config.results_csv, csv_row(config, totals, result, CsvContext(timestamp=started))
+        )
         print(f"Wrote agent benchmark summary to {config.results_csv}")
     sys.stdout.flush()
     return 0

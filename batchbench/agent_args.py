@@ -74,14 +74,30 @@ def _admission(text: str) -> str:
 
 # (family label, destination prefix, fixed flags, log-normal flag prefixes)
 SIZE_FAMILIES = (
-    ("input", "input", ("--input-tokens", "--initial-prompt-tokens"),
-     ("--input-lognorm", "--initial-prompt-lognorm")),
-    ("output", "output", ("--output-tokens", "--model-response-tokens"),
-     ("--output-lognorm", "--model-response-lognorm")),
-    ("environment", "environment", ("--environment-tokens", "--environment-response-tokens"),
-     ("--environment-lognorm", "--environment-response-lognorm")),
-    ("tool-invocations", "tool_invocations", ("--tool-invocations",),
-     ("--tool-invocations-lognorm",)),
+    (
+        "input",
+        "input",
+        ("--input-tokens", "--initial-prompt-tokens"),
+        ("--input-lognorm", "--initial-prompt-lognorm"),
+    ),
+    (
+        "output",
+        "output",
+        ("--output-tokens", "--model-response-tokens"),
+        ("--output-lognorm", "--model-response-lognorm"),
+    ),
+    (
+        "environment",
+        "environment",
+        ("--environment-tokens", "--environment-response-tokens"),
+        ("--environment-lognorm", "--environment-response-lognorm"),
+    ),
+    (
+        "tool-invocations",
+        "tool_invocations",
+        ("--tool-invocations",),
+        ("--tool-invocations-lognorm",),
+    ),
 )
 SIZE_DEFAULTS = {"input": 128, "output": 64, "environment": 64, "tool-invocations": 4}
 LATENCY_DESTS = (
@@ -119,20 +135,26 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
     )
     add = parser.add_argument
     target = parser.add_argument_group("target and model")
-    target.add_argument("--model", default=DEFAULT_MODEL, help="model name sent in each body (default: %(default)s)")
+    target.add_argument(
+        "--model", default=DEFAULT_MODEL, help="model name sent in each body (default: %(default)s)"
+    )
     target.add_argument(
         "--tokenizer-model",
         help="tokenizer for synthetic text: a tokenizer.json file, a directory containing one, "
         "a built-in name (deepseek-v3; see `batchbench tokenizers`) or a hub id "
         "(default: the --model value)",
     )
-    target.add_argument("--host", default="https://api.openai.com", help="base URL (default: %(default)s)")
+    target.add_argument(
+        "--host", default="https://api.openai.com", help="base URL (default: %(default)s)"
+    )
     target.add_argument(
         "--endpoint",
         default="/v1/chat/completions",
         help="path appended to --host, or a full URL that replaces it (default: %(default)s)",
     )
-    target.add_argument("--api-key", help="API key (takes precedence over --api-key-env); never printed")
+    target.add_argument(
+        "--api-key", help="API key (takes precedence over --api-key-env); never printed"
+    )
     target.add_argument(
         "--api-key-env",
         default="OPENAI_API_KEY",
@@ -144,7 +166,10 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
         default = SIZE_DEFAULTS[label]
         unit = "invocations" if label == "tool-invocations" else "tokens"
         shape.add_argument(
-            *fixed_flags, dest=f"{dest}_fixed", type=_uint, metavar="N",
+            *fixed_flags,
+            dest=f"{dest}_fixed",
+            type=_uint,
+            metavar="N",
             help=f"fixed {label} size in {unit} (default: fixed {default})",
         )
         for suffix, kind, typ, what in (
@@ -155,72 +180,142 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
         ):
             shape.add_argument(
                 *[f"{prefix}-{suffix}" for prefix in lognorm_prefixes],
-                dest=f"{dest}_{kind}", type=typ, metavar="X", help=f"log-normal {label}: {what}",
+                dest=f"{dest}_{kind}",
+                type=typ,
+                metavar="X",
+                help=f"log-normal {label}: {what}",
             )
     shape.add_argument(
-        "--tool-call-latency-ms", "--tool-latency-ms", dest="tool_call_latency_ms", type=_uint,
-        metavar="MS", help="fixed sleep after each successful response, ms (default: 0 = disabled)",
+        "--tool-call-latency-ms",
+        "--tool-latency-ms",
+        dest="tool_call_latency_ms",
+        type=_uint,
+        metavar="MS",
+        help="fixed sleep after each successful response, ms (default: 0 = disabled)",
     )
-    shape.add_argument("--tool-call-latency-lognorm-mu", type=_float, metavar="X", help="log-normal latency: mu of ln(ms)")
     shape.add_argument(
-        "--tool-call-latency-lognorm-median-ms", "--tool-call-latency-lognorm-median",
-        dest="tool_call_latency_lognorm_median_ms", type=_float, metavar="MS",
+        "--tool-call-latency-lognorm-mu",
+        type=_float,
+        metavar="X",
+        help="log-normal latency: mu of ln(ms)",
+    )
+    shape.add_argument(
+        "--tool-call-latency-lognorm-median-ms",
+        "--tool-call-latency-lognorm-median",
+        dest="tool_call_latency_lognorm_median_ms",
+        type=_float,
+        metavar="MS",
         help="log-normal latency: median in ms",
     )
-    shape.add_argument("--tool-call-latency-lognorm-sigma", type=_float, metavar="X", help="log-normal latency: sigma (required)")
     shape.add_argument(
-        "--tool-call-latency-lognorm-max-ms", "--tool-call-latency-lognorm-max",
-        dest="tool_call_latency_lognorm_max_ms", type=_uint, metavar="MS",
+        "--tool-call-latency-lognorm-sigma",
+        type=_float,
+        metavar="X",
+        help="log-normal latency: sigma (required)",
+    )
+    shape.add_argument(
+        "--tool-call-latency-lognorm-max-ms",
+        "--tool-call-latency-lognorm-max",
+        dest="tool_call_latency_lognorm_max_ms",
+        type=_uint,
+        metavar="MS",
         help="log-normal latency: cap in ms",
     )
 
     replay = parser.add_argument_group("agents, replay and admission")
-    replay.add_argument("--agents", type=_uint, help="number of sampled agents (default: 1; not with a manifest)")
-    replay.add_argument("--agent-plans-jsonl", metavar="PATH", help="trajectory manifest (JSONL) to replay")
     replay.add_argument(
-        "--replay-initial-overhead-tokens", type=_uint, metavar="N",
+        "--agents", type=_uint, help="number of sampled agents (default: 1; not with a manifest)"
+    )
+    replay.add_argument(
+        "--agent-plans-jsonl", metavar="PATH", help="trajectory manifest (JSONL) to replay"
+    )
+    replay.add_argument(
+        "--replay-initial-overhead-tokens",
+        type=_uint,
+        metavar="N",
         help="prompt tokens taken by template/framing on a first or reset request (default: 0)",
     )
     replay.add_argument(
-        "--replay-turn-overhead-tokens", type=_uint, metavar="N",
+        "--replay-turn-overhead-tokens",
+        type=_uint,
+        metavar="N",
         help="extra framing tokens per appended turn; they accumulate (default: 0)",
     )
     replay.add_argument(
-        "--max-active-agents", type=_positive_uint, metavar="N",
+        "--max-active-agents",
+        type=_positive_uint,
+        metavar="N",
         help="concurrent agents; closed loop refills freed slots in FIFO order (default: all)",
     )
     replay.add_argument(
-        "--admission", type=_admission, metavar="{closed-loop,open-loop}",
+        "--admission",
+        type=_admission,
+        metavar="{closed-loop,open-loop}",
         help="admission mode for a manifest (default: closed-loop)",
     )
     replay.add_argument(
-        "--time-scale", type=_positive_finite, metavar="F",
+        "--time-scale",
+        type=_positive_finite,
+        metavar="F",
         help="divide every start_after_ms and delay_after_ms by F (default: 1)",
     )
 
     routing = parser.add_argument_group("routing and identity")
     routing.add_argument("--user-prefix", help="user tag <prefix>-<agent_id> instead of a UUIDv4")
-    routing.add_argument("--disable-user-tagging", action="store_true", help="send no user field and no routing key")
     routing.add_argument(
-        "--dp-rank-perfect-routing", action="store_true",
+        "--disable-user-tagging", action="store_true", help="send no user field and no routing key"
+    )
+    routing.add_argument(
+        "--dp-rank-perfect-routing",
+        action="store_true",
         help="send X-SMG-Target-Worker = routing slot %% ranks",
     )
-    routing.add_argument("--dp-rank-perfect-routing-num", type=_positive_uint, metavar="N", help="number of DP ranks")
+    routing.add_argument(
+        "--dp-rank-perfect-routing-num", type=_positive_uint, metavar="N", help="number of DP ranks"
+    )
 
     http = parser.add_argument_group("HTTP behaviour and outputs")
-    http.add_argument("--request-timeout-secs", type=_uint, default=60, metavar="S", help="timeout of one whole attempt (default: %(default)s)")
-    http.add_argument("--max-retries", type=_uint, default=2, metavar="N", help="retries after the first attempt (default: %(default)s)")
     http.add_argument(
-        "--retry-delay-ms", type=_uint, default=250, metavar="MS",
+        "--request-timeout-secs",
+        type=_uint,
+        default=60,
+        metavar="S",
+        help="timeout of one whole attempt (default: %(default)s)",
+    )
+    http.add_argument(
+        "--max-retries",
+        type=_uint,
+        default=2,
+        metavar="N",
+        help="retries after the first attempt (default: %(default)s)",
+    )
+    http.add_argument(
+        "--retry-delay-ms",
+        type=_uint,
+        default=250,
+        metavar="MS",
         help="base of the exponential backoff; 0 = no delay (default: %(default)s)",
     )
     http.add_argument("--sglang", action="store_true", help="send max_new_tokens/min_new_tokens")
-    http.add_argument("--ignore-eos", action="store_true", help='add "ignore_eos": true to every body')
-    http.add_argument("--verbose", "-v", action="store_true", help="print truncated request/response JSON per attempt")
-    http.add_argument("--dry-run", action="store_true", help="build plans, generate all text, run admission; send nothing")
+    http.add_argument(
+        "--ignore-eos", action="store_true", help='add "ignore_eos": true to every body'
+    )
+    http.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="print truncated request/response JSON per attempt",
+    )
+    http.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="build plans, generate all text, run admission; send nothing",
+    )
     http.add_argument("--seed", type=_u64, help="root seed for sampling and text (default: random)")
     http.add_argument("--results-csv", metavar="PATH", help="write a one-row CSV summary")
-    http.add_argument("--agent-events-jsonl", metavar="PATH", help="write one lifecycle record per trajectory")
+    http.add_argument(
+        "--agent-events-jsonl", metavar="PATH", help="write one lifecycle record per trajectory"
+    )
     add("--version", action="version", version=version_text())
     return parser
 
@@ -248,7 +343,9 @@ def check_companions(args: argparse.Namespace) -> None:
         raise UsageError("--dp-rank-perfect-routing-num requires --dp-rank-perfect-routing")
 
 
-def parse_agent_args(argv: Sequence[str], prog: str = "batchbench-agent") -> argparse.Namespace | None:
+def parse_agent_args(
+    argv: Sequence[str], prog: str = "batchbench-agent"
+) -> argparse.Namespace | None:
     """Parse and run the parse-time checks; raises UsageError (exit 2).
 
     Returns None after ``--help`` or ``--version`` printed their text (D9: status 0).

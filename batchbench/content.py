@@ -52,7 +52,8 @@ class ContentFactory:
             tokens,
             agent,
             STREAM_ENVIRONMENT_TEXT + 2 * turn,
-            f'failed to generate environment content for trajectory "{ident}" invocation {turn + 1}',
+            f'failed to generate environment content for trajectory "{ident}" '
+            f"invocation {turn + 1}",
             f"request {turn + 1} field environment_tokens ({tokens})",
         )
 

@@ -10,7 +10,7 @@ from batchbench.workload import Workload
 
 
 class DryRunBody:
-    """Generates each trajectory's texts off the event loop so unconstructable content fails the run.
+    """Generates each trajectory's texts off the event loop; unconstructable content fails the run.
 
     Completion is instant, and agents that complete at the same instant finish in admission
     order, so slot inheritance (and so every dry-run line) is the same on every run.
@@ -27,7 +27,7 @@ class DryRunBody:
         return await loop.run_in_executor(self.pool, self.factory.initial_prompt, agent)
 
     def _materialize_rest(self, agent: int) -> int:
-        """Every environment text but the last turn's (D10) and every reset prompt; returns bytes made."""
+        """Every environment text but the last turn's (D10) and every reset prompt; bytes made."""
         produced = 0
         turns = self.workload.turns(agent)
         reset = self.workload.reset_before

@@ -78,7 +78,8 @@ async def _cancel_all(tasks: set[asyncio.Task]) -> None:
 async def run_closed_loop(
     n_plans: int, max_active: int | None, body: AgentBody, sink: RecordSink | None = None
 ) -> EngineResult:
-    """First ``effective_max`` plans start at t=0 in slots 0..k-1; a freed slot goes to the next plan."""
+    """The first ``effective_max`` plans start at t=0 in slots 0..k-1; a freed slot goes to the
+    next plan."""
     admission = ClosedLoopAdmission(n_plans, max_active)
     result = EngineResult(max_active_agents=admission.effective_max)
     initial = admission.initial()
@@ -96,11 +97,15 @@ async def run_closed_loop(
 
     tasks: set[asyncio.Task] = set()
     for (slot, agent), content in zip(initial, prepared, strict=True):
-        tasks.add(asyncio.ensure_future(run_agent(TrajectoryRecord(agent, slot, 0.0, 0.0), content)))
+        tasks.add(
+            asyncio.ensure_future(run_agent(TrajectoryRecord(agent, slot, 0.0, 0.0), content))
+        )
     last_admission: asyncio.Future = asyncio.get_running_loop().create_future()
     last_admission.set_result(None)
 
-    async def admit_replacement(slot: int, agent: int, previous: asyncio.Future, mine: asyncio.Future) -> TrajectoryRecord:
+    async def admit_replacement(
+        slot: int, agent: int, previous: asyncio.Future, mine: asyncio.Future
+    ) -> TrajectoryRecord:
         try:
             content = await body.prepare(agent)
             await previous
@@ -136,7 +141,7 @@ async def run_closed_loop(
 
 
 def _in_finish_order(done: set[asyncio.Task]) -> list[TrajectoryRecord]:
-    """Results of tasks that finished in one loop turn, in the order they finished (not set order)."""
+    """Results of tasks that finished in one loop turn, in finish order (not set order)."""
     return sorted((task.result() for task in done), key=lambda record: record.finish_sequence)
 
 
@@ -154,7 +159,9 @@ async def run_open_loop(
     cap = asyncio.Semaphore(max_active) if max_active is not None else None
     lookahead = asyncio.Semaphore(OPEN_LOOP_LOOKAHEAD)
     early = order[:OPEN_LOOP_LOOKAHEAD]
-    prepared = dict(zip(early, await asyncio.gather(*(body.prepare(a) for a in early)), strict=True))
+    prepared = dict(
+        zip(early, await asyncio.gather(*(body.prepare(a) for a in early)), strict=True)
+    )
     clock = _Clock()
     clock.start()
     finish_order = itertools.count()

@@ -15,7 +15,7 @@ def percentile(sorted_values: Sequence[float], q: float) -> float | None:
     if n == 0:
         return None
     q = min(max(q, 0.0), 1.0)
-    return sorted_values[int(math.floor((n - 1) * q + 0.5))]
+    return sorted_values[math.floor((n - 1) * q + 0.5)]
 
 
 def percentiles(values: Sequence[float]) -> tuple[float | None, float | None, float | None]:

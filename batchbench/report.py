@@ -15,28 +15,70 @@ from batchbench.sampling import describe_latency, short_float
 from batchbench.workload import Workload
 
 CSV_COLUMNS = (
-    "timestamp", "model", "workload_mode", "agent_plans_jsonl", "agent_plans_sha256",
-    "trajectory_schema_version", "admission_mode", "time_scale", "agents",
-    "requested_max_active_agents", "max_active_agents", "late_admissions",
-    "max_admission_lag_ms", "live_block_fallbacks", "completed_agents",
-    "planned_tool_invocations", "total_requests", "successful_requests", "failed_requests",
-    "total_input_tokens", "total_output_tokens", "estimated_cached_input_tokens",
-    "total_tool_call_latency_seconds", "total_duration_seconds", "last_agent_admitted_seconds",
-    "final_drain_seconds", "requests_per_second", "input_tokens_per_second",
-    "output_tokens_per_second", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms",
-    "agent_end_to_end_latency_p50_ms", "agent_end_to_end_latency_p90_ms",
-    "agent_end_to_end_latency_p99_ms", "host", "endpoint", "sglang", "ignore_eos",
-    "user_tagging", "dp_rank_perfect_routing", "dp_rank_perfect_routing_num", "seed",
-    "replay_initial_overhead_tokens", "replay_turn_overhead_tokens", "agent_events_jsonl",
-    "tool_call_latency_ms", "tool_call_latency_lognorm_mu",
-    "tool_call_latency_lognorm_median_ms", "tool_call_latency_lognorm_sigma",
+    "timestamp",
+    "model",
+    "workload_mode",
+    "agent_plans_jsonl",
+    "agent_plans_sha256",
+    "trajectory_schema_version",
+    "admission_mode",
+    "time_scale",
+    "agents",
+    "requested_max_active_agents",
+    "max_active_agents",
+    "late_admissions",
+    "max_admission_lag_ms",
+    "live_block_fallbacks",
+    "completed_agents",
+    "planned_tool_invocations",
+    "total_requests",
+    "successful_requests",
+    "failed_requests",
+    "total_input_tokens",
+    "total_output_tokens",
+    "estimated_cached_input_tokens",
+    "total_tool_call_latency_seconds",
+    "total_duration_seconds",
+    "last_agent_admitted_seconds",
+    "final_drain_seconds",
+    "requests_per_second",
+    "input_tokens_per_second",
+    "output_tokens_per_second",
+    "latency_p50_ms",
+    "latency_p90_ms",
+    "latency_p99_ms",
+    "agent_end_to_end_latency_p50_ms",
+    "agent_end_to_end_latency_p90_ms",
+    "agent_end_to_end_latency_p99_ms",
+    "host",
+    "endpoint",
+    "sglang",
+    "ignore_eos",
+    "user_tagging",
+    "dp_rank_perfect_routing",
+    "dp_rank_perfect_routing_num",
+    "seed",
+    "replay_initial_overhead_tokens",
+    "replay_turn_overhead_tokens",
+    "agent_events_jsonl",
+    "tool_call_latency_ms",
+    "tool_call_latency_lognorm_mu",
+    "tool_call_latency_lognorm_median_ms",
+    "tool_call_latency_lognorm_sigma",
     "tool_call_latency_lognorm_max_ms",
 )
 # D18: this package's columns, only after the 51 compatible ones.
 EXTRA_CSV_COLUMNS = (
-    "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
-    "inter_token_latency_p50_ms", "inter_token_latency_p90_ms", "inter_token_latency_p99_ms",
-    "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "interrupted",
+    "ttft_p50_ms",
+    "ttft_p90_ms",
+    "ttft_p99_ms",
+    "inter_token_latency_p50_ms",
+    "inter_token_latency_p90_ms",
+    "inter_token_latency_p99_ms",
+    "tpot_p50_ms",
+    "tpot_p90_ms",
+    "tpot_p99_ms",
+    "interrupted",
 )
 
 
@@ -63,7 +105,8 @@ def banner_lines(config: RunConfig) -> list[str]:
             f"Workload: trajectory replay from {config.manifest_path}",
             f"Trajectory manifest SHA-256: {config.manifest_sha256}",
             "Replay prompt overhead: initial/reset "
-            f"{config.initial_overhead or 0} tokens; appended turn {config.turn_overhead or 0} tokens",
+            f"{config.initial_overhead or 0} tokens; "
+            f"appended turn {config.turn_overhead or 0} tokens",
             f"Maximum active agents: {max_active}",
             f"Admission: {config.admission}; time scale {short_float(config.time_scale)}",
         ]
@@ -80,7 +123,9 @@ def banner_lines(config: RunConfig) -> list[str]:
             f"Tool-call latency: {describe_latency(shape.latency)}",
         ]
     token_params = (
-        "sglang (min_new_tokens/max_new_tokens)" if config.sglang else "default (min_tokens/max_tokens)"
+        "sglang (min_new_tokens/max_new_tokens)"
+        if config.sglang
+        else "default (min_tokens/max_tokens)"
     )
     routing = f"enabled ({config.dp_ranks} ranks)" if config.dp_ranks else "disabled"
     lines += [
@@ -105,9 +150,7 @@ def dry_run_lines(workload: Workload, result: EngineResult) -> Iterable[str]:
     reset = workload.reset_before
     for record in records:
         agent = record.agent_id
-        prefix = (
-            f"[DRY-RUN] agent={agent} invocation="
-        )
+        prefix = f"[DRY-RUN] agent={agent} invocation="
         ident = workload.trajectory_ids[agent]
         admitted_ms = int(record.admitted_at * 1000.0)
         for number, request in enumerate(workload.turns(agent), start=1):
@@ -165,7 +208,9 @@ def summary_lines(totals: RunTotals, result: EngineResult) -> list[str]:
         f"p50={_ms(e[0])} p90={_ms(e[1])} p99={_ms(e[2])}",
     ]
     for agent, ident, invocation, error in totals.failures:
-        lines.append(f'Failure: agent {agent} trajectory "{ident}" invocation {invocation}: {error}')
+        lines.append(
+            f'Failure: agent {agent} trajectory "{ident}" invocation {invocation}: {error}'
+        )
     return lines
 
 
@@ -187,30 +232,57 @@ class CsvContext:
     interrupted: bool = False
 
 
-def csv_row(config: RunConfig, totals: RunTotals, result: EngineResult, ctx: CsvContext) -> list[str]:
+def csv_row(
+    config: RunConfig, totals: RunTotals, result: EngineResult, ctx: CsvContext
+) -> list[str]:
     """The single data row: the 51 compatible columns, then this package's (D18)."""
     duration = result.total_duration
     p = percentiles(totals.request_latencies_ms)
     e = percentiles(totals.agent_latencies_ms)
     replay = config.workload_mode == "trajectory_replay"
     values = [
-        ctx.timestamp, config.model, config.workload_mode,
+        ctx.timestamp,
+        config.model,
+        config.workload_mode,
         config.manifest_path if replay else None,
         config.manifest_sha256 if replay else None,
         config.schema_version if replay else None,
-        config.admission, config.time_scale, config.agents, config.max_active_requested,
-        result.max_active_agents, result.late_admissions, result.max_admission_lag * 1000.0,
-        totals.live_block_fallbacks, totals.completed_agents, totals.planned_tool_invocations,
-        totals.total_requests, totals.successful_requests, totals.failed_requests,
-        totals.total_input_tokens, totals.total_output_tokens,
-        totals.estimated_cached_input_tokens, totals.total_tool_call_latency_seconds,
-        duration, result.last_agent_admitted_at,
+        config.admission,
+        config.time_scale,
+        config.agents,
+        config.max_active_requested,
+        result.max_active_agents,
+        result.late_admissions,
+        result.max_admission_lag * 1000.0,
+        totals.live_block_fallbacks,
+        totals.completed_agents,
+        totals.planned_tool_invocations,
+        totals.total_requests,
+        totals.successful_requests,
+        totals.failed_requests,
+        totals.total_input_tokens,
+        totals.total_output_tokens,
+        totals.estimated_cached_input_tokens,
+        totals.total_tool_call_latency_seconds,
+        duration,
+        result.last_agent_admitted_at,
         max(duration - result.last_agent_admitted_at, 0.0),
-        _rate(totals.total_requests, duration), _rate(totals.total_input_tokens, duration),
-        _rate(totals.total_output_tokens, duration), *p, *e,
-        config.host, config.endpoint_url, config.sglang, config.ignore_eos, config.user_tagging,
-        config.dp_ranks is not None, config.dp_ranks, config.seed_given,
-        config.initial_overhead, config.turn_overhead, config.agent_events_jsonl,
+        _rate(totals.total_requests, duration),
+        _rate(totals.total_input_tokens, duration),
+        _rate(totals.total_output_tokens, duration),
+        *p,
+        *e,
+        config.host,
+        config.endpoint_url,
+        config.sglang,
+        config.ignore_eos,
+        config.user_tagging,
+        config.dp_ranks is not None,
+        config.dp_ranks,
+        config.seed_given,
+        config.initial_overhead,
+        config.turn_overhead,
+        config.agent_events_jsonl,
         *config.latency_flags,
     ]
     values += [None] * 9 + [ctx.interrupted]  # streaming percentiles arrive with the driver

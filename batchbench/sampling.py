@@ -32,7 +32,9 @@ class LogNormalSpec:
     def describe(self, unit: str = "") -> str:
         cap = "" if self.cap is None else f", max={self.cap}{unit}"
         median = f"{math.exp(self.mu):.0f}"
-        return f"lognormal(median≈{median}{unit}, σ={short_float(self.sigma)}{cap}; μ={self.mu:.3f})"
+        return (
+            f"lognormal(median≈{median}{unit}, σ={short_float(self.sigma)}{cap}; μ={self.mu:.3f})"
+        )
 
 
 SizeSpec = FixedSpec | LogNormalSpec
@@ -81,7 +83,9 @@ class FamilyFlags:
         return any(v is not None for v in (self.mu, self.median, self.sigma, self.cap))
 
 
-def _lognormal(mu: float | None, median: float | None, sigma: float, cap: int | None) -> LogNormalSpec:
+def _lognormal(
+    mu: float | None, median: float | None, sigma: float, cap: int | None
+) -> LogNormalSpec:
     if median is not None:
         if not math.isfinite(median) or median <= 0:
             raise UsageError("log-normal median must be greater than zero")

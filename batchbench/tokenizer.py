@@ -77,7 +77,9 @@ def load_tokenizer(spec: str) -> LoadedTokenizer:
     if path.is_dir():
         candidate = path / "tokenizer.json"
         if not candidate.is_file():
-            raise TokenizerError(f"local tokenizer directory {spec} does not contain tokenizer.json")
+            raise TokenizerError(
+                f"local tokenizer directory {spec} does not contain tokenizer.json"
+            )
         return _load_file(candidate, spec)
     if path.is_file():
         return _load_file(path, spec)

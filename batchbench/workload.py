@@ -71,7 +71,9 @@ class Workload:
 
     def turns(self, trajectory: int) -> range:
         """Global request indices of one trajectory, in order."""
-        return range(int(self.request_offsets[trajectory]), int(self.request_offsets[trajectory + 1]))
+        return range(
+            int(self.request_offsets[trajectory]), int(self.request_offsets[trajectory + 1])
+        )
 
 
 def compile_manifest(
@@ -169,7 +171,9 @@ def compile_sampled(shape: SampledShape, agents: int, root_seed: int) -> Workloa
     firsts = np.empty(agents, dtype=np.int64)
     outputs, environments, latencies = [], [], []
     for agent in range(agents):
-        firsts[agent] = sample_sizes(shape.input, mix_seed(root_seed, agent, STREAM_INPUT), 1, "input")[0]
+        firsts[agent] = sample_sizes(
+            shape.input, mix_seed(root_seed, agent, STREAM_INPUT), 1, "input"
+        )[0]
         k = int(
             sample_sizes(
                 shape.tool_invocations,
@@ -179,7 +183,9 @@ def compile_sampled(shape: SampledShape, agents: int, root_seed: int) -> Workloa
             )[0]
         )
         counts[agent] = k
-        outputs.append(sample_sizes(shape.output, mix_seed(root_seed, agent, STREAM_OUTPUT), k, "output"))
+        outputs.append(
+            sample_sizes(shape.output, mix_seed(root_seed, agent, STREAM_OUTPUT), k, "output")
+        )
         environments.append(
             sample_sizes(
                 shape.environment, mix_seed(root_seed, agent, STREAM_ENVIRONMENT), k, "environment"
@@ -190,7 +196,10 @@ def compile_sampled(shape: SampledShape, agents: int, root_seed: int) -> Workloa
         else:
             latencies.append(
                 sample_sizes(
-                    shape.latency, mix_seed(root_seed, agent, STREAM_LATENCY), k, "tool-call latency"
+                    shape.latency,
+                    mix_seed(root_seed, agent, STREAM_LATENCY),
+                    k,
+                    "tool-call latency",
                 ).astype(np.float64)
             )
     offsets = np.zeros(agents + 1, dtype=np.int64)

@@ -30,8 +30,13 @@ def test_c57_perfect_routing_needs_both_flags():
 def test_c58_replay_flags_parse():
     args = parse_agent_args(
         [
-            "--agent-plans-jsonl", "plans.jsonl", "--max-active-agents", "128",
-            "--replay-initial-overhead-tokens", "1113", "--replay-turn-overhead-tokens=104",
+            "--agent-plans-jsonl",
+            "plans.jsonl",
+            "--max-active-agents",
+            "128",
+            "--replay-initial-overhead-tokens",
+            "1113",
+            "--replay-turn-overhead-tokens=104",
         ]
     )
     assert (args.agent_plans_jsonl, args.max_active_agents) == ("plans.jsonl", 128)
@@ -42,23 +47,39 @@ def test_c58_replay_flags_parse():
 @pytest.mark.parametrize(
     "flag",
     [
-        "--input-tokens", "--initial-prompt-tokens", "--output-tokens", "--model-response-tokens",
-        "--environment-tokens", "--environment-response-tokens", "--tool-invocations",
-        "--input-lognorm-max", "--initial-prompt-lognorm-max", "--output-lognorm-max",
-        "--model-response-lognorm-max", "--environment-lognorm-max",
-        "--environment-response-lognorm-max", "--tool-invocations-lognorm-max",
-        "--tool-call-latency-ms", "--tool-latency-ms", "--tool-call-latency-lognorm-max-ms",
+        "--input-tokens",
+        "--initial-prompt-tokens",
+        "--output-tokens",
+        "--model-response-tokens",
+        "--environment-tokens",
+        "--environment-response-tokens",
+        "--tool-invocations",
+        "--input-lognorm-max",
+        "--initial-prompt-lognorm-max",
+        "--output-lognorm-max",
+        "--model-response-lognorm-max",
+        "--environment-lognorm-max",
+        "--environment-response-lognorm-max",
+        "--tool-invocations-lognorm-max",
+        "--tool-call-latency-ms",
+        "--tool-latency-ms",
+        "--tool-call-latency-lognorm-max-ms",
         "--tool-call-latency-lognorm-max",
     ],
 )
 def test_c59_shape_flags_detected_with_manifest(flag, tmp_path):
     plans = tmp_path / "plans.jsonl"
-    plans.write_text('{"schema_version":1,"trajectory_id":"a","requests":[{"prompt_tokens":5,"output_tokens":1}]}\n')
+    plans.write_text(
+        '{"schema_version":1,"trajectory_id":"a","requests":[{"prompt_tokens":5,"output_tokens":1}]}\n'
+    )
     argv = ["--agent-plans-jsonl", str(plans), flag, "3", "--dry-run"]
     assert shape_flags_given(parse_agent_args(argv))
     with pytest.raises(UsageError) as caught:
         main(argv)
-    assert str(caught.value) == "synthetic workload-shape flags cannot be combined with --agent-plans-jsonl"
+    assert (
+        str(caught.value)
+        == "synthetic workload-shape flags cannot be combined with --agent-plans-jsonl"
+    )
 
 
 def test_there_are_25_shape_flags():
@@ -80,12 +101,18 @@ def test_c61_max_active_zero_and_text():
 
 
 def test_c62_admission_and_time_scale():
-    args = parse_agent_args(["--agent-plans-jsonl", "p", "--admission", "open-loop", "--time-scale", "4"])
+    args = parse_agent_args(
+        ["--agent-plans-jsonl", "p", "--admission", "open-loop", "--time-scale", "4"]
+    )
     assert (args.admission, args.time_scale) == ("open-loop", 4.0)
     assert "--agent-plans-jsonl" in usage_error(["--admission", "open-loop"])
-    assert "positive finite number" in usage_error(["--agent-plans-jsonl", "p", "--time-scale", "0"])
+    assert "positive finite number" in usage_error(
+        ["--agent-plans-jsonl", "p", "--time-scale", "0"]
+    )
     for bad in ("nan", "inf", "-1"):
-        assert "positive finite number" in usage_error(["--agent-plans-jsonl", "p", "--time-scale", bad])
+        assert "positive finite number" in usage_error(
+            ["--agent-plans-jsonl", "p", "--time-scale", bad]
+        )
     assert usage_error(["--agent-plans-jsonl", "p", "--time-scale", "fast"]) == (
         'argument --time-scale: "fast" is not a valid number'
     )
@@ -100,24 +127,26 @@ def test_admission_default_displays_as_closed_loop(capsys):
     assert "default: closed-loop" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("flag", ["--replay-initial-overhead-tokens", "--replay-turn-overhead-tokens"])
+@pytest.mark.parametrize(
+    "flag", ["--replay-initial-overhead-tokens", "--replay-turn-overhead-tokens"]
+)
 def test_c63_overheads_need_manifest(flag):
     assert usage_error([flag, "3"]) == f"{flag} requires --agent-plans-jsonl"
 
 
 def test_c64_runtime_check_order(tmp_path):
     missing = tmp_path / "missing.jsonl"
-    with pytest.raises(UsageError, match="^--agents cannot be combined"):
+    with pytest.raises(UsageError, match=r"^--agents cannot be combined"):
         main(["--agent-plans-jsonl", str(missing), "--agents", "0", "--dry-run"])
     with pytest.raises(BatchbenchError, match=f"^failed to open {missing} for hashing"):
         main(["--agent-plans-jsonl", str(missing), "--request-timeout-secs", "0", "--dry-run"])
-    with pytest.raises(UsageError, match="^agents must be greater than zero$"):
+    with pytest.raises(UsageError, match=r"^agents must be greater than zero$"):
         main(["--agents", "0", "--request-timeout-secs", "0", "--dry-run"])
-    with pytest.raises(UsageError, match="^request-timeout-secs must be greater than zero$"):
+    with pytest.raises(UsageError, match=r"^request-timeout-secs must be greater than zero$"):
         main(["--request-timeout-secs", "0", "--input-tokens", "0", "--dry-run"])
-    with pytest.raises(UsageError, match="^invalid fixed input value"):
+    with pytest.raises(UsageError, match=r"^invalid fixed input value"):
         main(["--input-tokens", "0", "--model", "", "--dry-run"])
-    with pytest.raises(UsageError, match="^model must not be empty$"):
+    with pytest.raises(UsageError, match=r"^model must not be empty$"):
         main(["--model", "", "--dry-run"])
 
 
@@ -153,7 +182,11 @@ def test_sending_requests_is_refused_until_the_driver_exists(capsys):
 @pytest.mark.parametrize(
     ("host", "endpoint", "url"),
     [
-        ("https://api.openai.com", "/v1/chat/completions", "https://api.openai.com/v1/chat/completions"),
+        (
+            "https://api.openai.com",
+            "/v1/chat/completions",
+            "https://api.openai.com/v1/chat/completions",
+        ),
         ("localhost:8000/", "v1/chat/completions", "https://localhost:8000/v1/chat/completions"),
         ("http://127.0.0.1:8000//", "//v1/x", "http://127.0.0.1:8000/v1/x"),
         ("ignored", "http://10.0.0.1:9/v1/chat", "http://10.0.0.1:9/v1/chat"),

@@ -21,7 +21,9 @@ def synth(deepseek):
 
 
 def sampled(agents: int, input_tokens: int, environment: int = 64) -> Workload:
-    shape = SampledShape(FixedSpec(input_tokens), FixedSpec(8), FixedSpec(environment), FixedSpec(3), None)
+    shape = SampledShape(
+        FixedSpec(input_tokens), FixedSpec(8), FixedSpec(environment), FixedSpec(3), None
+    )
     return compile_sampled(shape, agents, root_seed=7)
 
 
@@ -30,7 +32,13 @@ def test_c12_text_is_independent_of_generation_order(synth, deepseek):
     jobs = [(agent, turn) for agent in range(6) for turn in range(2)]
     forward = {job: factory.environment(*job) for job in jobs}
     with ThreadPoolExecutor(max_workers=8) as pool:
-        backward = dict(zip(reversed(jobs), pool.map(lambda job: factory.environment(*job), reversed(jobs)), strict=True))
+        backward = dict(
+            zip(
+                reversed(jobs),
+                pool.map(lambda job: factory.environment(*job), reversed(jobs)),
+                strict=True,
+            )
+        )
     assert forward == backward
     assert len(set(forward.values())) == len(jobs)
     assert {deepseek.count(text) for text in forward.values()} == {64}
@@ -63,7 +71,9 @@ def test_c14_reset_prompt_matches_direct_generation(synth, deepseek):
 
 def test_root_seed_changes_text(synth):
     work = sampled(1, 40)
-    assert ContentFactory(synth, work, 1).initial_prompt(0) != ContentFactory(synth, work, 2).initial_prompt(0)
+    assert ContentFactory(synth, work, 1).initial_prompt(0) != ContentFactory(
+        synth, work, 2
+    ).initial_prompt(0)
 
 
 def test_c17_failure_names_trajectory_request_and_field(synth):

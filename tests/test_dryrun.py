@@ -15,9 +15,19 @@ from batchbench.report import CSV_COLUMNS, EXTRA_CSV_COLUMNS
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "trajectory-replay" / "plans.jsonl"
 README_ARGS = [
-    "--agent-plans-jsonl", str(EXAMPLE), "--max-active-agents", "2",
-    "--replay-initial-overhead-tokens", "10", "--replay-turn-overhead-tokens", "4",
-    "--tokenizer-model", "deepseek-v3", "--dry-run", "--seed", "7",
+    "--agent-plans-jsonl",
+    str(EXAMPLE),
+    "--max-active-agents",
+    "2",
+    "--replay-initial-overhead-tokens",
+    "10",
+    "--replay-turn-overhead-tokens",
+    "4",
+    "--tokenizer-model",
+    "deepseek-v3",
+    "--dry-run",
+    "--seed",
+    "7",
 ]
 TIMED = re.compile(r"admitted_at_ms=\d+")
 
@@ -64,9 +74,12 @@ def test_readme_example_banner_lines_and_summary(capsys):
     ]
     first_two = [line for line in lines if "agent=0 " in line or "agent=1 " in line]
     assert all("admitted_at_ms=0 " in line for line in first_two)
-    summary = lines[lines.index(next(line for line in lines if line.startswith("Agents:"))):]
+    summary = lines[lines.index(next(line for line in lines if line.startswith("Agents:"))) :]
     assert summary[0] == "Agents: 3 completed / 3 total"
-    assert re.fullmatch(r"Rolling admission: 2 maximum active; last admission at \d+\.\d\ds; final drain \d+\.\d\ds", summary[1])
+    assert re.fullmatch(
+        r"Rolling admission: 2 maximum active; last admission at \d+\.\d\ds; final drain \d+\.\d\ds",
+        summary[1],
+    )
     assert summary[2] == "Open-loop admission: 0 late admissions; maximum admission lag 0.00ms"
     assert summary[3:8] == [
         "Tool invocations: 7 planned; requests 0 (success 0, failure 0)",
@@ -95,8 +108,16 @@ def test_events_and_csv_in_dry_run(capsys, tmp_path):
     results = tmp_path / "out" / "nested" / "summary.csv"
     lines, _ = run(
         capsys,
-        [*README_ARGS, "--agent-events-jsonl", str(events), "--results-csv", str(results),
-         "--dp-rank-perfect-routing", "--dp-rank-perfect-routing-num", "2"],
+        [
+            *README_ARGS,
+            "--agent-events-jsonl",
+            str(events),
+            "--results-csv",
+            str(results),
+            "--dp-rank-perfect-routing",
+            "--dp-rank-perfect-routing-num",
+            "2",
+        ],
     )
     assert lines[-2:] == [
         f"Wrote agent lifecycle events to {events}",
@@ -105,12 +126,23 @@ def test_events_and_csv_in_dry_run(capsys, tmp_path):
     records = [orjson.loads(line) for line in events.read_bytes().splitlines()]
     assert [r["agent_id"] for r in records] == [0, 1, 2]  # finish order
     assert list(records[0]) == [
-        "agent_id", "trajectory_id", "routing_slot", "dp_rank", "scheduled_at_seconds",
-        "admitted_at_seconds", "queue_wait_seconds", "finished_at_seconds", "runtime_seconds",
+        "agent_id",
+        "trajectory_id",
+        "routing_slot",
+        "dp_rank",
+        "scheduled_at_seconds",
+        "admitted_at_seconds",
+        "queue_wait_seconds",
+        "finished_at_seconds",
+        "runtime_seconds",
         "completed",
     ]
-    assert [(r["trajectory_id"], r["routing_slot"], r["dp_rank"], r["completed"]) for r in records] == [
-        ("short-agent", 0, 0, True), ("long-agent", 1, 1, True), ("compacting-agent", 0, 0, True),
+    assert [
+        (r["trajectory_id"], r["routing_slot"], r["dp_rank"], r["completed"]) for r in records
+    ] == [
+        ("short-agent", 0, 0, True),
+        ("long-agent", 1, 1, True),
+        ("compacting-agent", 0, 0, True),
     ]
     assert records[0]["admitted_at_seconds"] == 0.0 and records[2]["admitted_at_seconds"] > 0.0
     assert b" " not in events.read_bytes()
@@ -122,20 +154,55 @@ def test_events_and_csv_in_dry_run(capsys, tmp_path):
     assert values["workload_mode"] == "trajectory_replay"
     assert values["agent_plans_sha256"] == hashlib.sha256(EXAMPLE.read_bytes()).hexdigest()
     assert values["trajectory_schema_version"] == "1"
-    assert (values["agents"], values["requested_max_active_agents"], values["max_active_agents"]) == ("3", "2", "2")
-    assert (values["completed_agents"], values["planned_tool_invocations"], values["total_requests"]) == ("3", "7", "0")
-    assert (values["latency_p50_ms"], values["ttft_p50_ms"], values["interrupted"]) == ("", "", "false")
-    assert (values["dp_rank_perfect_routing"], values["dp_rank_perfect_routing_num"]) == ("true", "2")
-    assert (values["seed"], values["replay_initial_overhead_tokens"], values["tool_call_latency_ms"]) == ("7", "10", "")
+    assert (
+        values["agents"],
+        values["requested_max_active_agents"],
+        values["max_active_agents"],
+    ) == ("3", "2", "2")
+    assert (
+        values["completed_agents"],
+        values["planned_tool_invocations"],
+        values["total_requests"],
+    ) == ("3", "7", "0")
+    assert (values["latency_p50_ms"], values["ttft_p50_ms"], values["interrupted"]) == (
+        "",
+        "",
+        "false",
+    )
+    assert (values["dp_rank_perfect_routing"], values["dp_rank_perfect_routing_num"]) == (
+        "true",
+        "2",
+    )
+    assert (
+        values["seed"],
+        values["replay_initial_overhead_tokens"],
+        values["tool_call_latency_ms"],
+    ) == ("7", "10", "")
     assert values["time_scale"] == "1.0" and values["admission_mode"] == "closed-loop"
 
 
 def test_c48_sampled_dry_run_eight_agents_four_slots(capsys):
     lines, _ = run(
         capsys,
-        ["--agents", "8", "--max-active-agents", "4", "--input-tokens", "32", "--output-tokens", "8",
-         "--environment-tokens", "16", "--tool-invocations", "2", "--tokenizer-model", "deepseek-v3",
-         "--dry-run", "--seed", "3"],
+        [
+            "--agents",
+            "8",
+            "--max-active-agents",
+            "4",
+            "--input-tokens",
+            "32",
+            "--output-tokens",
+            "8",
+            "--environment-tokens",
+            "16",
+            "--tool-invocations",
+            "2",
+            "--tokenizer-model",
+            "deepseek-v3",
+            "--dry-run",
+            "--seed",
+            "3",
+        ],
     )
     assert "Total synthetic agents: 8" in lines and "Maximum active agents: 4" in lines
     assert "Initial prompt: 32 (fixed)" in lines and "Tool-call latency: 0 ms (fixed)" in lines

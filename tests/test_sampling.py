@@ -7,8 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from batchbench.agent_args import resolve_shape
-from batchbench.agent_args import parse_agent_args
+from batchbench.agent_args import parse_agent_args, resolve_shape
 from batchbench.errors import UsageError
 from batchbench.rng import mix_seed, splitmix64, standard_normal
 from batchbench.sampling import (
@@ -16,9 +15,9 @@ from batchbench.sampling import (
     FixedSpec,
     LogNormalSpec,
     describe_latency,
-    round_samples,
     resolve_latency_spec,
     resolve_size_spec,
+    round_samples,
     sample_sizes,
     short_float,
 )
@@ -31,13 +30,15 @@ def shape_of(*argv: str) -> SampledShape:
 
 def test_c1_fixed_and_lognormal_validation():
     assert resolve_size_spec("input", FamilyFlags(fixed=8), 128) == FixedSpec(8)
-    with pytest.raises(UsageError, match="^invalid fixed input value: sample must be greater than zero$"):
+    with pytest.raises(
+        UsageError, match=r"^invalid fixed input value: sample must be greater than zero$"
+    ):
         resolve_size_spec("input", FamilyFlags(fixed=0), 128)
     spec = resolve_size_spec("input", FamilyFlags(median=32, sigma=0.5, cap=64), 128)
     assert spec == LogNormalSpec(mu=math.log(32), sigma=0.5, cap=64)
-    with pytest.raises(UsageError, match="^log-normal median must be greater than zero$"):
+    with pytest.raises(UsageError, match=r"^log-normal median must be greater than zero$"):
         resolve_size_spec("input", FamilyFlags(median=0, sigma=0.5), 128)
-    with pytest.raises(UsageError, match="^sample log-normal sigma must be greater than zero$"):
+    with pytest.raises(UsageError, match=r"^sample log-normal sigma must be greater than zero$"):
         resolve_size_spec("input", FamilyFlags(median=32, sigma=0), 128)
 
 
@@ -61,7 +62,9 @@ def test_lognormal_rounds_half_away_from_zero_and_floors_at_one():
 
 def test_non_finite_sample_is_an_error():
     spec = LogNormalSpec(mu=1e300, sigma=1.0)
-    with pytest.raises(UsageError, match="^output log-normal distribution produced a non-finite sample$"):
+    with pytest.raises(
+        UsageError, match=r"^output log-normal distribution produced a non-finite sample$"
+    ):
         sample_sizes(spec, 1, 3, "output")
 
 
@@ -90,20 +93,69 @@ def test_c5_lognormal_latency_and_conflict():
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (("--input-tokens", "5", "--input-lognorm-sigma", "1"), "--input-tokens cannot be combined with --input-lognorm-* flags"),
-        (("--initial-prompt-tokens", "5", "--initial-prompt-lognorm-mu", "1"), "--input-tokens cannot be combined with --input-lognorm-* flags"),
-        (("--model-response-tokens", "5", "--output-lognorm-max", "3"), "--output-tokens cannot be combined with --output-lognorm-* flags"),
-        (("--environment-response-tokens", "5", "--environment-lognorm-median", "3"), "--environment-tokens cannot be combined with --environment-lognorm-* flags"),
-        (("--tool-invocations", "5", "--tool-invocations-lognorm-sigma", "3"), "--tool-invocations cannot be combined with --tool-invocations-lognorm-* flags"),
-        (("--input-lognorm-mu", "1", "--input-lognorm-median", "3", "--input-lognorm-sigma", "1"), "provide either --input-lognorm-mu or --input-lognorm-median, not both"),
-        (("--output-lognorm-median", "3"), "--output-lognorm-sigma is required for log-normal sampling"),
-        (("--environment-lognorm-max", "3", "--environment-lognorm-sigma", "1"), "--environment-lognorm-median or --environment-lognorm-mu is required for log-normal sampling"),
-        (("--input-lognorm-mu", "inf", "--input-lognorm-sigma", "1"), "sample log-normal mu must be finite"),
-        (("--input-lognorm-mu", "1", "--input-lognorm-sigma", "nan"), "sample log-normal sigma must be greater than zero"),
-        (("--input-lognorm-mu", "1", "--input-lognorm-sigma", "1", "--input-lognorm-max", "0"), "sample log-normal max must be greater than zero"),
-        (("--tool-call-latency-lognorm-mu", "1", "--tool-call-latency-lognorm-median", "3"), "provide either --tool-call-latency-lognorm-mu or --tool-call-latency-lognorm-median-ms, not both"),
-        (("--tool-call-latency-lognorm-mu", "1"), "--tool-call-latency-lognorm-sigma is required for log-normal latency sampling"),
-        (("--tool-call-latency-lognorm-sigma", "1"), "--tool-call-latency-lognorm-median-ms or --tool-call-latency-lognorm-mu is required for log-normal latency sampling"),
+        (
+            ("--input-tokens", "5", "--input-lognorm-sigma", "1"),
+            "--input-tokens cannot be combined with --input-lognorm-* flags",
+        ),
+        (
+            ("--initial-prompt-tokens", "5", "--initial-prompt-lognorm-mu", "1"),
+            "--input-tokens cannot be combined with --input-lognorm-* flags",
+        ),
+        (
+            ("--model-response-tokens", "5", "--output-lognorm-max", "3"),
+            "--output-tokens cannot be combined with --output-lognorm-* flags",
+        ),
+        (
+            ("--environment-response-tokens", "5", "--environment-lognorm-median", "3"),
+            "--environment-tokens cannot be combined with --environment-lognorm-* flags",
+        ),
+        (
+            ("--tool-invocations", "5", "--tool-invocations-lognorm-sigma", "3"),
+            "--tool-invocations cannot be combined with --tool-invocations-lognorm-* flags",
+        ),
+        (
+            (
+                "--input-lognorm-mu",
+                "1",
+                "--input-lognorm-median",
+                "3",
+                "--input-lognorm-sigma",
+                "1",
+            ),
+            "provide either --input-lognorm-mu or --input-lognorm-median, not both",
+        ),
+        (
+            ("--output-lognorm-median", "3"),
+            "--output-lognorm-sigma is required for log-normal sampling",
+        ),
+        (
+            ("--environment-lognorm-max", "3", "--environment-lognorm-sigma", "1"),
+            "--environment-lognorm-median or --environment-lognorm-mu is required for log-normal sampling",
+        ),
+        (
+            ("--input-lognorm-mu", "inf", "--input-lognorm-sigma", "1"),
+            "sample log-normal mu must be finite",
+        ),
+        (
+            ("--input-lognorm-mu", "1", "--input-lognorm-sigma", "nan"),
+            "sample log-normal sigma must be greater than zero",
+        ),
+        (
+            ("--input-lognorm-mu", "1", "--input-lognorm-sigma", "1", "--input-lognorm-max", "0"),
+            "sample log-normal max must be greater than zero",
+        ),
+        (
+            ("--tool-call-latency-lognorm-mu", "1", "--tool-call-latency-lognorm-median", "3"),
+            "provide either --tool-call-latency-lognorm-mu or --tool-call-latency-lognorm-median-ms, not both",
+        ),
+        (
+            ("--tool-call-latency-lognorm-mu", "1"),
+            "--tool-call-latency-lognorm-sigma is required for log-normal latency sampling",
+        ),
+        (
+            ("--tool-call-latency-lognorm-sigma", "1"),
+            "--tool-call-latency-lognorm-median-ms or --tool-call-latency-lognorm-mu is required for log-normal latency sampling",
+        ),
     ],
 )
 def test_c6_family_rules_use_primary_names(argv, message):
@@ -116,14 +168,19 @@ def test_c7_median_becomes_log_mu():
     spec = shape_of("--input-lognorm-median", "500", "--input-lognorm-sigma", "0.25").input
     assert spec == LogNormalSpec(mu=math.log(500), sigma=0.25)
     assert spec.describe() == "lognormal(median≈500, σ=0.25; μ=6.215)"
-    capped = shape_of("--output-lognorm-mu", "3", "--output-lognorm-sigma", "1", "--output-lognorm-max", "90")
+    capped = shape_of(
+        "--output-lognorm-mu", "3", "--output-lognorm-sigma", "1", "--output-lognorm-max", "90"
+    )
     assert capped.output.describe() == "lognormal(median≈20, σ=1, max=90; μ=3.000)"
 
 
 def test_c8_defaults():
     shape = shape_of()
     assert (shape.input, shape.output, shape.environment, shape.tool_invocations) == (
-        FixedSpec(128), FixedSpec(64), FixedSpec(64), FixedSpec(4),
+        FixedSpec(128),
+        FixedSpec(64),
+        FixedSpec(64),
+        FixedSpec(4),
     )
     assert shape.latency is None
 
@@ -138,7 +195,9 @@ def test_stream_mixing_matches_reference_formula():
 def test_splitmix64_known_values():
     # splitmix64 seeded with 0: the published first outputs of the reference generator.
     assert splitmix64(0, 3).tolist() == [
-        0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F,
+        0xE220A8397B1DCDAF,
+        0x6E789E6AA1B965F4,
+        0x06C45D188009454F,
     ]
     # Counter-based: draw k does not depend on how many were drawn before it.
     assert splitmix64(42, 10)[7] == splitmix64(42, 3, start=7)[0]
@@ -163,23 +222,35 @@ def test_sampled_workload_shapes_and_ids():
 
 def test_changing_one_spec_never_changes_another_fields_samples():
     base = SampledShape(
-        LogNormalSpec(math.log(500), 0.5), LogNormalSpec(math.log(80), 0.7),
-        LogNormalSpec(math.log(300), 0.9), FixedSpec(5), None,
+        LogNormalSpec(math.log(500), 0.5),
+        LogNormalSpec(math.log(80), 0.7),
+        LogNormalSpec(math.log(300), 0.9),
+        FixedSpec(5),
+        None,
     )
-    changed = SampledShape(base.input, LogNormalSpec(math.log(10), 0.1), base.environment, base.tool_invocations, None)
+    changed = SampledShape(
+        base.input, LogNormalSpec(math.log(10), 0.1), base.environment, base.tool_invocations, None
+    )
     a = compile_sampled(base, 4, root_seed=99)
     b = compile_sampled(changed, 4, root_seed=99)
     assert a.environment_tokens.tolist() == b.environment_tokens.tolist()
-    assert a.input_content_tokens[a.request_offsets[:-1]].tolist() == b.input_content_tokens[b.request_offsets[:-1]].tolist()
+    assert (
+        a.input_content_tokens[a.request_offsets[:-1]].tolist()
+        == b.input_content_tokens[b.request_offsets[:-1]].tolist()
+    )
     assert a.output_tokens.tolist() != b.output_tokens.tolist()
 
 
 def test_agents_draw_from_different_streams():
-    shape = SampledShape(LogNormalSpec(math.log(500), 0.5), FixedSpec(1), FixedSpec(1), FixedSpec(1), None)
+    shape = SampledShape(
+        LogNormalSpec(math.log(500), 0.5), FixedSpec(1), FixedSpec(1), FixedSpec(1), None
+    )
     work = compile_sampled(shape, 8, root_seed=7)
     firsts = work.input_content_tokens.tolist()
     assert len(set(firsts)) > 1
-    assert np.array_equal(work.input_content_tokens, compile_sampled(shape, 8, root_seed=7).input_content_tokens)
+    assert np.array_equal(
+        work.input_content_tokens, compile_sampled(shape, 8, root_seed=7).input_content_tokens
+    )
 
 
 def test_short_float():

@@ -31,7 +31,9 @@ def test_c65_directory_resolves_to_its_tokenizer_json(tmp_path):
 def test_c65_directory_without_tokenizer_json(tmp_path):
     with pytest.raises(TokenizerError) as caught:
         load_tokenizer(str(tmp_path))
-    assert str(caught.value) == f"local tokenizer directory {tmp_path} does not contain tokenizer.json"
+    assert (
+        str(caught.value) == f"local tokenizer directory {tmp_path} does not contain tokenizer.json"
+    )
 
 
 def test_file_path_and_load_failure(tmp_path):

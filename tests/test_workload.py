@@ -66,7 +66,10 @@ def test_prompt_must_exceed_overhead():
     manifest = manifest_of(("first", [(50, 1)]), ("second", [(100, 20), (130, 5)]))
     with pytest.raises(PlanError) as caught:
         compile_manifest(manifest, initial_overhead=50)
-    assert str(caught.value) == 'trajectory "first" request 1 prompt (50) must exceed its replay overhead (50)'
+    assert (
+        str(caught.value)
+        == 'trajectory "first" request 1 prompt (50) must exceed its replay overhead (50)'
+    )
 
 
 def test_turn_overhead_that_eats_the_growth_is_a_build_error():
@@ -82,18 +85,22 @@ def test_turn_overhead_that_eats_the_growth_is_a_build_error():
 
 def test_first_error_in_file_order_wins():
     manifest = manifest_of(("a", [(100, 20), (130, 5), (400, 1)]), ("b", [(5, 1)]))
-    with pytest.raises(PlanError, match='^trajectory "a" request 2 cannot satisfy'):
+    with pytest.raises(PlanError, match=r'^trajectory "a" request 2 cannot satisfy'):
         compile_manifest(manifest, initial_overhead=4, turn_overhead=11)
 
 
 def test_time_scale_divides_delays():
-    manifest = manifest_of(("t", [(100, 20, {"delay_after_ms": 25}), (150, 10, {"delay_after_ms": 7})]))
+    manifest = manifest_of(
+        ("t", [(100, 20, {"delay_after_ms": 25}), (150, 10, {"delay_after_ms": 7})])
+    )
     work = compile_manifest(manifest, time_scale=2.0)
     assert work.tool_call_latency_ms.tolist() == [12.5, 3.5]
 
 
 def test_trajectory_grouping():
-    manifest = manifest_of(("a", [(10, 1), (20, 1)]), ("b", [(30, 1)]), ("c", [(5, 1), (9, 1), (12, 1)]))
+    manifest = manifest_of(
+        ("a", [(10, 1), (20, 1)]), ("b", [(30, 1)]), ("c", [(5, 1), (9, 1), (12, 1)])
+    )
     work = compile_manifest(manifest, initial_overhead=1)
     assert list(work.trajectory_ids) == ["a", "b", "c"]
     assert [list(work.turns(t)) for t in range(3)] == [[0, 1], [2], [3, 4, 5]]

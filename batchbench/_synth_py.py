@@ -1,0 +1,108 @@
+"""Pure-Python twin of ``batchbench._native._synth``: same API, same errors, same bytes.
+
+The text RNG is a counter-based splitmix64: draw k of a stream is a pure function of
+(seed, k), so numpy can compute a whole stream at once with wrapping uint64 arithmetic and
+the compiled module can compute it in a C loop, both giving the same indices on every
+platform and Python version (COMPAT §4.5, D1). ``BATCHBENCH_NO_EXTENSIONS=1`` selects
+this module; the test suite checks that both produce byte-identical output.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+MASK64 = (1 << 64) - 1
+GOLDEN_GAMMA = 0x9E3779B97F4A7C15
+STREAM_GAMMA = 0xD1B54A32D192ED03
+MIX1 = 0xBF58476D1CE4E5B9
+MIX2 = 0x94D049BB133111EB
+MAX_BOUND = 1 << 32
+
+_U32 = np.uint64(32)
+_S30 = np.uint64(30)
+_S27 = np.uint64(27)
+_S31 = np.uint64(31)
+_GAMMA = np.uint64(GOLDEN_GAMMA)
+_MIX1 = np.uint64(MIX1)
+_MIX2 = np.uint64(MIX2)
+
+
+def mix_seed(root: int, agent_id: int, stream_id: int) -> int:
+    """Seed of one (agent, field) stream, the wrapping mix of COMPAT §3.2."""
+    return (
+        operator.index(root)
+        + operator.index(agent_id) * GOLDEN_GAMMA
+        + operator.index(stream_id) * STREAM_GAMMA
+    ) & MASK64
+
+
+def _check(n: int, bound: int) -> tuple[int, int]:
+    """Validate like the compiled module so both raise the same errors."""
+    n = operator.index(n)
+    bound = operator.index(bound)
+    if n < 0:
+        raise ValueError(f"n must be non-negative, got {n}")
+    if not 1 <= bound <= MAX_BOUND:
+        raise ValueError(f"bound must be between 1 and 2**32, got {bound}")
+    return n, bound
+
+
+def draw_indices(seed: int, n: int, bound: int) -> np.ndarray:
+    """``n`` indices in ``[0, bound)`` from the splitmix64 stream of ``seed`` (int64 array).
+
+    Index k is ``((z >> 32) * bound) >> 32`` where z is the splitmix64 finalizer of
+    ``seed + (k + 1) * 0x9E3779B97F4A7C15``: a multiply-shift range reduction, which
+    needs no rejection loop and so stays vectorizable.
+    """
+    n, bound = _check(n, bound)
+    start = np.uint64(operator.index(seed) & MASK64)
+    with np.errstate(over="ignore"):
+        z = np.arange(1, n + 1, dtype=np.uint64)
+        z *= _GAMMA
+        z += start
+        z ^= z >> _S30
+        z *= _MIX1
+        z ^= z >> _S27
+        z *= _MIX2
+        z ^= z >> _S31
+        z >>= _U32
+        z *= np.uint64(bound)
+        z >>= _U32
+    return z.astype(np.int64)
+
+
+class PieceAssembler:
+    """Builds text by concatenating pieces chosen by :func:`draw_indices`.
+
+    The pieces are proven (by ``batchbench.synth``) to give one token each however they
+    are joined, so ``text(n, seed)`` is exact without re-encoding.
+    """
+
+    __slots__ = ("_count", "_pieces")
+
+    def __init__(self, pieces: list[str]) -> None:
+        items = list(pieces)
+        if not items:
+            raise ValueError("PieceAssembler needs at least one piece")
+        if len(items) > MAX_BOUND:
+            raise ValueError("PieceAssembler holds at most 2**32 pieces")
+        for piece in items:
+            if type(piece) is not str:
+                raise TypeError(f"pieces must be str, got {type(piece).__name__}")
+        self._pieces = items
+        self._count = len(items)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def text(self, n: int, seed: int) -> str:
+        """The concatenation of ``n`` pieces drawn from the stream of ``seed``."""
+        n = operator.index(n)
+        if n < 0:
+            raise ValueError(f"n must be non-negative, got {n}")
+        if n == 0:
+            return ""
+        indices = draw_indices(seed, n, self._count)
+        return "".join(map(self._pieces.__getitem__, indices.tolist()))

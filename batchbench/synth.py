@@ -1,0 +1,434 @@
+"""Exact-length synthetic text (COMPAT §4.2-§4.5): the API the rest of the package uses.
+
+``Synthesizer.prepare(loaded)`` inspects a tokenizer once. Most tokenizers have many
+**fast pieces**: a leading space plus one alphabetic word that is a single token and, being
+its own pre-token, stays a single token whatever piece precedes or follows it. Joining n of
+them gives exactly n tokens with no re-encoding, so text costs a memcpy per token
+(``PieceAssembler``, compiled or twin). The property is proven on long random joins at
+preparation, not assumed. Tokenizers where it fails or finds too few pieces (no
+pre-tokenizer, byte-level BPE without merges, normalizers that rewrite words) use the
+decode, re-encode and repair loop of §4.4, which is exact but costs several encodes a text.
+
+Both methods are deterministic functions of (tokenizer file, n, seed) (§4.5, D1).
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import re
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+import numpy as np
+from tokenizers import Encoding, Tokenizer
+
+from batchbench import _impl
+from batchbench.errors import SynthesisError
+from batchbench.tokenizer import LoadedTokenizer
+
+_synth = _impl.load("synth")
+draw_indices = _synth.draw_indices
+mix_seed = _synth.mix_seed
+PieceAssembler = _synth.PieceAssembler
+
+Method = Literal["fast", "repair"]
+
+# §4.4 reference bounds.
+REPAIR_ATTEMPTS = 256
+TRIM_BOUNDARIES = 16
+IDENTICAL_RESAMPLES = 8
+
+# The fast-piece proof: at least this many pieces per join, in this many random orders,
+# pruning pieces that break alignment for at most this many rounds.
+PROOF_PIECES = 100_000
+PROOF_ORDERS = 3
+PROOF_ROUNDS = 4
+# Each order is encoded in chunks of this many pieces, so the tokenizer's batch encoder can
+# spread them over cores; only the few pairs that straddle a chunk edge go untested.
+PROOF_CHUNK = 8192
+# Fewer proven pieces than this means little variety: use the repair loop instead. A tiny
+# vocabulary cannot supply 64 words, so there an eighth of its usable ids (at least 2) is
+# enough; the repair loop would not give more varied text on it anyway.
+MIN_FAST_PIECES = 64
+
+# Fixed seeds keep preparation, and so the piece table and every text, deterministic.
+_PROOF_SEED = 0x5EED_0F_FA57_0000
+_REPAIR_STREAM = 0x7E9A_17  # derives the successive draw seeds of the repair loop
+
+# C0 and C1 control characters. Ids that decode to one are not drawn, but byte-level ids
+# can still combine into one (0xC2 then 0x85 is U+0085), so decoded text is scrubbed too.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+EMPTY_VOCAB = "tokenizer vocabulary is empty"
+NO_NON_SPECIAL = "tokenizer vocabulary contains no non-special tokens"
+SAME_CANDIDATE = "tokenizer produced the same candidate in 8 consecutive deterministic resamples"
+
+
+def failure_message(target: int, last_count: int | None) -> str:
+    """The §4.3 message for a target that the bounded loop could not reach."""
+    last = "unknown" if last_count is None else str(last_count)
+    return (
+        f"failed to generate synthetic text with exactly {target} tokens after "
+        f"{REPAIR_ATTEMPTS} attempts (last count: {last})"
+    )
+
+
+def min_fast_pieces(usable: int) -> int:
+    """Proven pieces needed to use the fast method on a vocabulary of ``usable`` ids."""
+    return min(MIN_FAST_PIECES, max(2, -(-usable // 8)))
+
+
+def eligible_ids(loaded: LoadedTokenizer) -> np.ndarray:
+    """§4.2 eligible ids: the base vocabulary minus special ids; raises when there are none."""
+    if loaded.base_vocab_size <= 0:
+        raise SynthesisError(EMPTY_VOCAB)
+    ids = np.arange(loaded.base_vocab_size, dtype=np.int64)
+    if loaded.special_ids:
+        ids = ids[~np.isin(ids, np.fromiter(loaded.special_ids, dtype=np.int64))]
+    if ids.size == 0:
+        raise SynthesisError(NO_NON_SPECIAL)
+    return ids
+
+
+def _without(ids: np.ndarray, excluded: Iterable[int]) -> np.ndarray:
+    drop = np.fromiter(excluded, dtype=np.int64)
+    return ids[~np.isin(ids, drop)] if drop.size else ids
+
+
+def _is_word(candidate: str) -> bool:
+    """A space then letters only (letters are printable and never whitespace)."""
+    return candidate[1:].isalpha()
+
+
+def decode_each(loaded: LoadedTokenizer, ids: np.ndarray) -> list[str]:
+    """The single-id decode of every id in ``ids`` (special tokens kept, §4.2)."""
+    return loaded.tokenizer.decode_batch([[i] for i in ids.tolist()], skip_special_tokens=False)
+
+
+def candidate_pieces(
+    loaded: LoadedTokenizer, decoded: Sequence[str], *, spaced_only: bool
+) -> list[str]:
+    """Space-prefixed alphabetic single-id decodes that encode back to one allowed id.
+
+    With ``spaced_only``, only decodes that already start with a space are tried. Where
+    the tokenizer keeps the space inside its tokens (byte-level BPE), a word that is one
+    token after a space has its own id whose decode is among those, so prefixing a space
+    to the other decodes mostly adds strings that are not single tokens, at the cost of
+    encoding them all (half of preparation on DeepSeek-V3). Otherwise every decode gets a
+    space prefix when it lacks one (Metaspace, WordPiece decodes never start with one).
+    """
+    tokenizer = loaded.tokenizer
+    if spaced_only:
+        pool = [text for text in decoded if text.startswith(" ")]
+    else:
+        pool = [text if text.startswith(" ") else " " + text for text in decoded]
+    candidates = [text for text in dict.fromkeys(pool) if _is_word(text)]
+    if not candidates:
+        return []
+    forbidden = loaded.added_ids | loaded.special_ids
+    encodings = tokenizer.encode_batch(candidates, add_special_tokens=False)
+    return [
+        piece
+        for piece, encoding in zip(candidates, encodings, strict=True)
+        if len(encoding.ids) == 1 and encoding.ids[0] not in forbidden
+    ]
+
+
+def _misaligned(
+    encoding: Encoding, order: np.ndarray, lengths: np.ndarray, forbidden: frozenset[int]
+) -> np.ndarray:
+    """Piece indices (into the table) whose span in the join did not get exactly one token.
+
+    Token offsets (characters, in the joined text) locate each token in the piece spans: a
+    piece fails if it got no token, several tokens, a forbidden id, or a token that runs
+    past its end (a merge across the boundary, which also fails the next piece).
+    """
+    ends = np.cumsum(lengths[order])
+    starts = ends - lengths[order]
+    offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
+    ids = np.asarray(encoding.ids, dtype=np.int64)
+    if ids.size == order.size and offsets.size:
+        inside = (
+            (offsets[:, 0] >= starts) & (offsets[:, 1] <= ends) & (offsets[:, 1] > offsets[:, 0])
+        )
+        ok = inside
+        if forbidden:
+            ok = ok & ~np.isin(ids, np.fromiter(forbidden, dtype=np.int64))
+        if ok.all():
+            return np.empty(0, dtype=np.int64)
+    bad = np.zeros(order.size, dtype=bool)
+    if offsets.size:
+        # Assign each token to the piece holding its first character.
+        first = np.searchsorted(ends, offsets[:, 0], side="right").clip(0, order.size - 1)
+        last = np.searchsorted(ends, np.maximum(offsets[:, 1] - 1, offsets[:, 0]), side="right")
+        last = last.clip(0, order.size - 1)
+        per_piece = np.bincount(first, minlength=order.size)
+        bad |= per_piece != 1
+        for a, b in zip(first[last > first].tolist(), last[last > first].tolist(), strict=True):
+            bad[a : b + 1] = True
+        if forbidden:
+            hit = np.isin(ids, np.fromiter(forbidden, dtype=np.int64))
+            bad[first[hit]] = True
+    else:
+        bad[:] = True
+    return np.unique(order[bad])
+
+
+def _proof_orders(count: int, round_index: int) -> list[np.ndarray]:
+    """Random joins of the table: the first a permutation (every piece appears) padded with
+    random draws, the others fully random; each at least ``PROOF_PIECES`` long."""
+    length = max(PROOF_PIECES, count)
+    orders = []
+    for j in range(PROOF_ORDERS):
+        seed = mix_seed(_PROOF_SEED, round_index, j)
+        draws = draw_indices(seed, length, count)
+        if j == 0:
+            keys = draw_indices(mix_seed(seed, 1, 1), count, 1 << 32)
+            perm = np.argsort(keys, kind="stable")
+            draws = np.concatenate([perm, draws[: length - count]])
+        orders.append(draws)
+    return orders
+
+
+def prove_pieces(loaded: LoadedTokenizer, pieces: Sequence[str]) -> list[str] | None:
+    """The subset of ``pieces`` proven to give one token each in long random joins.
+
+    Pieces that break alignment are pruned and the survivors re-proven, for a few rounds;
+    returns None when no round passes cleanly.
+    """
+    forbidden = loaded.added_ids | loaded.special_ids
+    table = list(pieces)
+    for round_index in range(PROOF_ROUNDS):
+        if not table:
+            return None
+        array = np.array(table, dtype=object)
+        lengths = np.fromiter(map(len, table), dtype=np.int64, count=len(table))
+        orders = [
+            order[start : start + PROOF_CHUNK]
+            for order in _proof_orders(len(table), round_index)
+            for start in range(0, order.size, PROOF_CHUNK)
+        ]
+        joins = ["".join(array[order].tolist()) for order in orders]
+        encodings = loaded.tokenizer.encode_batch(joins, add_special_tokens=False)
+        bad = np.unique(
+            np.concatenate(
+                [
+                    _misaligned(encoding, order, lengths, forbidden)
+                    for encoding, order in zip(encodings, orders, strict=True)
+                ]
+            )
+        )
+        if bad.size == 0:
+            return table
+        keep = np.ones(len(table), dtype=bool)
+        keep[bad] = False
+        table = [piece for piece, kept in zip(table, keep.tolist(), strict=True) if kept]
+    return None
+
+
+class _Draws:
+    """Successive id draws of one repair run: draw j uses a seed derived from (seed, j)."""
+
+    __slots__ = ("_next", "_pool", "_seed", "_tokenizer")
+
+    def __init__(self, tokenizer: Tokenizer, pool: np.ndarray, seed: int) -> None:
+        self._tokenizer = tokenizer
+        self._pool = pool
+        self._seed = seed
+        self._next = 0
+
+    def decode(self, count: int) -> str:
+        seed = mix_seed(self._seed, self._next, _REPAIR_STREAM)
+        self._next += 1
+        ids = self._pool[draw_indices(seed, count, self._pool.size)]
+        return _CONTROL.sub(" ", self._tokenizer.decode(ids.tolist(), skip_special_tokens=False))
+
+
+class Synthesizer:
+    """Exact-length text for one tokenizer; thread-safe, one per tokenizer file per process."""
+
+    _cache: dict[tuple, Synthesizer] = {}  # noqa: RUF012 - process-wide by design
+    _cache_lock = threading.Lock()
+
+    def __init__(
+        self,
+        loaded: LoadedTokenizer,
+        pieces: list[str] | None,
+        pool: np.ndarray,
+        forbidden: frozenset[int],
+        prepare_seconds: float,
+    ) -> None:
+        """Use :meth:`prepare`; this only stores what it found."""
+        self.loaded = loaded
+        self._tokenizer = loaded.tokenizer
+        self._pieces = pieces
+        self._assembler = PieceAssembler(pieces) if pieces else None
+        self._pool = pool
+        self._forbidden = forbidden
+        self.prepare_seconds = prepare_seconds
+
+    @classmethod
+    def prepare(cls, loaded: LoadedTokenizer) -> Synthesizer:
+        """The synthesizer of ``loaded``, built once per tokenizer file in this process.
+
+        Raises ``SynthesisError`` for a vocabulary with no base or no non-special ids (§4.2).
+        """
+        key = _cache_key(loaded)
+        if key is None:
+            return cls._build(loaded)
+        with cls._cache_lock:
+            cached = cls._cache.get(key)
+            if cached is None:
+                cached = cls._cache[key] = cls._build(loaded)
+            return cached
+
+    @classmethod
+    def _build(cls, loaded: LoadedTokenizer) -> Synthesizer:
+        started = time.perf_counter()
+        eligible = eligible_ids(loaded)
+        usable = _without(eligible, loaded.added_ids)
+        if usable.size == 0:  # only added (non-special) ids left: §4.2 still allows them
+            usable = eligible
+        decoded = decode_each(loaded, usable)
+        needed = min_fast_pieces(usable.size)
+        pieces: list[str] | None = None
+        for spaced_only in (True, False):
+            pieces = prove_pieces(
+                loaded, candidate_pieces(loaded, decoded, spaced_only=spaced_only)
+            )
+            if pieces is not None and len(pieces) >= needed:
+                break
+            pieces = None
+        pool, forbidden = _repair_pool(loaded, usable, decoded)
+        return cls(loaded, pieces, pool, forbidden, time.perf_counter() - started)
+
+    @property
+    def method(self) -> Method:
+        """``fast`` when proven pieces are assembled, ``repair`` for the §4.4 loop."""
+        return "fast" if self._assembler is not None else "repair"
+
+    @property
+    def piece_count(self) -> int:
+        """Number of proven fast pieces (0 when the repair loop is used)."""
+        return len(self._pieces) if self._pieces else 0
+
+    @property
+    def pieces(self) -> tuple[str, ...]:
+        """The proven fast pieces, in table order."""
+        return tuple(self._pieces or ())
+
+    def text(self, n: int, seed: int) -> str:
+        """Text that re-encodes to exactly ``n`` tokens, none special; ``""`` for 0."""
+        n = operator.index(n)
+        if n < 0:
+            raise ValueError(f"token count must be non-negative, got {n}")
+        if n == 0:
+            return ""
+        if self._assembler is not None:
+            return self._assembler.text(n, seed)
+        return self.repair_text(n, seed)
+
+    def repair_text(self, n: int, seed: int) -> str:
+        """The §4.4 decode, re-encode and repair loop (the fallback, and a benchmark baseline).
+
+        Beyond §4.4, a candidate that re-encodes to an added id is treated like one holding
+        a special id (resampled), and every decode has its control characters replaced by
+        spaces before it is measured, so the text never holds one.
+        """
+        n = operator.index(n)
+        if n < 0:
+            raise ValueError(f"token count must be non-negative, got {n}")
+        if n == 0:
+            return ""
+        draws = _Draws(self._tokenizer, self._pool, seed)
+        text = draws.decode(n)
+        last_count: int | None = None
+        for _ in range(REPAIR_ATTEMPTS):
+            encoding = self._encode(text)
+            last_count = len(encoding.ids)
+            if not text or not self._clean(encoding.ids):
+                text = self._resample(draws, n, text)
+            elif last_count == n:
+                return text
+            elif last_count > n:
+                cut, exact = self._trim(text, encoding.offsets, n)
+                if exact:
+                    return cut
+                text = cut if cut is not None else self._resample(draws, n, text)
+            else:
+                extra = draws.decode(max(n - last_count, 1))
+                grown = text + extra if text[-1].isspace() else text + " " + extra
+                text = grown if len(grown) > len(text) else self._resample(draws, n, text)
+        raise SynthesisError(failure_message(n, last_count))
+
+    def _encode(self, text: str) -> Encoding:
+        return self._tokenizer.encode(text, add_special_tokens=False)
+
+    def _clean(self, ids: list[int]) -> bool:
+        return self._forbidden.isdisjoint(ids)
+
+    def _resample(self, draws: _Draws, n: int, previous: str) -> str:
+        """A fresh decode of ``n`` ids that differs from ``previous``."""
+        for _ in range(IDENTICAL_RESAMPLES):
+            candidate = draws.decode(n)
+            if candidate != previous:
+                return candidate
+        raise SynthesisError(SAME_CANDIDATE)
+
+    def _trim(self, text: str, offsets: list[tuple[int, int]], n: int) -> tuple[str | None, bool]:
+        """§4.4 trim repair: (exact cut, True), or (longest shorter cut or None, False)."""
+        tried = 0
+        previous = -1
+        shorter: str | None = None
+        for k in range(n - 1, -1, -1):
+            end = offsets[k][1]
+            if end == previous or end <= 0 or end >= len(text):
+                continue
+            previous = end
+            cut = text[:end]
+            ids = self._encode(cut).ids
+            if len(ids) == n and self._clean(ids):
+                return cut, True
+            if len(ids) < n and (shorter is None or len(cut) > len(shorter)):
+                shorter = cut
+            tried += 1
+            if tried == TRIM_BOUNDARIES:
+                break
+        return shorter, False
+
+
+def _repair_pool(
+    loaded: LoadedTokenizer, usable: np.ndarray, decoded: Sequence[str]
+) -> tuple[np.ndarray, frozenset[int]]:
+    """Ids the repair loop draws, and ids its text must not re-encode to.
+
+    Prefer usable ids whose own decode is non-empty and free of control characters; when
+    there are none, draw from all usable ids (§4.2 allows any non-special id).
+    """
+    clean = np.fromiter(
+        (bool(text) and _CONTROL.search(text) is None for text in decoded),
+        dtype=bool,
+        count=usable.size,
+    )
+    pool = usable[clean] if clean.any() else usable
+    excludes_added = not np.isin(pool, np.fromiter(loaded.added_ids, dtype=np.int64)).any()
+    forbidden = loaded.special_ids | loaded.added_ids if excludes_added else loaded.special_ids
+    return pool, frozenset(forbidden)
+
+
+def _cache_key(loaded: LoadedTokenizer) -> tuple | None:
+    """Identity of the tokenizer file: path plus size and mtime, or the hub id; None for
+    tokenizers built in memory, which are not cached."""
+    source = loaded.source
+    if source.startswith("hub:"):
+        return ("hub", source)
+    try:
+        stat = os.stat(source)
+    except (OSError, ValueError):
+        return None
+    if not os.path.isfile(source):
+        return None
+    return ("file", os.path.realpath(source), stat.st_size, stat.st_mtime_ns)
