@@ -13,6 +13,7 @@ USAGE = """usage: batchbench <command> [options]
 
 commands:
   agent        replay trajectories or sampled agents (same as batchbench-agent)
+  sim          run the OpenAI-compatible serving simulator (DP ranks, prefix caches, faults)
   tokenizers   list the built-in tokenizer names usable with --tokenizer-model
 
 options:
@@ -33,11 +34,15 @@ def run(argv: Sequence[str]) -> int:
         return 0
     if command == "agent":
         return run_console(rest, "batchbench agent")
+    if command == "sim":
+        from batchbench.sim.main import run as run_sim
+
+        return run_sim(rest)
     if command == "tokenizers":
         for name, path in describe_builtins():
             print(f"{name}\t{path}")
         return 0
-    print(f"Error: unknown command {command!r}; expected agent or tokenizers", file=sys.stderr)
+    print(f"Error: unknown command {command!r}; expected agent, sim or tokenizers", file=sys.stderr)
     return 2
 
 

@@ -1,0 +1,333 @@
+"""``batchbench sim``: parse the options, load the tokenizer, serve until stopped."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from batchbench.errors import BatchbenchError
+from batchbench.sim.faults import Fault, FaultPlan
+from batchbench.sim.overheads import measure_overheads
+from batchbench.sim.server import SimConfig, SimServer
+from batchbench.sim.serving import ServingModel
+from batchbench.tokenizer import DEFAULT_BUILTIN, load_tokenizer
+
+DESCRIPTION = """\
+An OpenAI-compatible serving simulator with data-parallel ranks, per-rank prefix caches,
+continuous batching and deterministic fault injection. It counts prompt tokens exactly
+(the prompt rendered with a chat template and the given tokenizer) and replies with
+synthetic text of exactly the completion length, so a benchmark can check its token
+shapes end to end without a GPU. Once it listens it prints one line,
+"batchbench sim listening on http://HOST:PORT", and serves until SIGINT or SIGTERM."""
+
+EPILOG = """\
+routing (first that applies): x-smg-target-worker: <rank>; x-data-parallel-rank: <rank>;
+a consistent hash of x-smg-routing-key; else the least-loaded rank.
+
+step time per rank = uncached prefill tokens / --prefill-tokens-per-s + --decode-step-ms
++ --decode-step-ms-per-seq x running sequences, all divided by --speed."""
+
+
+def _rate(text: str) -> float:
+    value = _nonnegative_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"a rate must be between 0 and 1, got {text}")
+    return value
+
+
+def _nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _nonnegative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be greater than zero")
+    return value
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _statuses(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated status codes: {text!r}"
+        ) from None
+    if not values or any(not 400 <= v <= 599 for v in values):
+        raise argparse.ArgumentTypeError(f"status codes must be 400..599, got {text!r}")
+    return values
+
+
+def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
+    defaults = ServingModel()
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    server = parser.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
+    server.add_argument(
+        "--port",
+        type=_int_at_least(0),
+        default=8000,
+        help="TCP port; 0 picks a free one (default %(default)s)",
+    )
+    server.add_argument(
+        "--tokenizer-model",
+        default=DEFAULT_BUILTIN,
+        help="tokenizer.json path, a directory holding one, a hub id or a built-in name "
+        "(default %(default)s)",
+    )
+    server.add_argument(
+        "--chat-template",
+        choices=("chatml", "tokenizer"),
+        default="chatml",
+        help="prompt template: chatml (counted per message, fast on long histories) or the "
+        "tokenizer's own chat_template via jinja2 (whole prompt each request) "
+        "(default %(default)s)",
+    )
+    server.add_argument(
+        "--model-name",
+        default="batchbench-sim",
+        help="model id listed by /v1/models (requests may name any model) (default %(default)s)",
+    )
+    server.add_argument(
+        "--default-max-tokens",
+        type=_int_at_least(1),
+        default=256,
+        help="reply cap in tokens when a request sets none (default %(default)s)",
+    )
+    server.add_argument(
+        "--stream-chunk-tokens",
+        type=_int_at_least(1),
+        default=1,
+        help="tokens per streamed content chunk (default %(default)s)",
+    )
+    server.add_argument(
+        "--show-overheads",
+        action="store_true",
+        help="print the template's replay overheads in tokens (the values to pass to "
+        "--replay-initial-overhead-tokens and --replay-turn-overhead-tokens) and exit",
+    )
+
+    model = parser.add_argument_group("serving model (per rank)")
+    model.add_argument(
+        "--dp-ranks", type=_int_at_least(1), default=1, help="data-parallel ranks (default 1)"
+    )
+    model.add_argument(
+        "--kv-cache-tokens",
+        type=_int_at_least(0),
+        default=defaults.kv_cache_tokens,
+        help="prefix-cache capacity per rank in tokens; 0 disables caching (default %(default)s)",
+    )
+    model.add_argument(
+        "--block-size",
+        type=_int_at_least(1),
+        default=defaults.block_tokens,
+        help="KV block size in tokens; cache hits count whole blocks (default %(default)s)",
+    )
+    model.add_argument(
+        "--prefill-tokens-per-s",
+        type=_positive_float,
+        default=defaults.prefill_tokens_per_s,
+        help="prefill throughput in uncached tokens per second (default %(default)g)",
+    )
+    model.add_argument(
+        "--decode-step-ms",
+        type=_nonnegative_float,
+        default=defaults.decode_step_ms,
+        help="fixed time of one decode step in ms (default %(default)g)",
+    )
+    model.add_argument(
+        "--decode-step-ms-per-seq",
+        type=_nonnegative_float,
+        default=defaults.decode_step_ms_per_seq,
+        help="extra decode-step time per running sequence in ms (default %(default)g)",
+    )
+    model.add_argument(
+        "--max-batch",
+        type=_int_at_least(1),
+        default=defaults.max_batch,
+        help="running sequences per rank; more wait in a FIFO queue (default %(default)s)",
+    )
+    model.add_argument(
+        "--speed",
+        type=_nonnegative_float,
+        default=defaults.speed,
+        help="divides every modelled time; 0 disables modelled time (a zero-latency "
+        "backend for client benchmarks) (default %(default)g)",
+    )
+
+    faults = parser.add_argument_group("fault injection (rates are per request, in [0, 1])")
+    faults.add_argument(
+        "--fault-seed", type=_int_at_least(0), default=0, help="seed of the fault draws"
+    )
+    faults.add_argument(
+        "--fault-error-rate", type=_rate, default=0.0, help="answer with an error status"
+    )
+    faults.add_argument(
+        "--fault-error-statuses",
+        type=_statuses,
+        default=(500, 503),
+        help="statuses for --fault-error-rate, comma-separated (default 500,503)",
+    )
+    faults.add_argument(
+        "--fault-429-rate", type=_rate, default=0.0, help="answer 429 with Retry-After"
+    )
+    faults.add_argument(
+        "--fault-retry-after-s",
+        type=_int_at_least(0),
+        default=1,
+        help="Retry-After seconds on simulated 429s (default %(default)s)",
+    )
+    faults.add_argument(
+        "--fault-drop-rate", type=_rate, default=0.0, help="cut the connection mid-response"
+    )
+    faults.add_argument(
+        "--fault-truncate-rate",
+        type=_rate,
+        default=0.0,
+        help="end a stream halfway without usage or [DONE] (non-streamed: no effect)",
+    )
+    faults.add_argument(
+        "--fault-malformed-rate",
+        type=_rate,
+        default=0.0,
+        help="send a body (or one stream chunk) that is not JSON",
+    )
+    faults.add_argument(
+        "--fault-missing-usage-rate", type=_rate, default=0.0, help="omit usage from the reply"
+    )
+    faults.add_argument(
+        "--fault-spike-rate", type=_rate, default=0.0, help="delay a request by --fault-spike-ms"
+    )
+    faults.add_argument(
+        "--fault-spike-ms",
+        type=_nonnegative_float,
+        default=1000.0,
+        help="latency spike in ms, real time whatever --speed (default %(default)g)",
+    )
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    rates = {
+        Fault.ERROR: args.fault_error_rate,
+        Fault.RATE_LIMIT: args.fault_429_rate,
+        Fault.DROP: args.fault_drop_rate,
+        Fault.TRUNCATE: args.fault_truncate_rate,
+        Fault.MALFORMED: args.fault_malformed_rate,
+        Fault.MISSING_USAGE: args.fault_missing_usage_rate,
+    }
+    try:
+        plan = FaultPlan(
+            seed=args.fault_seed,
+            rates={kind: rate for kind, rate in rates.items() if rate},
+            error_statuses=args.fault_error_statuses,
+            retry_after_seconds=args.fault_retry_after_s,
+            spike_rate=args.fault_spike_rate,
+            spike_ms=args.fault_spike_ms,
+        )
+    except ValueError as exc:
+        raise BatchbenchError(str(exc)) from None
+    serving = ServingModel(
+        kv_cache_tokens=args.kv_cache_tokens,
+        block_tokens=args.block_size,
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+        decode_step_ms=args.decode_step_ms,
+        decode_step_ms_per_seq=args.decode_step_ms_per_seq,
+        max_batch=args.max_batch,
+        speed=args.speed,
+    )
+    return SimConfig(
+        host=args.host,
+        port=args.port,
+        model_name=args.model_name,
+        dp_ranks=args.dp_ranks,
+        chat_template=args.chat_template,
+        default_max_tokens=args.default_max_tokens,
+        stream_chunk_tokens=args.stream_chunk_tokens,
+        serving=serving,
+        faults=plan,
+    )
+
+
+async def serve(server: SimServer, host: str, port: int) -> None:
+    """Serve until SIGINT/SIGTERM; prints the listening line once the socket is bound."""
+    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise BatchbenchError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        bound = runner.addresses[0]
+        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+        print(f"batchbench sim listening on http://{shown}:{bound[1]}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def run(argv: Sequence[str], prog: str = "batchbench sim") -> int:
+    parser = build_parser(prog)
+    args = parser.parse_args(list(argv))
+    try:
+        loaded = load_tokenizer(args.tokenizer_model)
+        config = config_from_args(args)
+        if args.show_overheads:
+            initial, turn = measure_overheads(loaded, config.chat_template)
+            print(f"replay initial overhead: {initial} tokens")
+            print(f"replay turn overhead: {turn} tokens")
+            print(
+                f"flags: --replay-initial-overhead-tokens {initial} "
+                f"--replay-turn-overhead-tokens {turn}"
+            )
+            return 0
+        server = SimServer(config, loaded)
+    except BatchbenchError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(serve(server, config.host, config.port))
+    except BatchbenchError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0

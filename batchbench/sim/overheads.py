@@ -1,0 +1,74 @@
+"""Measure a template's replay overheads: the tokens it adds beyond message contents.
+
+COMPAT §3.5 models a prompt as contents plus an overhead that starts at
+``--replay-initial-overhead-tokens`` and grows by ``--replay-turn-overhead-tokens`` per
+appended turn. This renders real growth-mode conversations (COMPAT §5.9: user prompt,
+then per turn an assistant reply carrying the ``environment`` tool call and the tool
+result), with exact-length synthetic contents, and reads both numbers off the counts. It
+checks them over several turns, sizes and agent ids and refuses when they vary, since a
+varying overhead cannot be expressed by the two flags.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batchbench.errors import BatchbenchError
+from batchbench.sim.template import load_counter
+from batchbench.synth import Synthesizer
+from batchbench.tokenizer import LoadedTokenizer
+
+PROBE_TURNS = 4
+PROBE_SIZES = ((37, 11, 23), (500, 64, 128), (3, 1, 1))
+PROBE_AGENTS = (0, 7, 1234)
+
+
+def _assistant(text: str, agent: int, invocation: int) -> dict[str, Any]:
+    call = f"call_batchbench_{agent}_{invocation}"
+    return {
+        "role": "assistant",
+        "content": text,
+        "tool_calls": [
+            {
+                "id": call,
+                "type": "function",
+                "function": {"name": "environment", "arguments": '{"request":"continue"}'},
+            }
+        ],
+    }
+
+
+def measure_overheads(loaded: LoadedTokenizer, template: str) -> tuple[int, int]:
+    """(initial overhead, turn overhead) in tokens; raises when they are not constant."""
+    counter = load_counter(loaded, template)
+    synth = Synthesizer.prepare(loaded)
+    initials: set[int] = set()
+    turns: set[int] = set()
+    seed = 0
+    for prompt, reply, environment in PROBE_SIZES:
+        for agent in PROBE_AGENTS:
+            seed += 1
+            messages: list[dict[str, Any]] = [{"role": "user", "content": synth.text(prompt, seed)}]
+            previous = counter.count(messages).prompt_tokens
+            initials.add(previous - prompt)
+            for invocation in range(1, PROBE_TURNS + 1):
+                messages.append(
+                    _assistant(synth.text(reply, seed * 100 + invocation), agent, invocation)
+                )
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": f"call_batchbench_{agent}_{invocation}",
+                        "content": synth.text(environment, seed * 1000 + invocation),
+                    }
+                )
+                current = counter.count(messages).prompt_tokens
+                turns.add(current - previous - reply - environment)
+                previous = current
+    if len(initials) != 1 or len(turns) != 1:
+        raise BatchbenchError(
+            f"the {template} template's overheads vary with content on {loaded.spec} "
+            f"(initial {sorted(initials)}, turn {sorted(turns)}); no single pair of replay "
+            "overhead flags matches it"
+        )
+    return initials.pop(), turns.pop()

@@ -1,0 +1,413 @@
+"""The simulator's HTTP server: OpenAI-compatible chat completions on aiohttp + uvloop.
+
+Endpoints: ``POST /v1/chat/completions`` (JSON or SSE), ``GET /v1/models``,
+``GET /health``, ``POST /tokenize`` and ``GET /metrics`` (Prometheus text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from batchbench import __version__
+from batchbench.errors import BatchbenchError
+from batchbench.sim.faults import FAULT_ORDER, Fault, FaultPlan
+from batchbench.sim.replies import OutputPlan, ReplyText, RequestError, plan_output
+from batchbench.sim.routing import RoutingError, choose_rank
+from batchbench.sim.serving import Rank, ServingModel
+from batchbench.sim.template import ChatMLCounter, JinjaCounter, TemplateError, load_counter
+from batchbench.synth import Synthesizer
+from batchbench.tokenizer import LoadedTokenizer
+
+JSON = "application/json"
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+MALFORMED_BODY = b'{"id": "chatcmpl-malformed", "choices": [{"message": '
+MAX_REQUEST_BYTES = 1 << 30  # whole conversations are posted each turn; allow long ones
+
+
+@dataclass
+class SimConfig:
+    """Everything ``batchbench sim`` was asked for (see ``sim_args`` for units and help)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model_name: str = "batchbench-sim"
+    dp_ranks: int = 1
+    chat_template: str = "chatml"
+    default_max_tokens: int = 256
+    stream_chunk_tokens: int = 1
+    serving: ServingModel = field(default_factory=ServingModel)
+    faults: FaultPlan = field(default_factory=FaultPlan)
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
+    body = {"error": {"message": message, "type": kind, "code": status}}
+    return web.Response(status=status, body=orjson.dumps(body), content_type=JSON)
+
+
+class SimServer:
+    """State shared by the handlers: tokenizer, counters, ranks, faults and metrics."""
+
+    def __init__(self, config: SimConfig, loaded: LoadedTokenizer) -> None:
+        self.config = config
+        self.loaded = loaded
+        self.counter: ChatMLCounter | JinjaCounter = load_counter(
+            loaded, config.chat_template, config.serving.block_tokens
+        )
+        self.replies = ReplyText(Synthesizer.prepare(loaded))
+        self.ranks = [Rank(i, config.serving) for i in range(config.dp_ranks)]
+        self.faults = config.faults
+        self.fault_counts = dict.fromkeys(Fault, 0)
+        self.spikes = 0
+        self.arrivals = itertools.count()
+        self.rejected = 0  # 400s: bad bodies, bad rank headers
+        self.started = time.time()
+        self._ids = itertools.count(1)
+
+    # --- the application -----------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_get("/metrics", self.metrics)
+        return app
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(body=b'{"status":"ok"}', content_type=JSON)
+
+    async def models(self, request: web.Request) -> web.Response:
+        body = {
+            "object": "list",
+            "data": [
+                {
+                    "id": self.config.model_name,
+                    "object": "model",
+                    "created": int(self.started),
+                    "owned_by": "batchbench-sim",
+                }
+            ],
+        }
+        return web.Response(body=orjson.dumps(body), content_type=JSON)
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM-style ``/tokenize``: the rendered chat prompt's ids and count."""
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            return _error(400, "request body is not valid JSON")
+        if not isinstance(body, dict):
+            return _error(400, "request body must be a JSON object")
+        try:
+            if "messages" in body:
+                messages = _messages(body)
+                generation = body.get("add_generation_prompt", True) is not False
+                ids = self.counter.encode_ids(messages, generation)
+            elif isinstance(body.get("prompt"), str):
+                ids = self.counter.tokenizer.encode(body["prompt"], add_special_tokens=False).ids
+            else:
+                return _error(400, "tokenize needs messages or a prompt string")
+        except (RequestError, TemplateError) as exc:
+            return _error(400, str(exc))
+        return web.Response(
+            body=orjson.dumps({"count": len(ids), "max_model_len": 1 << 30, "tokens": ids}),
+            content_type=JSON,
+        )
+
+    # --- chat completions ----------------------------------------------------------------
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            self.rejected += 1
+            return _error(400, "request body is not valid JSON")
+        if not isinstance(body, dict):
+            self.rejected += 1
+            return _error(400, "request body must be a JSON object")
+        try:
+            messages = _messages(body)
+            rank = self.ranks[
+                choose_rank(request.headers, len(self.ranks), lambda i: self.ranks[i].load)
+            ]
+        except (RequestError, RoutingError) as exc:
+            self.rejected += 1
+            return _error(400, str(exc))
+
+        decision = self.faults.decide(next(self.arrivals))
+        rank.in_flight += 1
+        try:
+            if decision.spike_ms:
+                self.spikes += 1
+                await asyncio.sleep(decision.spike_ms / 1000.0)
+            fault = decision.fault
+            if fault is Fault.ERROR:
+                self.fault_counts[fault] += 1
+                return _error(decision.status, "simulated failure", "server_error")
+            if fault is Fault.RATE_LIMIT:
+                self.fault_counts[fault] += 1
+                response = _error(429, "simulated rate limit", "rate_limit_error")
+                response.headers["Retry-After"] = str(self.faults.retry_after_seconds)
+                return response
+            try:
+                counted = self.counter.count(messages)
+                tag = body.get("user") or request.headers.get("x-smg-routing-key") or ""
+                output = plan_output(
+                    body, counted.prompt_tokens, self.config.default_max_tokens, str(tag)
+                )
+            except (RequestError, TemplateError) as exc:
+                self.rejected += 1
+                return _error(400, str(exc))
+            cached = rank.cache.lookup_and_store(counted.prefix_ends)
+            if fault is not None:
+                self.fault_counts[fault] += 1
+            stream = body.get("stream") is True
+            include_usage = stream and _include_usage(body)
+            if stream:
+                return await self._stream(
+                    request, rank, counted.prompt_tokens, cached, output, fault, include_usage
+                )
+            return await self._complete(request, rank, counted.prompt_tokens, cached, output, fault)
+        finally:
+            rank.in_flight -= 1
+
+    def _usage(self, prompt: int, cached: int, completion: int) -> dict[str, Any]:
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+
+    async def _run_model(self, rank: Rank, prompt: int, cached: int, output: OutputPlan) -> None:
+        if self.config.serving.speed > 0:
+            sequence = rank.submit(prompt - cached, output.tokens)
+            try:
+                await sequence.done
+            finally:
+                rank.cancel(sequence)
+
+    async def _complete(
+        self,
+        request: web.Request,
+        rank: Rank,
+        prompt: int,
+        cached: int,
+        output: OutputPlan,
+        fault: Fault | None,
+    ) -> web.StreamResponse:
+        await self._run_model(rank, prompt, cached, output)
+        rank.account(prompt, cached, output.tokens)
+        if fault is Fault.MALFORMED:
+            return web.Response(body=MALFORMED_BODY, content_type=JSON)
+        body: dict[str, Any] = {
+            "id": f"chatcmpl-{next(self._ids)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.config.model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": self.replies.whole(output.tokens, output.seed),
+                    },
+                    "finish_reason": output.finish_reason,
+                }
+            ],
+        }
+        if fault is not Fault.MISSING_USAGE:
+            body["usage"] = self._usage(prompt, cached, output.tokens)
+        data = orjson.dumps(body)
+        if fault is Fault.DROP:
+            return await _drop(request, data, headers={"Content-Type": JSON})
+        return web.Response(body=data, content_type=JSON)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        rank: Rank,
+        prompt: int,
+        cached: int,
+        output: OutputPlan,
+        fault: Fault | None,
+        include_usage: bool,
+    ) -> web.StreamResponse:
+        chunks = self.replies.chunks(output.tokens, output.seed, self.config.stream_chunk_tokens)
+        ident = f"chatcmpl-{next(self._ids)}"
+        created = int(time.time())
+        head = {"id": ident, "object": "chat.completion.chunk", "created": created}
+        head["model"] = self.config.model_name
+        response = web.StreamResponse(headers=SSE_HEADERS)
+        await response.prepare(request)
+        cut = len(chunks) // 2 if fault in (Fault.DROP, Fault.TRUNCATE) else len(chunks)
+        per_chunk = self.config.stream_chunk_tokens
+        sequence = None
+        if self.config.serving.speed > 0:
+            sequence = rank.submit(prompt - cached, output.tokens)
+        try:
+            first = dict(head, choices=[{"index": 0, "delta": {"role": "assistant"}}])
+            await response.write(_event(first))
+            sent_tokens = 0
+            for index in range(cut):
+                if sequence is not None:
+                    needed = min((index + 1) * per_chunk, output.tokens)
+                    while sequence.generated < needed and not sequence.done.done():
+                        await sequence.wait_beyond(sequence.generated)
+                if fault is Fault.MALFORMED and index == cut // 2:
+                    await response.write(b"data: {not json\n\n")
+                delta = {"index": 0, "delta": {"content": chunks[index]}}
+                last = index == len(chunks) - 1
+                delta["finish_reason"] = output.finish_reason if last else None
+                await response.write(_event(dict(head, choices=[delta])))
+                sent_tokens = min((index + 1) * per_chunk, output.tokens)
+            if fault is Fault.DROP:
+                _close(request)
+                return response
+            if fault is Fault.TRUNCATE:
+                rank.account(prompt, cached, sent_tokens)
+                await response.write_eof()
+                return response
+            rank.account(prompt, cached, output.tokens)
+            if include_usage and fault is not Fault.MISSING_USAGE:
+                usage = self._usage(prompt, cached, output.tokens)
+                await response.write(_event(dict(head, choices=[], usage=usage)))
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+            return response
+        finally:
+            if sequence is not None:
+                rank.cancel(sequence)
+
+    # --- metrics -------------------------------------------------------------------------
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.metrics_text(), content_type="text/plain")
+
+    def metrics_text(self) -> str:
+        """Prometheus exposition text: per-rank counters and gauges, faults by kind."""
+        lines: list[str] = []
+
+        def family(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]):
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} {kind}")
+            lines.extend(f"{name}{labels} {value:g}" for labels, value in samples)
+
+        def per_rank(attribute: str) -> list[tuple[str, float]]:
+            return [(f'{{rank="{r.index}"}}', getattr(r, attribute)) for r in self.ranks]
+
+        family(
+            "batchbench_sim_requests_total",
+            "counter",
+            "Chat completions served per rank.",
+            per_rank("requests"),
+        )
+        family(
+            "batchbench_sim_prompt_tokens_total",
+            "counter",
+            "Prompt tokens per rank.",
+            per_rank("prompt_tokens"),
+        )
+        family(
+            "batchbench_sim_completion_tokens_total",
+            "counter",
+            "Completion tokens per rank.",
+            per_rank("completion_tokens"),
+        )
+        family(
+            "batchbench_sim_cached_tokens_total",
+            "counter",
+            "Prompt tokens served from the prefix cache per rank.",
+            per_rank("cached_tokens"),
+        )
+        family(
+            "batchbench_sim_queue_depth",
+            "gauge",
+            "Sequences waiting for a batch slot per rank.",
+            [(f'{{rank="{r.index}"}}', len(r.waiting)) for r in self.ranks],
+        )
+        family(
+            "batchbench_sim_running",
+            "gauge",
+            "Sequences in the running batch per rank.",
+            [(f'{{rank="{r.index}"}}', len(r.running)) for r in self.ranks],
+        )
+        family(
+            "batchbench_sim_in_flight",
+            "gauge",
+            "Requests routed to a rank and not yet answered.",
+            per_rank("in_flight"),
+        )
+        family(
+            "batchbench_sim_kv_cache_used_tokens",
+            "gauge",
+            "Tokens held in the prefix cache per rank.",
+            [(f'{{rank="{r.index}"}}', r.cache.used_tokens) for r in self.ranks],
+        )
+        family(
+            "batchbench_sim_faults_total",
+            "counter",
+            "Injected faults by kind.",
+            [(f'{{kind="{kind.value}"}}', self.fault_counts[kind]) for kind in FAULT_ORDER]
+            + [('{kind="latency_spike"}', self.spikes)],
+        )
+        family(
+            "batchbench_sim_rejected_total",
+            "counter",
+            "Requests answered with 400 (bad body or rank header).",
+            [("", self.rejected)],
+        )
+        family(
+            "batchbench_sim_encoded_messages_total",
+            "counter",
+            "Messages tokenized (the rest were counted from the message cache).",
+            [("", self.counter.encoded_messages)],
+        )
+        lines.append(f'batchbench_sim_info{{version="{__version__}"}} 1')
+        return "\n".join(lines) + "\n"
+
+
+def _messages(body: dict[str, Any]) -> list[Any]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list")
+    return messages
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def _event(payload: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def _close(request: web.Request) -> None:
+    """Cut the connection under the response, as a crashed server would."""
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+
+
+async def _drop(request: web.Request, data: bytes, headers: dict[str, str]) -> web.StreamResponse:
+    """Promise the whole body, send half of it, then cut the connection."""
+    response = web.StreamResponse(headers=headers)
+    response.content_length = len(data)
+    await response.prepare(request)
+    await response.write(data[: len(data) // 2])
+    _close(request)
+    return response
+
+
+class SimError(BatchbenchError):
+    """The simulator cannot start (bad tokenizer, template or port)."""

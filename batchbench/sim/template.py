@@ -1,0 +1,278 @@
+"""Prompt token counting for the simulator: a chat template rendered and counted exactly.
+
+The default template is ChatML::
+
+    <|im_start|>{role}\\n{content}{tool calls}<|im_end|>\\n   (per message)
+    <|im_start|>assistant\\n                                  (generation prompt)
+
+with each assistant tool call rendered as
+``\\n<tool_call>\\n{"name": <name>, "arguments": <arguments>}\\n</tool_call>``. Call ids are
+not rendered (ChatML models do not see them), so a turn's template cost does not depend
+on the agent or turn number.
+
+The two markers are special tokens of the counting tokenizer (they are added to a copy of
+the loaded tokenizer when it lacks them, as every ChatML model has them). Added tokens
+split the text before normalization and pre-tokenization, so the count of the whole
+rendered prompt is exactly the sum of the counts of its messages. That lets the server
+count a message once and reuse the count while the conversation grows: a request costs an
+encode of its new messages only, however long its history.
+
+``--chat-template tokenizer`` instead renders the tokenizer's own ``chat_template`` (from
+the ``tokenizer_config.json`` beside the file) with jinja2 and encodes the whole prompt
+each request: exact for any template, but its cost grows with the history.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenizers import AddedToken, Tokenizer
+
+from batchbench.errors import BatchbenchError
+from batchbench.tokenizer import LoadedTokenizer
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+MESSAGE_CACHE_ENTRIES = 1 << 16
+
+
+class TemplateError(BatchbenchError):
+    """A request the template cannot render, or a template that cannot be loaded."""
+
+
+def content_text(content: Any) -> str:
+    """A message's ``content`` as text: a string, null, or a list of OpenAI content parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            elif isinstance(part, str):
+                parts.append(part)
+            else:
+                raise TemplateError("message content parts must be text")
+        return "".join(parts)
+    raise TemplateError("message content must be a string, null or a list of text parts")
+
+
+def _tool_call_text(call: Any) -> str:
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        raise TemplateError("tool_calls entries must be objects with a function")
+    function = call["function"]
+    name = function.get("name")
+    arguments = function.get("arguments", "")
+    if not isinstance(name, str):
+        raise TemplateError("tool call function name must be a string")
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    quoted = json.dumps(name, ensure_ascii=False)
+    return f'\n<tool_call>\n{{"name": {quoted}, "arguments": {arguments}}}\n</tool_call>'
+
+
+def render_body(message: Any) -> str:
+    """The text between a message's markers: ``role\\n``, content, rendered tool calls."""
+    if not isinstance(message, dict):
+        raise TemplateError("each message must be an object")
+    role = message.get("role")
+    if not isinstance(role, str) or not role:
+        raise TemplateError("each message needs a non-empty string role")
+    body = role + "\n" + content_text(message.get("content"))
+    calls = message.get("tool_calls")
+    if calls:
+        if not isinstance(calls, list):
+            raise TemplateError("tool_calls must be a list")
+        body += "".join(_tool_call_text(call) for call in calls)
+    return body
+
+
+def render_chatml(messages: Sequence[Any], add_generation_prompt: bool = True) -> str:
+    """The whole ChatML prompt as one string (for /tokenize and for tests)."""
+    text = "".join(f"{IM_START}{render_body(m)}{IM_END}\n" for m in messages)
+    return text + (f"{IM_START}assistant\n" if add_generation_prompt else "")
+
+
+def chatml_tokenizer(loaded: LoadedTokenizer) -> Tokenizer:
+    """A copy of the tokenizer in which both ChatML markers are special tokens."""
+    tokenizer = Tokenizer.from_str(loaded.tokenizer.to_str())
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    specials = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+    missing = [m for m in (IM_START, IM_END) if m not in specials]
+    if missing:
+        tokenizer.add_special_tokens(
+            [AddedToken(m, special=True, normalized=False) for m in missing]
+        )
+    return tokenizer
+
+
+@dataclass(frozen=True)
+class Counted:
+    """A prompt's total token count and the per-message pieces the prefix cache keys on."""
+
+    prompt_tokens: int
+    # One (chain key, token end) per message, then the generation prompt; chain keys are
+    # equal for equal message prefixes, so they identify cacheable prefixes.
+    prefix_ends: tuple[tuple[int, int], ...]
+
+
+class ChatMLCounter:
+    """Counts ChatML prompts, encoding each distinct message once (LRU of message counts)."""
+
+    name = "chatml"
+
+    def __init__(self, loaded: LoadedTokenizer, cache_entries: int = MESSAGE_CACHE_ENTRIES):
+        self.tokenizer = chatml_tokenizer(loaded)
+        self._cache: OrderedDict[str, int] = OrderedDict()
+        self._limit = cache_entries
+        newline = self._encode_len("\n")
+        self._marker_cost = 2 + newline  # <|im_start|>, <|im_end|>, the "\n" after it
+        self.generation_prompt_tokens = 1 + self._encode_len("assistant\n")
+        self.encoded_messages = 0
+
+    def _encode_len(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def message_tokens(self, message: Any) -> tuple[str, int]:
+        """(the rendered body, its token count including markers), cached by body."""
+        body = render_body(message)
+        cache = self._cache
+        tokens = cache.get(body)
+        if tokens is None:
+            tokens = self._encode_len(body) + self._marker_cost
+            self.encoded_messages += 1
+            cache[body] = tokens
+            if len(cache) > self._limit:
+                cache.popitem(last=False)
+        else:
+            cache.move_to_end(body)
+        return body, tokens
+
+    def count(self, messages: Sequence[Any], add_generation_prompt: bool = True) -> Counted:
+        """Exact token count of the rendered prompt, plus its prefix chain."""
+        total = 0
+        chain = 0
+        ends = []
+        for message in messages:
+            body, tokens = self.message_tokens(message)
+            total += tokens
+            chain = hash((chain, body))
+            ends.append((chain, total))
+        if add_generation_prompt:
+            total += self.generation_prompt_tokens
+            ends.append((hash((chain, "\x00generation")), total))
+        return Counted(total, tuple(ends))
+
+    def encode_ids(self, messages: Sequence[Any], add_generation_prompt: bool = True) -> list[int]:
+        """The ids of the whole rendered prompt, encoded in one pass (the reference)."""
+        text = render_chatml(messages, add_generation_prompt)
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+class JinjaCounter:
+    """Counts prompts rendered with the tokenizer's own ``chat_template`` (whole prompt)."""
+
+    name = "tokenizer"
+
+    def __init__(
+        self,
+        loaded: LoadedTokenizer,
+        template_source: str,
+        config: dict[str, Any],
+        block_tokens: int = 16,
+    ):
+        try:
+            import jinja2
+            import jinja2.sandbox
+        except ImportError:
+            raise TemplateError(
+                "--chat-template tokenizer needs jinja2: pip install 'batchbench[templates]'"
+            ) from None
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise_template_error
+        try:
+            self._template = env.from_string(template_source)
+        except jinja2.TemplateError as exc:
+            raise TemplateError(f"cannot compile the tokenizer's chat_template: {exc}") from None
+        self._specials = {
+            key: _token_text(config.get(key)) for key in ("bos_token", "eos_token", "pad_token")
+        }
+        self.tokenizer = loaded.tokenizer
+        self.block_tokens = block_tokens
+        self.generation_prompt_tokens = 0
+        self.encoded_messages = 0
+
+    def render(self, messages: Sequence[Any], add_generation_prompt: bool = True) -> str:
+        try:
+            return self._template.render(
+                messages=list(messages),
+                add_generation_prompt=add_generation_prompt,
+                **self._specials,
+            )
+        except TemplateError:
+            raise
+        except Exception as exc:
+            raise TemplateError(f"chat_template failed to render the request: {exc}") from None
+
+    def encode_ids(self, messages: Sequence[Any], add_generation_prompt: bool = True) -> list[int]:
+        text = self.render(messages, add_generation_prompt)
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def count(self, messages: Sequence[Any], add_generation_prompt: bool = True) -> Counted:
+        """Exact count of the rendered prompt; prefix points every ``block`` token ids."""
+        ids = self.encode_ids(messages, add_generation_prompt)
+        self.encoded_messages += len(messages)
+        block = self.block_tokens
+        chain = 0
+        ends = []
+        for start in range(0, len(ids) - len(ids) % block, block):
+            chain = hash((chain, tuple(ids[start : start + block])))
+            ends.append((chain, start + block))
+        if len(ids) % block:
+            ends.append((hash((chain, tuple(ids[len(ids) - len(ids) % block :]))), len(ids)))
+        return Counted(len(ids), tuple(ends))
+
+
+def _raise_template_error(message: str) -> None:
+    raise TemplateError(f"chat_template raised: {message}")
+
+
+def _token_text(value: Any) -> str:
+    if isinstance(value, dict):
+        return str(value.get("content", ""))
+    return value if isinstance(value, str) else ""
+
+
+def load_counter(
+    loaded: LoadedTokenizer, template: str, block_tokens: int = 16
+) -> ChatMLCounter | JinjaCounter:
+    """The counter for ``--chat-template`` (``chatml`` or ``tokenizer``)."""
+    if template == "chatml":
+        return ChatMLCounter(loaded)
+    if template != "tokenizer":
+        raise TemplateError(f"unknown chat template {template!r}; expected chatml or tokenizer")
+    source = Path(loaded.source)
+    config_path = source.parent / "tokenizer_config.json" if source.is_file() else None
+    if config_path is None or not config_path.is_file():
+        raise TemplateError(
+            f"--chat-template tokenizer needs a tokenizer_config.json beside {loaded.source}"
+        )
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TemplateError(f"cannot read {config_path}: {exc}") from None
+    template_source = config.get("chat_template")
+    if isinstance(template_source, list):  # named templates: take "default"
+        named = {t.get("name"): t.get("template") for t in template_source if isinstance(t, dict)}
+        template_source = named.get("default")
+    if not isinstance(template_source, str) or not template_source:
+        raise TemplateError(f"{config_path} has no chat_template")
+    return JinjaCounter(loaded, template_source, config, block_tokens)
