@@ -84,7 +84,9 @@ class ReplyText:
         """Pieces of ``per_chunk`` tokens (the last may be shorter) that join to ``tokens``.
 
         With fast pieces, texts join without changing their token counts, so each chunk
-        is generated on its own; otherwise one exact text is cut at token offsets.
+        is generated on its own; otherwise one exact text is cut at token offsets, and a
+        piece may then be empty (and the next hold more tokens) where a character spans
+        several tokens.
         """
         if tokens <= 0:
             return []
@@ -102,4 +104,6 @@ class ReplyText:
             out.append(text[start:end])
             start = end
         out.append(text[start:])
+        # A character can span several byte-level tokens: a cut inside it moves to its
+        # end and can leave an empty piece, which the server paces but does not send.
         return out

@@ -143,36 +143,38 @@ class SimServer:
             self.rejected += 1
             return _error(400, str(exc))
 
+        try:
+            counted = self.counter.count(messages)
+            tag = body.get("user") or request.headers.get("x-smg-routing-key") or ""
+            output = plan_output(
+                body, counted.prompt_tokens, self.config.default_max_tokens, str(tag)
+            )
+        except (RequestError, TemplateError) as exc:
+            self.rejected += 1
+            return _error(400, str(exc))
+        stream = body.get("stream") is True
+
+        # Faults hit valid requests only, each valid request taking the next draw.
         decision = self.faults.decide(next(self.arrivals))
+        fault = decision.fault
+        if fault is Fault.TRUNCATE and not stream:
+            fault = None  # a stream-only fault: non-streamed replies are unaffected
+        if fault is not None:
+            self.fault_counts[fault] += 1
         rank.in_flight += 1
         try:
             if decision.spike_ms:
                 self.spikes += 1
                 await asyncio.sleep(decision.spike_ms / 1000.0)
-            fault = decision.fault
             if fault is Fault.ERROR:
-                self.fault_counts[fault] += 1
                 return _error(decision.status, "simulated failure", "server_error")
             if fault is Fault.RATE_LIMIT:
-                self.fault_counts[fault] += 1
                 response = _error(429, "simulated rate limit", "rate_limit_error")
                 response.headers["Retry-After"] = str(self.faults.retry_after_seconds)
                 return response
-            try:
-                counted = self.counter.count(messages)
-                tag = body.get("user") or request.headers.get("x-smg-routing-key") or ""
-                output = plan_output(
-                    body, counted.prompt_tokens, self.config.default_max_tokens, str(tag)
-                )
-            except (RequestError, TemplateError) as exc:
-                self.rejected += 1
-                return _error(400, str(exc))
             cached = rank.cache.lookup_and_store(counted.prefix_ends)
-            if fault is not None:
-                self.fault_counts[fault] += 1
-            stream = body.get("stream") is True
-            include_usage = stream and _include_usage(body)
             if stream:
+                include_usage = _include_usage(body)
                 return await self._stream(
                     request, rank, counted.prompt_tokens, cached, output, fault, include_usage
                 )
@@ -206,7 +208,8 @@ class SimServer:
         fault: Fault | None,
     ) -> web.StreamResponse:
         await self._run_model(rank, prompt, cached, output)
-        rank.account(prompt, cached, output.tokens)
+        if fault is not Fault.DROP:  # a dropped reply never reached the client
+            rank.account(prompt, cached, output.tokens)
         if fault is Fault.MALFORMED:
             return web.Response(body=MALFORMED_BODY, content_type=JSON)
         body: dict[str, Any] = {
@@ -265,11 +268,13 @@ class SimServer:
                         await sequence.wait_beyond(sequence.generated)
                 if fault is Fault.MALFORMED and index == cut // 2:
                     await response.write(b"data: {not json\n\n")
-                delta = {"index": 0, "delta": {"content": chunks[index]}}
+                sent_tokens = min((index + 1) * per_chunk, output.tokens)
                 last = index == len(chunks) - 1
+                if not chunks[index] and not last:
+                    continue  # an empty cut inside a multi-token character: nothing to send
+                delta = {"index": 0, "delta": {"content": chunks[index]}}
                 delta["finish_reason"] = output.finish_reason if last else None
                 await response.write(_event(dict(head, choices=[delta])))
-                sent_tokens = min((index + 1) * per_chunk, output.tokens)
             if fault is Fault.DROP:
                 _close(request)
                 return response
@@ -300,7 +305,7 @@ class SimServer:
         def family(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]):
             lines.append(f"# HELP {name} {help_text}")
             lines.append(f"# TYPE {name} {kind}")
-            lines.extend(f"{name}{labels} {value:g}" for labels, value in samples)
+            lines.extend(f"{name}{labels} {value}" for labels, value in samples)
 
         def per_rank(attribute: str) -> list[tuple[str, float]]:
             return [(f'{{rank="{r.index}"}}', getattr(r, attribute)) for r in self.ranks]

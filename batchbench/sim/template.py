@@ -39,6 +39,7 @@ from batchbench.tokenizer import LoadedTokenizer
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 MESSAGE_CACHE_ENTRIES = 1 << 16
+_GENERATION = "\x00generation"  # chain-key salt of a generation-prompt prefix point
 
 
 class TemplateError(BatchbenchError):
@@ -131,44 +132,64 @@ class ChatMLCounter:
 
     def __init__(self, loaded: LoadedTokenizer, cache_entries: int = MESSAGE_CACHE_ENTRIES):
         self.tokenizer = chatml_tokenizer(loaded)
-        self._cache: OrderedDict[str, int] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[int, bool]] = OrderedDict()
         self._limit = cache_entries
-        newline = self._encode_len("\n")
+        # Each piece is measured right after a marker, where it sits in a real prompt: a
+        # Metaspace tokenizer with prepend_scheme "first" adds "▁" only at position 0.
+        newline = self._encode_len(IM_END + "\n") - 1
         self._marker_cost = 2 + newline  # <|im_start|>, <|im_end|>, the "\n" after it
-        self.generation_prompt_tokens = 1 + self._encode_len("assistant\n")
+        self._generation_ids = self.tokenizer.encode(
+            IM_START + "assistant\n", add_special_tokens=False
+        ).ids
+        self.generation_prompt_tokens = len(self._generation_ids)
         self.encoded_messages = 0
 
     def _encode_len(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
-    def message_tokens(self, message: Any) -> tuple[str, int]:
-        """(the rendered body, its token count including markers), cached by body."""
+    def message_tokens(self, message: Any) -> tuple[str, int, bool]:
+        """(rendered body, its tokens with markers, whether its ids start with the
+        generation prompt's), cached by body."""
         body = render_body(message)
         cache = self._cache
-        tokens = cache.get(body)
-        if tokens is None:
-            tokens = self._encode_len(body) + self._marker_cost
+        entry = cache.get(body)
+        if entry is None:
+            ids = self.tokenizer.encode(IM_START + body, add_special_tokens=False).ids
+            generation = self._generation_ids
+            entry = (
+                len(ids) - 1 + self._marker_cost,
+                len(ids) > len(generation) and ids[: len(generation)] == generation,
+            )
             self.encoded_messages += 1
-            cache[body] = tokens
+            cache[body] = entry
             if len(cache) > self._limit:
                 cache.popitem(last=False)
         else:
             cache.move_to_end(body)
-        return body, tokens
+        return body, entry[0], entry[1]
 
     def count(self, messages: Sequence[Any], add_generation_prompt: bool = True) -> Counted:
-        """Exact token count of the rendered prompt, plus its prefix chain."""
+        """Exact token count of the rendered prompt, plus its prefix chain.
+
+        An assistant message starts with the generation prompt that ended the request
+        which produced it, so a prefix point for that generation prompt comes first: the
+        next turn is then credited with the whole previous prompt, as a paged KV cache
+        holding ``<|im_start|>assistant\\n`` would credit it.
+        """
         total = 0
         chain = 0
         ends = []
+        generation = self.generation_prompt_tokens
         for message in messages:
-            body, tokens = self.message_tokens(message)
+            body, tokens, starts_with_generation = self.message_tokens(message)
+            if starts_with_generation:
+                ends.append((hash((chain, _GENERATION)), total + generation))
             total += tokens
             chain = hash((chain, body))
             ends.append((chain, total))
         if add_generation_prompt:
-            total += self.generation_prompt_tokens
-            ends.append((hash((chain, "\x00generation")), total))
+            total += generation
+            ends.append((hash((chain, _GENERATION)), total))
         return Counted(total, tuple(ends))
 
     def encode_ids(self, messages: Sequence[Any], add_generation_prompt: bool = True) -> list[int]:
