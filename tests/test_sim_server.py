@@ -71,7 +71,7 @@ def serve(loaded: LoadedTokenizer, config: SimConfig, body: Body) -> Any:
 
     async def main() -> Any:
         server = SimServer(config, loaded)
-        runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+        runner = server.runner()
         await runner.setup()
         try:
             site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -338,21 +338,29 @@ def test_growth_reuse_with_target_worker_on_four_ranks(deepseek, counter, synth)
     assert per_rank(samples, "cached_tokens_total", 4) == [0, shared, 0, 64 + 144 + 208]
 
 
-def test_growth_without_routing_headers_goes_to_rank_zero(deepseek, counter, synth):
+def test_growth_without_routing_headers_spreads_round_robin(deepseek, counter, synth):
     """Least-loaded routing: each request is answered before the next arrives, so every
-    rank has load 0 and the lowest index wins; the body's ``user`` is not a routing key."""
+    rank has load 0 and ties rotate; the body's ``user`` is not a routing key. Two
+    interleaved conversations on 4 ranks: conversation one lands on ranks 0, 2, 0, 2, so
+    each turn reuses only the prompt from two turns before (on the same rank)."""
 
     async def body(client, server):
         runs = await interleave(client, synth, [(1, {}, None), (2, {}, {"user": "agent-42"})])
         return runs, await metrics(client)
 
     (one, two), samples = serve(deepseek, SimConfig(dp_ranks=4, serving=INSTANT), body)
-    assert (
-        usages(one) == expected_usage(counter, one) == [(66, 0), (147, 64), (211, 144), (329, 208)]
-    )
-    assert usages(two) == expected_usage(counter, two)
-    assert per_rank(samples, "requests_total", 4) == [8, 0, 0, 0]
+    prompts = [counter.count(messages).prompt_tokens for messages, _ in one]
+    assert prompts == [66, 147, 211, 329]
+    expected = [(66, 0), (147, 0), (211, 66 // 16 * 16), (329, 147 // 16 * 16)]
+    assert usages(one) == expected == [(66, 0), (147, 0), (211, 64), (329, 144)]
+    assert per_rank(samples, "requests_total", 4) == [2, 2, 2, 2]
     assert per_rank(samples, "in_flight", 4) == [0, 0, 0, 0]
+    assert per_rank(samples, "cached_tokens_total", 4) == [
+        64,
+        usages(two)[2][1],
+        144,
+        usages(two)[3][1],
+    ]
 
 
 def test_growth_with_routing_key_sticks_to_its_consistent_rank(deepseek, counter, synth):
@@ -855,3 +863,132 @@ def test_least_loaded_spreads_concurrent_requests(deepseek):
     assert done == [10, 10, 10]
     # Requests 1 and 2 land on ranks 0 and 1; the third sees loads (1, 1) and takes rank 0.
     assert per_rank(samples, "requests_total", 2) == [2, 1]
+
+
+# --- review follow-ups: tools, context length, floors, chunked prefill, disconnects -------
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "fn_0123456789ab",
+            "description": "looks things up",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
+]
+
+
+def test_tools_are_prompt_content(deepseek, counter):
+    messages = user("hello there")
+
+    async def body(client, server):
+        out = []
+        for extra in ({}, {"tools": TOOLS}):
+            request = {"messages": messages, "max_tokens": 2, **extra}
+            async with client.post(CHAT, json=request) as response:
+                assert response.status == 200
+                out.append((await response.json())["usage"]["prompt_tokens"])
+            async with client.post("/tokenize", json={"messages": messages, **extra}) as response:
+                out.append((await response.json())["count"])
+        async with client.post(CHAT, json={"messages": messages, "tools": {"a": 1}}) as response:
+            out.append((response.status, (await response.json())["error"]["message"]))
+        return out
+
+    plain, plain_count, with_tools, tools_count, bad = serve(
+        deepseek, SimConfig(serving=INSTANT), body
+    )
+    assert plain == plain_count == counter.count(messages).prompt_tokens
+    reference = len(counter.encode_ids(messages, tools=TOOLS))
+    assert (
+        with_tools == tools_count == reference == counter.count(messages, tools=TOOLS).prompt_tokens
+    )
+    assert with_tools > plain + 20
+    assert bad == (400, "tools must be a list of objects")
+
+
+def test_context_length_limit_is_a_400(deepseek, counter):
+    messages = user("hello there")
+    prompt = counter.count(messages).prompt_tokens
+
+    async def body(client, server):
+        out = []
+        for cap in (100 - prompt, 101 - prompt):
+            async with client.post(
+                CHAT, json={"messages": messages, "max_tokens": cap}
+            ) as response:
+                out.append((response.status, await response.json()))
+        return out
+
+    (ok, _), (status, error) = serve(deepseek, SimConfig(serving=INSTANT, max_model_len=100), body)
+    assert ok == 200 and status == 400
+    assert error["error"]["message"] == (
+        "This model's maximum context length is 100 tokens. However, you requested 101 "
+        f"tokens ({prompt} in the messages, {101 - prompt} in the completion)."
+    )
+
+
+def test_a_floor_alone_raises_the_default_cap(deepseek):
+    async def body(client, server):
+        request = {"messages": user("hi"), "min_tokens": 300}
+        async with client.post(CHAT, json=request) as response:
+            return (await response.json())["usage"]["completion_tokens"]
+
+    assert serve(deepseek, SimConfig(serving=INSTANT, default_max_tokens=256), body) == 300
+
+
+def test_chunked_prefill_spreads_a_long_prompt_over_steps():
+    """Budget 100 tokens per step: a 250-token prefill takes three steps (100, 100, 50
+    tokens at 10,000 tok/s plus a 10 ms step each: 20 + 20 + 15 ms); the first token comes
+    out of the third, then two decode steps of 10 ms: 75 ms in all. Without the budget
+    it is one 35 ms prefill step plus two decode steps: 55 ms."""
+    from batchbench.sim.serving import Rank
+
+    async def run(budget: int) -> tuple[float, list[int]]:
+        model = ServingModel(
+            prefill_tokens_per_s=10_000,
+            decode_step_ms=10,
+            decode_step_ms_per_seq=0,
+            max_batch=4,
+            max_num_batched_tokens=budget,
+        )
+        rank = Rank(0, model)
+        started = time.perf_counter()
+        sequence = rank.submit(250, 3)
+        seen = []
+        while not sequence.done.done():
+            seen.append(sequence.prefill_left)
+            await asyncio.sleep(0.005)
+        return time.perf_counter() - started, seen
+
+    chunked, left = asyncio.run(run(100))
+    whole, _ = asyncio.run(run(8192))
+    assert 150 in left and 50 in left  # the prefill advanced 100 tokens per step
+    assert chunked >= 0.075 and whole >= 0.055
+    assert chunked - whole >= 0.015
+
+
+def test_a_client_that_goes_away_frees_its_slot(deepseek):
+    """A non-streamed request of 1000 tokens at 10 ms a step, abandoned after 0.3 s: the
+    handler is cancelled, so the rank has nothing running or queued and counts nothing."""
+    slow = ServingModel(decode_step_ms=10, decode_step_ms_per_seq=0, max_batch=1)
+
+    async def body(client, server):
+        request = {"messages": user("hello"), "max_tokens": 1000, "min_tokens": 1000}
+        for stream in (False, True):
+            timeout = aiohttp.ClientTimeout(total=0.3)
+            with pytest.raises(asyncio.TimeoutError):
+                async with client.post(
+                    CHAT, json={**request, "stream": stream}, timeout=timeout
+                ) as response:
+                    await response.read()
+        await asyncio.sleep(0.3)
+        return await metrics(client)
+
+    samples = serve(deepseek, SimConfig(serving=slow), body)
+    assert per_rank(samples, "running", 1) == [0]
+    assert per_rank(samples, "queue_depth", 1) == [0]
+    assert per_rank(samples, "in_flight", 1) == [0]
+    assert per_rank(samples, "requests_total", 1) == [0]
+    assert per_rank(samples, "completion_tokens_total", 1) == [0]

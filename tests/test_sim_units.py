@@ -391,6 +391,22 @@ def test_jinja_counter_on_qwen3_template(qwen3_with_config, packaged):
         assert rendered == closed + "<|im_start|>assistant\n"
 
 
+def test_jinja_counter_renders_tools_like_transformers(qwen3_with_config):
+    """Tools reach the template; tojson keeps key order and non-ASCII text (transformers'
+    filter, not Jinja's sorting, escaping one); loop controls are available."""
+    counter = load_counter(qwen3_with_config, "tokenizer")
+    tools = [{"type": "function", "function": {"name": "zeta", "description": "café <&>"}}]
+    messages = [{"role": "user", "content": "hi"}]
+    text = counter.render(messages, tools=tools)
+    assert '{"type": "function", "function": {"name": "zeta", "description": "café <&>"}}' in text
+    assert counter.count(messages, tools=tools).prompt_tokens == encode_len(qwen3_with_config, text)
+    assert (
+        counter.count(messages, tools=tools).prompt_tokens > counter.count(messages).prompt_tokens
+    )
+    with pytest.raises(TemplateError, match="tools must be a list of objects"):
+        counter.render(messages, tools="nope")
+
+
 def saved_c10(directory: Path) -> LoadedTokenizer:
     """The tiny byte-level tokenizer written to ``directory/tokenizer.json`` and loaded."""
     path = directory / "tokenizer.json"

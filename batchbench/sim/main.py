@@ -27,7 +27,8 @@ shapes end to end without a GPU. Once it listens it prints one line,
 
 EPILOG = """\
 routing (first that applies): x-smg-target-worker: <rank>; x-data-parallel-rank: <rank>;
-a consistent hash of x-smg-routing-key; else the least-loaded rank.
+a consistent hash of x-smg-routing-key; else the least-loaded rank (fewest requests in
+flight, ties round-robin).
 
 step time per rank = uncached prefill tokens / --prefill-tokens-per-s + --decode-step-ms
 + --decode-step-ms-per-seq x running sequences, all divided by --speed."""
@@ -57,7 +58,7 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _int_at_least(low: int):
+def _int_at_least(low: int, high: int | None = None):
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -65,6 +66,8 @@ def _int_at_least(low: int):
             raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high}, got {value}")
         return value
 
     return parse
@@ -95,7 +98,7 @@ def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
     server.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
     server.add_argument(
         "--port",
-        type=_int_at_least(0),
+        type=_int_at_least(0, 65535),
         default=8000,
         help="TCP port; 0 picks a free one (default %(default)s)",
     )
@@ -123,6 +126,13 @@ def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
         type=_int_at_least(1),
         default=256,
         help="reply cap in tokens when a request sets none (default %(default)s)",
+    )
+    server.add_argument(
+        "--max-model-len",
+        type=_int_at_least(1),
+        default=262_144,
+        help="context length in tokens: a request whose prompt plus max_tokens exceeds it "
+        "gets a 400, as vLLM answers (default %(default)s)",
     )
     server.add_argument(
         "--stream-chunk-tokens",
@@ -178,11 +188,19 @@ def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
         help="running sequences per rank; more wait in a FIFO queue (default %(default)s)",
     )
     model.add_argument(
+        "--max-num-batched-tokens",
+        type=_int_at_least(1),
+        default=defaults.max_num_batched_tokens,
+        help="tokens one step may process (one per decoding sequence, the rest prefill, "
+        "chunked across steps) (default %(default)s)",
+    )
+    model.add_argument(
         "--speed",
         type=_nonnegative_float,
         default=defaults.speed,
-        help="divides every modelled time; 0 disables modelled time (a zero-latency "
-        "backend for client benchmarks) (default %(default)g)",
+        help="divides every modelled time; 0 disables modelled time: requests are answered "
+        "as soon as they are counted, so batching, prefill and decode settings and the "
+        "queue are unused (a zero-latency backend for client benchmarks) (default %(default)g)",
     )
 
     faults = parser.add_argument_group("fault injection (rates are per request, in [0, 1])")
@@ -264,6 +282,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         decode_step_ms=args.decode_step_ms,
         decode_step_ms_per_seq=args.decode_step_ms_per_seq,
         max_batch=args.max_batch,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         speed=args.speed,
     )
     return SimConfig(
@@ -273,6 +292,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         dp_ranks=args.dp_ranks,
         chat_template=args.chat_template,
         default_max_tokens=args.default_max_tokens,
+        max_model_len=args.max_model_len,
         stream_chunk_tokens=args.stream_chunk_tokens,
         serving=serving,
         faults=plan,
@@ -281,7 +301,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 async def serve(server: SimServer, host: str, port: int) -> None:
     """Serve until SIGINT/SIGTERM; prints the listening line once the socket is bound."""
-    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+    runner = server.runner()
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)

@@ -1,12 +1,13 @@
 """The simulated model's replies: how many tokens, and text of exactly that many.
 
-Output length follows the request's token fields (COMPAT §5.1 names and the SGLang ones):
-the cap is ``max_tokens`` (or ``max_new_tokens`` / ``max_completion_tokens``, else the
-server's default), the floor is ``min_tokens`` (or ``min_new_tokens``) clipped to the cap.
-With ``ignore_eos``, or a floor at the cap, the reply is exactly the cap; otherwise the
-model "stops at EOS" at a length drawn uniformly from [max(floor, 1), cap]. Every draw and
-every text is seeded from a stable digest of the request's user tag, prompt length and
-cap, so the same request gets the same reply in every run.
+Output length follows the request's token fields (COMPAT §5.1 names and the SGLang ones).
+The cap is ``max_tokens`` (or ``max_new_tokens`` / ``max_completion_tokens``), else the
+server's default raised to the floor when only a floor is given. The floor is
+``min_tokens`` (or ``min_new_tokens``) clipped to the cap. With ``ignore_eos``, or a floor
+at the cap, the reply is exactly the cap; otherwise the model "stops at EOS" at a length
+drawn uniformly from [max(floor, 1), cap]. Every draw and every text is seeded from a
+stable digest of the request's user tag, prompt length and cap, so the same request gets
+the same reply in every run.
 """
 
 from __future__ import annotations
@@ -51,11 +52,11 @@ def plan_output(
 ) -> OutputPlan:
     """How many tokens the reply has, and the seed of its text."""
     cap = _token_field(body, ("max_tokens", "max_new_tokens", "max_completion_tokens"))
+    floor = _token_field(body, ("min_tokens", "min_new_tokens")) or 0
     if cap is None:
-        cap = default_max_tokens
+        cap = max(default_max_tokens, floor)  # a floor alone raises the default cap
     if cap <= 0:
         raise RequestError("max_tokens must be greater than zero")
-    floor = _token_field(body, ("min_tokens", "min_new_tokens")) or 0
     floor = min(floor, cap)
     digest = hashlib.blake2b(
         f"{tag}\x00{prompt_tokens}\x00{cap}".encode("utf-8", "surrogatepass"),

@@ -4,7 +4,8 @@
 2. ``x-data-parallel-rank: <rank>``, the header vLLM's DP front end honours;
 3. a consistent hash of ``x-smg-routing-key`` (the user tag), so a conversation sticks to
    one rank without the client knowing the rank count;
-4. otherwise the least-loaded rank (fewest queued plus running requests, lowest index).
+4. otherwise the least-loaded rank: fewest requests in flight (routed and not yet fully
+   answered), ties broken round-robin so idle ranks share sequential traffic.
 
 A rank header that is not an integer in ``[0, ranks)`` is a 400 error naming the header,
 rather than silently landing elsewhere.
@@ -51,7 +52,9 @@ def _rank_header(value: str, name: str, ranks: int) -> int:
     return rank
 
 
-def choose_rank(headers: Mapping[str, str], ranks: int, load: Callable[[int], int]) -> int:
+def choose_rank(
+    headers: Mapping[str, str], ranks: int, load: Callable[[int], int], turn: int = 0
+) -> int:
     """The rank for a request with these (case-insensitive) headers; see the module text."""
     value = headers.get(TARGET_WORKER)
     if value is not None:
@@ -62,4 +65,5 @@ def choose_rank(headers: Mapping[str, str], ranks: int, load: Callable[[int], in
     key = headers.get(ROUTING_KEY)
     if key:
         return consistent_rank(key, ranks)
-    return min(range(ranks), key=lambda rank: (load(rank), rank))
+    start = turn % ranks
+    return min(range(ranks), key=lambda rank: (load(rank), (rank - start) % ranks))

@@ -41,6 +41,7 @@ class SimConfig:
     dp_ranks: int = 1
     chat_template: str = "chatml"
     default_max_tokens: int = 256
+    max_model_len: int = 262_144
     stream_chunk_tokens: int = 1
     serving: ServingModel = field(default_factory=ServingModel)
     faults: FaultPlan = field(default_factory=FaultPlan)
@@ -69,6 +70,7 @@ class SimServer:
         self.rejected = 0  # 400s: bad bodies, bad rank headers
         self.started = time.time()
         self._ids = itertools.count(1)
+        self._least_loaded_turns = itertools.count()  # rotates ties among idle ranks
 
     # --- the application -----------------------------------------------------------------
 
@@ -80,6 +82,16 @@ class SimServer:
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_get("/metrics", self.metrics)
         return app
+
+    def runner(self) -> web.AppRunner:
+        """The runner ``batchbench sim`` serves with (tests use the same one).
+
+        ``handler_cancellation``: a client that goes away cancels its handler, which frees
+        its batch slot and queue place instead of leaving the request running unseen.
+        """
+        return web.AppRunner(
+            self.app(), access_log=None, handle_signals=False, handler_cancellation=True
+        )
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(body=b'{"status":"ok"}', content_type=JSON)
@@ -110,7 +122,7 @@ class SimServer:
             if "messages" in body:
                 messages = _messages(body)
                 generation = body.get("add_generation_prompt", True) is not False
-                ids = self.counter.encode_ids(messages, generation)
+                ids = self.counter.encode_ids(messages, generation, body.get("tools"))
             elif isinstance(body.get("prompt"), str):
                 ids = self.counter.tokenizer.encode(body["prompt"], add_special_tokens=False).ids
             else:
@@ -137,18 +149,30 @@ class SimServer:
         try:
             messages = _messages(body)
             rank = self.ranks[
-                choose_rank(request.headers, len(self.ranks), lambda i: self.ranks[i].load)
+                choose_rank(
+                    request.headers,
+                    len(self.ranks),
+                    lambda i: self.ranks[i].load,
+                    next(self._least_loaded_turns),
+                )
             ]
         except (RequestError, RoutingError) as exc:
             self.rejected += 1
             return _error(400, str(exc))
 
         try:
-            counted = self.counter.count(messages)
+            counted = self.counter.count(messages, tools=body.get("tools"))
             tag = body.get("user") or request.headers.get("x-smg-routing-key") or ""
             output = plan_output(
                 body, counted.prompt_tokens, self.config.default_max_tokens, str(tag)
             )
+            limit = self.config.max_model_len
+            if counted.prompt_tokens + output.cap > limit:
+                raise RequestError(
+                    f"This model's maximum context length is {limit} tokens. However, you "
+                    f"requested {counted.prompt_tokens + output.cap} tokens "
+                    f"({counted.prompt_tokens} in the messages, {output.cap} in the completion)."
+                )
         except (RequestError, TemplateError) as exc:
             self.rejected += 1
             return _error(400, str(exc))
@@ -245,12 +269,30 @@ class SimServer:
         fault: Fault | None,
         include_usage: bool,
     ) -> web.StreamResponse:
+        response = web.StreamResponse(headers=SSE_HEADERS)
+        try:
+            return await self._write_stream(
+                request, response, rank, prompt, cached, output, fault, include_usage
+            )
+        except ConnectionResetError:  # the client went away mid-stream: nothing to report
+            return response
+
+    async def _write_stream(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        rank: Rank,
+        prompt: int,
+        cached: int,
+        output: OutputPlan,
+        fault: Fault | None,
+        include_usage: bool,
+    ) -> web.StreamResponse:
         chunks = self.replies.chunks(output.tokens, output.seed, self.config.stream_chunk_tokens)
         ident = f"chatcmpl-{next(self._ids)}"
         created = int(time.time())
         head = {"id": ident, "object": "chat.completion.chunk", "created": created}
         head["model"] = self.config.model_name
-        response = web.StreamResponse(headers=SSE_HEADERS)
         await response.prepare(request)
         cut = len(chunks) // 2 if fault in (Fault.DROP, Fault.TRUNCATE) else len(chunks)
         per_chunk = self.config.stream_chunk_tokens

@@ -1,14 +1,16 @@
 """The serving model of one data-parallel rank: a prefix cache and continuous batching.
 
-Each rank runs a step loop while it has work. A step admits queued sequences into the
-running batch (up to ``max_batch``; the rest wait in FIFO order, which is the queue depth
-``/metrics`` reports), prefills the admitted ones' uncached prompt tokens at
-``prefill_tokens_per_s``, and decodes one token for every running sequence; its duration is
+Each rank runs a step loop while it has work, scheduling like vLLM with chunked prefill:
+every step first decodes one token for each running sequence that has finished its
+prefill, then spends what is left of the ``max_num_batched_tokens`` budget on prefill,
+oldest sequence first, and admits queued sequences (FIFO, up to ``max_batch`` running;
+the rest are the queue depth ``/metrics`` reports) while budget remains. A step lasts
 
-    prefill tokens / prefill rate + decode_step_ms + decode_step_ms_per_seq * batch size
+    prefill tokens / prefill_tokens_per_s + decode_step_ms + decode_step_ms_per_seq * batch
 
-divided by ``speed``. A sequence's first token comes out of the step that prefilled it,
-as in vLLM. ``speed == 0`` removes modelled time: requests complete as soon as they are
+divided by ``speed``, on an absolute clock so that time spent waking handlers does not
+stretch the modelled steps. A sequence's first token comes out of the step that finishes
+its prefill. ``speed == 0`` removes modelled time: requests complete as soon as they are
 counted, which makes the simulator a zero-latency backend for client benchmarks.
 """
 
@@ -32,6 +34,7 @@ class ServingModel:
     decode_step_ms: float = 10.0
     decode_step_ms_per_seq: float = 0.05
     max_batch: int = 64
+    max_num_batched_tokens: int = 8192
     speed: float = 1.0
 
     def step_seconds(self, prefill_tokens: int, batch: int) -> float:
@@ -46,10 +49,11 @@ class ServingModel:
 class Sequence:
     """One request inside a rank: its prefill work, its output length and its progress."""
 
-    __slots__ = ("_changed", "done", "generated", "output_tokens", "prefill_tokens")
+    __slots__ = ("_changed", "done", "generated", "output_tokens", "prefill_left", "prefill_tokens")
 
     def __init__(self, prefill_tokens: int, output_tokens: int) -> None:
         self.prefill_tokens = prefill_tokens
+        self.prefill_left = max(prefill_tokens, 1)  # a server computes at least one token
         self.output_tokens = output_tokens
         self.generated = 0
         self.done = asyncio.get_running_loop().create_future()
@@ -109,21 +113,40 @@ class Rank:
 
     async def _step_loop(self) -> None:
         model = self.model
+        loop = asyncio.get_running_loop()
+        deadline = loop.time()
         while self.waiting or self.running:
+            budget = model.max_num_batched_tokens
+            decoding = [s for s in self.running if s.prefill_left == 0]
+            budget -= len(decoding)
             prefill = 0
-            while self.waiting and len(self.running) < model.max_batch:
-                sequence = self.waiting.popleft()
-                prefill += sequence.prefill_tokens
-                self.running.append(sequence)
-            await asyncio.sleep(model.step_seconds(prefill, len(self.running)))
-            still = []
+            finishing: list[Sequence] = []  # sequences whose prefill ends this step
             for sequence in self.running:
-                if sequence.done.done():  # abandoned (client went away)
-                    continue
-                sequence.advance()
-                if not sequence.done.done():
-                    still.append(sequence)
-            self.running = still
+                if sequence.prefill_left and budget > 0:
+                    prefill, budget = self._prefill(sequence, prefill, budget, finishing)
+            while self.waiting and len(self.running) < model.max_batch and budget > 0:
+                sequence = self.waiting.popleft()
+                self.running.append(sequence)
+                prefill, budget = self._prefill(sequence, prefill, budget, finishing)
+            deadline += model.step_seconds(prefill, len(self.running))
+            now = loop.time()
+            if deadline < now - 0.1:  # far behind (an overloaded loop): do not bank debt
+                deadline = now
+            await asyncio.sleep(max(0.0, deadline - now))
+            for sequence in (*decoding, *finishing):
+                if not sequence.done.done():  # done already: abandoned by its client
+                    sequence.advance()
+            self.running = [s for s in self.running if not s.done.done()]
+
+    @staticmethod
+    def _prefill(
+        sequence: Sequence, prefill: int, budget: int, finishing: list[Sequence]
+    ) -> tuple[int, int]:
+        take = min(sequence.prefill_left, budget)
+        sequence.prefill_left -= take
+        if sequence.prefill_left == 0:
+            finishing.append(sequence)
+        return prefill + take, budget - take
 
     def cancel(self, sequence: Sequence) -> None:
         """Forget a sequence whose client went away."""

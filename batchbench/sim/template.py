@@ -25,6 +25,7 @@ each request: exact for any template, but its cost grows with the history.
 from __future__ import annotations
 
 import json
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -95,9 +96,30 @@ def render_body(message: Any) -> str:
     return body
 
 
-def render_chatml(messages: Sequence[Any], add_generation_prompt: bool = True) -> str:
+def tools_message(tools: Any) -> dict[str, str] | None:
+    """The system message that presents a request's ``tools`` (Qwen-style), or None.
+
+    Tool definitions are prompt content: each is rendered as one JSON line inside
+    ``<tools>`` in a system message placed before the conversation.
+    """
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
+        raise TemplateError("tools must be a list of objects")
+    lines = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
+    return {"role": "system", "content": f"# Tools\n\n<tools>\n{lines}\n</tools>"}
+
+
+def _with_tools(messages: Sequence[Any], tools: Any) -> Sequence[Any]:
+    block = tools_message(tools)
+    return messages if block is None else [block, *messages]
+
+
+def render_chatml(
+    messages: Sequence[Any], add_generation_prompt: bool = True, tools: Any = None
+) -> str:
     """The whole ChatML prompt as one string (for /tokenize and for tests)."""
-    text = "".join(f"{IM_START}{render_body(m)}{IM_END}\n" for m in messages)
+    text = "".join(f"{IM_START}{render_body(m)}{IM_END}\n" for m in _with_tools(messages, tools))
     return text + (f"{IM_START}assistant\n" if add_generation_prompt else "")
 
 
@@ -132,7 +154,9 @@ class ChatMLCounter:
 
     def __init__(self, loaded: LoadedTokenizer, cache_entries: int = MESSAGE_CACHE_ENTRIES):
         self.tokenizer = chatml_tokenizer(loaded)
-        self._cache: OrderedDict[str, tuple[int, bool]] = OrderedDict()
+        # Keyed by (hash, length) of the rendered body, not the body: long tool results
+        # would otherwise stay in memory as keys.
+        self._cache: OrderedDict[tuple[int, int], tuple[int, bool]] = OrderedDict()
         self._limit = cache_entries
         # Each piece is measured right after a marker, where it sits in a real prompt: a
         # Metaspace tokenizer with prepend_scheme "first" adds "▁" only at position 0.
@@ -151,8 +175,9 @@ class ChatMLCounter:
         """(rendered body, its tokens with markers, whether its ids start with the
         generation prompt's), cached by body."""
         body = render_body(message)
+        key = (hash(body), len(body))
         cache = self._cache
-        entry = cache.get(body)
+        entry = cache.get(key)
         if entry is None:
             ids = self.tokenizer.encode(IM_START + body, add_special_tokens=False).ids
             generation = self._generation_ids
@@ -161,14 +186,16 @@ class ChatMLCounter:
                 len(ids) > len(generation) and ids[: len(generation)] == generation,
             )
             self.encoded_messages += 1
-            cache[body] = entry
+            cache[key] = entry
             if len(cache) > self._limit:
                 cache.popitem(last=False)
         else:
-            cache.move_to_end(body)
+            cache.move_to_end(key)
         return body, entry[0], entry[1]
 
-    def count(self, messages: Sequence[Any], add_generation_prompt: bool = True) -> Counted:
+    def count(
+        self, messages: Sequence[Any], add_generation_prompt: bool = True, tools: Any = None
+    ) -> Counted:
         """Exact token count of the rendered prompt, plus its prefix chain.
 
         An assistant message starts with the generation prompt that ended the request
@@ -180,7 +207,7 @@ class ChatMLCounter:
         chain = 0
         ends = []
         generation = self.generation_prompt_tokens
-        for message in messages:
+        for message in _with_tools(messages, tools):
             body, tokens, starts_with_generation = self.message_tokens(message)
             if starts_with_generation:
                 ends.append((hash((chain, _GENERATION)), total + generation))
@@ -192,9 +219,11 @@ class ChatMLCounter:
             ends.append((hash((chain, _GENERATION)), total))
         return Counted(total, tuple(ends))
 
-    def encode_ids(self, messages: Sequence[Any], add_generation_prompt: bool = True) -> list[int]:
+    def encode_ids(
+        self, messages: Sequence[Any], add_generation_prompt: bool = True, tools: Any = None
+    ) -> list[int]:
         """The ids of the whole rendered prompt, encoded in one pass (the reference)."""
-        text = render_chatml(messages, add_generation_prompt)
+        text = render_chatml(messages, add_generation_prompt, tools)
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
 
@@ -217,8 +246,14 @@ class JinjaCounter:
             raise TemplateError(
                 "--chat-template tokenizer needs jinja2: pip install 'batchbench[templates]'"
             ) from None
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        # The environment transformers renders chat templates in: loop controls, a tojson
+        # that keeps key order and non-ASCII text, raise_exception and strftime_now.
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_template_error
+        env.globals["strftime_now"] = _strftime_now
         try:
             self._template = env.from_string(template_source)
         except jinja2.TemplateError as exc:
@@ -231,10 +266,15 @@ class JinjaCounter:
         self.generation_prompt_tokens = 0
         self.encoded_messages = 0
 
-    def render(self, messages: Sequence[Any], add_generation_prompt: bool = True) -> str:
+    def render(
+        self, messages: Sequence[Any], add_generation_prompt: bool = True, tools: Any = None
+    ) -> str:
+        if tools is not None and not isinstance(tools, list):
+            raise TemplateError("tools must be a list of objects")
         try:
             return self._template.render(
                 messages=list(messages),
+                tools=tools or None,
                 add_generation_prompt=add_generation_prompt,
                 **self._specials,
             )
@@ -243,13 +283,17 @@ class JinjaCounter:
         except Exception as exc:
             raise TemplateError(f"chat_template failed to render the request: {exc}") from None
 
-    def encode_ids(self, messages: Sequence[Any], add_generation_prompt: bool = True) -> list[int]:
-        text = self.render(messages, add_generation_prompt)
+    def encode_ids(
+        self, messages: Sequence[Any], add_generation_prompt: bool = True, tools: Any = None
+    ) -> list[int]:
+        text = self.render(messages, add_generation_prompt, tools)
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
-    def count(self, messages: Sequence[Any], add_generation_prompt: bool = True) -> Counted:
+    def count(
+        self, messages: Sequence[Any], add_generation_prompt: bool = True, tools: Any = None
+    ) -> Counted:
         """Exact count of the rendered prompt; prefix points every ``block`` token ids."""
-        ids = self.encode_ids(messages, add_generation_prompt)
+        ids = self.encode_ids(messages, add_generation_prompt, tools)
         self.encoded_messages += len(messages)
         block = self.block_tokens
         chain = 0
@@ -260,6 +304,18 @@ class JinjaCounter:
         if len(ids) % block:
             ends.append((hash((chain, tuple(ids[len(ids) - len(ids) % block :]))), len(ids)))
         return Counted(len(ids), tuple(ends))
+
+
+def _tojson(
+    value: Any, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    return json.dumps(
+        value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(format_string: str) -> str:
+    return time.strftime(format_string)
 
 
 def _raise_template_error(message: str) -> None:
