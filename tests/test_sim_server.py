@@ -992,3 +992,25 @@ def test_a_client_that_goes_away_frees_its_slot(deepseek):
     assert per_rank(samples, "in_flight", 1) == [0]
     assert per_rank(samples, "requests_total", 1) == [0]
     assert per_rank(samples, "completion_tokens_total", 1) == [0]
+
+
+def test_a_prompt_joins_the_cache_only_after_its_prefill(deepseek, synth):
+    """Two requests with the same new 500-token prompt, sent together to one rank: the
+    second is not credited with blocks the first has not computed yet. A third, sent
+    after both finished, is credited with the whole prompt but its last partial block."""
+    model = ServingModel(prefill_tokens_per_s=10_000, decode_step_ms=5, max_batch=4)
+    messages = user(synth.text(500, 5))
+
+    async def body(client, server):
+        async def post():
+            request = {"messages": messages, "max_tokens": 3, "min_tokens": 3}
+            async with client.post(CHAT, json=request) as response:
+                return (await response.json())["usage"]
+
+        together = await asyncio.gather(post(), post())
+        return together, await post()
+
+    together, later = serve(deepseek, SimConfig(serving=model), body)
+    prompt = later["prompt_tokens"]
+    assert [u["prompt_tokens_details"]["cached_tokens"] for u in together] == [0, 0]
+    assert later["prompt_tokens_details"]["cached_tokens"] == (prompt - 1) // 16 * 16

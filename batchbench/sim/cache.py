@@ -34,6 +34,12 @@ class PrefixCache:
 
     def lookup_and_store(self, points: Sequence[tuple[int, int]]) -> int:
         """Cached tokens for a prompt with these points; then the prompt is cached."""
+        cached = self.lookup(points)
+        self.store(points)
+        return cached
+
+    def lookup(self, points: Sequence[tuple[int, int]]) -> int:
+        """Cached tokens for a prompt with these points (the cache is not changed)."""
         if not points or self.capacity_tokens == 0:
             return 0
         entries = self._entries
@@ -45,10 +51,12 @@ class PrefixCache:
         prompt = points[-1][1]
         block = self.block_tokens
         cached = min(hit_end, prompt - 1) // block * block if prompt > 0 else 0
-        self._store(points)
         return max(cached, 0)
 
-    def _store(self, points: Sequence[tuple[int, int]]) -> None:
+    def store(self, points: Sequence[tuple[int, int]]) -> None:
+        """Cache a prompt's prefixes (once its prefill has computed them)."""
+        if not points or self.capacity_tokens == 0:
+            return
         entries = self._entries
         for index in range(len(points) - 1, -1, -1):
             key, end = points[index]

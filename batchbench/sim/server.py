@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import orjson
@@ -196,13 +198,28 @@ class SimServer:
                 response = _error(429, "simulated rate limit", "rate_limit_error")
                 response.headers["Retry-After"] = str(self.faults.retry_after_seconds)
                 return response
-            cached = rank.cache.lookup_and_store(counted.prefix_ends)
+            # Credit what is cached now; the prompt's own blocks join the cache when its
+            # prefill is done (at once with --speed 0), as in a paged KV cache.
+            points = counted.prefix_ends
+            cached = rank.cache.lookup(points)
+            if self.config.serving.speed == 0:
+                rank.cache.store(points)
+            store = partial(rank.cache.store, points)
             if stream:
                 include_usage = _include_usage(body)
                 return await self._stream(
-                    request, rank, counted.prompt_tokens, cached, output, fault, include_usage
+                    request,
+                    rank,
+                    counted.prompt_tokens,
+                    cached,
+                    output,
+                    fault,
+                    include_usage,
+                    store,
                 )
-            return await self._complete(request, rank, counted.prompt_tokens, cached, output, fault)
+            return await self._complete(
+                request, rank, counted.prompt_tokens, cached, output, fault, store
+            )
         finally:
             rank.in_flight -= 1
 
@@ -214,9 +231,11 @@ class SimServer:
             "prompt_tokens_details": {"cached_tokens": cached},
         }
 
-    async def _run_model(self, rank: Rank, prompt: int, cached: int, output: OutputPlan) -> None:
+    async def _run_model(
+        self, rank: Rank, prompt: int, cached: int, output: OutputPlan, store: Callable[[], None]
+    ) -> None:
         if self.config.serving.speed > 0:
-            sequence = rank.submit(prompt - cached, output.tokens)
+            sequence = rank.submit(prompt - cached, output.tokens, store)
             try:
                 await sequence.done
             finally:
@@ -230,8 +249,9 @@ class SimServer:
         cached: int,
         output: OutputPlan,
         fault: Fault | None,
+        store: Callable[[], None],
     ) -> web.StreamResponse:
-        await self._run_model(rank, prompt, cached, output)
+        await self._run_model(rank, prompt, cached, output, store)
         if fault is not Fault.DROP:  # a dropped reply never reached the client
             rank.account(prompt, cached, output.tokens)
         if fault is Fault.MALFORMED:
@@ -268,11 +288,12 @@ class SimServer:
         output: OutputPlan,
         fault: Fault | None,
         include_usage: bool,
+        store: Callable[[], None],
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers=SSE_HEADERS)
         try:
             return await self._write_stream(
-                request, response, rank, prompt, cached, output, fault, include_usage
+                request, response, rank, prompt, cached, output, fault, include_usage, store
             )
         except ConnectionResetError:  # the client went away mid-stream: nothing to report
             return response
@@ -287,6 +308,7 @@ class SimServer:
         output: OutputPlan,
         fault: Fault | None,
         include_usage: bool,
+        store: Callable[[], None],
     ) -> web.StreamResponse:
         chunks = self.replies.chunks(output.tokens, output.seed, self.config.stream_chunk_tokens)
         ident = f"chatcmpl-{next(self._ids)}"
@@ -298,7 +320,7 @@ class SimServer:
         per_chunk = self.config.stream_chunk_tokens
         sequence = None
         if self.config.serving.speed > 0:
-            sequence = rank.submit(prompt - cached, output.tokens)
+            sequence = rank.submit(prompt - cached, output.tokens, store)
         try:
             first = dict(head, choices=[{"index": 0, "delta": {"role": "assistant"}}])
             await response.write(_event(first))

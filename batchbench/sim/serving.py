@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from batchbench.sim.cache import PrefixCache
@@ -49,9 +50,20 @@ class ServingModel:
 class Sequence:
     """One request inside a rank: its prefill work, its output length and its progress."""
 
-    __slots__ = ("_changed", "done", "generated", "output_tokens", "prefill_left", "prefill_tokens")
+    __slots__ = (
+        "_changed",
+        "done",
+        "generated",
+        "on_prefilled",
+        "output_tokens",
+        "prefill_left",
+        "prefill_tokens",
+    )
 
-    def __init__(self, prefill_tokens: int, output_tokens: int) -> None:
+    def __init__(
+        self, prefill_tokens: int, output_tokens: int, on_prefilled: Callable[[], None] | None
+    ) -> None:
+        self.on_prefilled = on_prefilled
         self.prefill_tokens = prefill_tokens
         self.prefill_left = max(prefill_tokens, 1)  # a server computes at least one token
         self.output_tokens = output_tokens
@@ -103,9 +115,18 @@ class Rank:
         self.cached_tokens += cached_tokens
         self.completion_tokens += completion_tokens
 
-    def submit(self, prefill_tokens: int, output_tokens: int) -> Sequence:
-        """Queue a sequence; the step loop (started here if idle) runs it to completion."""
-        sequence = Sequence(prefill_tokens, max(output_tokens, 1))
+    def submit(
+        self,
+        prefill_tokens: int,
+        output_tokens: int,
+        on_prefilled: Callable[[], None] | None = None,
+    ) -> Sequence:
+        """Queue a sequence; the step loop (started here if idle) runs it to completion.
+
+        ``on_prefilled`` runs after the step that finishes its prefill: the moment its
+        prompt's KV blocks exist and can serve other requests' prefixes.
+        """
+        sequence = Sequence(prefill_tokens, max(output_tokens, 1), on_prefilled)
         self.waiting.append(sequence)
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.get_running_loop().create_task(self._step_loop())
@@ -133,6 +154,10 @@ class Rank:
             if deadline < now - 0.1:  # far behind (an overloaded loop): do not bank debt
                 deadline = now
             await asyncio.sleep(max(0.0, deadline - now))
+            for sequence in finishing:
+                if sequence.on_prefilled is not None:
+                    sequence.on_prefilled()
+                    sequence.on_prefilled = None
             for sequence in (*decoding, *finishing):
                 if not sequence.done.done():  # done already: abandoned by its client
                     sequence.advance()
