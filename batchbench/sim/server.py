@@ -49,6 +49,18 @@ class SimConfig:
     faults: FaultPlan = field(default_factory=FaultPlan)
 
 
+@dataclass(slots=True)
+class Job:
+    """One admitted chat completion: where it runs and what it must produce."""
+
+    rank: Rank
+    prompt: int
+    cached: int
+    output: OutputPlan
+    fault: Fault | None
+    store: Callable[[], None] | None = None  # caches the prompt once it is prefilled
+
+
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
     body = {"error": {"message": message, "type": kind, "code": status}}
     return web.Response(status=status, body=orjson.dumps(body), content_type=JSON)
@@ -204,22 +216,11 @@ class SimServer:
             cached = rank.cache.lookup(points)
             if self.config.serving.speed == 0:
                 rank.cache.store(points)
-            store = partial(rank.cache.store, points)
+            job = Job(rank, counted.prompt_tokens, cached, output, fault)
+            job.store = partial(rank.cache.store, points)
             if stream:
-                include_usage = _include_usage(body)
-                return await self._stream(
-                    request,
-                    rank,
-                    counted.prompt_tokens,
-                    cached,
-                    output,
-                    fault,
-                    include_usage,
-                    store,
-                )
-            return await self._complete(
-                request, rank, counted.prompt_tokens, cached, output, fault, store
-            )
+                return await self._stream(request, job, _include_usage(body))
+            return await self._complete(request, job)
         finally:
             rank.in_flight -= 1
 
@@ -231,27 +232,23 @@ class SimServer:
             "prompt_tokens_details": {"cached_tokens": cached},
         }
 
-    async def _run_model(
-        self, rank: Rank, prompt: int, cached: int, output: OutputPlan, store: Callable[[], None]
-    ) -> None:
+    async def _run_model(self, job: Job) -> None:
         if self.config.serving.speed > 0:
-            sequence = rank.submit(prompt - cached, output.tokens, store)
+            sequence = job.rank.submit(job.prompt - job.cached, job.output.tokens, job.store)
             try:
                 await sequence.done
             finally:
-                rank.cancel(sequence)
+                job.rank.cancel(sequence)
 
-    async def _complete(
-        self,
-        request: web.Request,
-        rank: Rank,
-        prompt: int,
-        cached: int,
-        output: OutputPlan,
-        fault: Fault | None,
-        store: Callable[[], None],
-    ) -> web.StreamResponse:
-        await self._run_model(rank, prompt, cached, output, store)
+    async def _complete(self, request: web.Request, job: Job) -> web.StreamResponse:
+        await self._run_model(job)
+        rank, prompt, cached, output, fault = (
+            job.rank,
+            job.prompt,
+            job.cached,
+            job.output,
+            job.fault,
+        )
         if fault is not Fault.DROP:  # a dropped reply never reached the client
             rank.account(prompt, cached, output.tokens)
         if fault is Fault.MALFORMED:
@@ -280,36 +277,24 @@ class SimServer:
         return web.Response(body=data, content_type=JSON)
 
     async def _stream(
-        self,
-        request: web.Request,
-        rank: Rank,
-        prompt: int,
-        cached: int,
-        output: OutputPlan,
-        fault: Fault | None,
-        include_usage: bool,
-        store: Callable[[], None],
+        self, request: web.Request, job: Job, include_usage: bool
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers=SSE_HEADERS)
         try:
-            return await self._write_stream(
-                request, response, rank, prompt, cached, output, fault, include_usage, store
-            )
+            return await self._write_stream(request, response, job, include_usage)
         except ConnectionResetError:  # the client went away mid-stream: nothing to report
             return response
 
     async def _write_stream(
-        self,
-        request: web.Request,
-        response: web.StreamResponse,
-        rank: Rank,
-        prompt: int,
-        cached: int,
-        output: OutputPlan,
-        fault: Fault | None,
-        include_usage: bool,
-        store: Callable[[], None],
+        self, request: web.Request, response: web.StreamResponse, job: Job, include_usage: bool
     ) -> web.StreamResponse:
+        rank, prompt, cached, output, fault = (
+            job.rank,
+            job.prompt,
+            job.cached,
+            job.output,
+            job.fault,
+        )
         chunks = self.replies.chunks(output.tokens, output.seed, self.config.stream_chunk_tokens)
         ident = f"chatcmpl-{next(self._ids)}"
         created = int(time.time())
@@ -320,7 +305,7 @@ class SimServer:
         per_chunk = self.config.stream_chunk_tokens
         sequence = None
         if self.config.serving.speed > 0:
-            sequence = rank.submit(prompt - cached, output.tokens, store)
+            sequence = rank.submit(prompt - cached, output.tokens, job.store)
         try:
             first = dict(head, choices=[{"index": 0, "delta": {"role": "assistant"}}])
             await response.write(_event(first))
