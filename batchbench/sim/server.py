@@ -242,15 +242,9 @@ class SimServer:
 
     async def _complete(self, request: web.Request, job: Job) -> web.StreamResponse:
         await self._run_model(job)
-        rank, prompt, cached, output, fault = (
-            job.rank,
-            job.prompt,
-            job.cached,
-            job.output,
-            job.fault,
-        )
+        output, fault = job.output, job.fault
         if fault is not Fault.DROP:  # a dropped reply never reached the client
-            rank.account(prompt, cached, output.tokens)
+            job.rank.account(job.prompt, job.cached, output.tokens)
         if fault is Fault.MALFORMED:
             return web.Response(body=MALFORMED_BODY, content_type=JSON)
         body: dict[str, Any] = {
@@ -270,7 +264,7 @@ class SimServer:
             ],
         }
         if fault is not Fault.MISSING_USAGE:
-            body["usage"] = self._usage(prompt, cached, output.tokens)
+            body["usage"] = self._usage(job.prompt, job.cached, output.tokens)
         data = orjson.dumps(body)
         if fault is Fault.DROP:
             return await _drop(request, data, headers={"Content-Type": JSON})
@@ -288,52 +282,51 @@ class SimServer:
     async def _write_stream(
         self, request: web.Request, response: web.StreamResponse, job: Job, include_usage: bool
     ) -> web.StreamResponse:
-        rank, prompt, cached, output, fault = (
-            job.rank,
-            job.prompt,
-            job.cached,
-            job.output,
-            job.fault,
-        )
+        rank, output, fault = job.rank, job.output, job.fault
         chunks = self.replies.chunks(output.tokens, output.seed, self.config.stream_chunk_tokens)
-        ident = f"chatcmpl-{next(self._ids)}"
-        created = int(time.time())
-        head = {"id": ident, "object": "chat.completion.chunk", "created": created}
-        head["model"] = self.config.model_name
+        head = {
+            "id": f"chatcmpl-{next(self._ids)}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": self.config.model_name,
+        }
+        # Content events differ only in their text: build them from fixed byte halves.
+        opening = orjson.dumps(dict(head, choices=[{"index": 0, "delta": {"content": ""}}]))
+        before = b"data: " + opening[: opening.rindex(b'""')]
+        after = b'},"finish_reason":null}]}\n\n'
+        last_after = b'},"finish_reason":' + orjson.dumps(output.finish_reason) + b"}]}\n\n"
         await response.prepare(request)
         cut = len(chunks) // 2 if fault in (Fault.DROP, Fault.TRUNCATE) else len(chunks)
         per_chunk = self.config.stream_chunk_tokens
         sequence = None
         if self.config.serving.speed > 0:
-            sequence = rank.submit(prompt - cached, output.tokens, job.store)
+            sequence = rank.submit(job.prompt - job.cached, output.tokens, job.store)
         try:
             first = dict(head, choices=[{"index": 0, "delta": {"role": "assistant"}}])
             await response.write(_event(first))
             sent_tokens = 0
             for index in range(cut):
+                sent_tokens = min((index + 1) * per_chunk, output.tokens)
                 if sequence is not None:
-                    needed = min((index + 1) * per_chunk, output.tokens)
-                    while sequence.generated < needed and not sequence.done.done():
+                    while sequence.generated < sent_tokens and not sequence.done.done():
                         await sequence.wait_beyond(sequence.generated)
                 if fault is Fault.MALFORMED and index == cut // 2:
                     await response.write(b"data: {not json\n\n")
-                sent_tokens = min((index + 1) * per_chunk, output.tokens)
                 last = index == len(chunks) - 1
                 if not chunks[index] and not last:
                     continue  # an empty cut inside a multi-token character: nothing to send
-                delta = {"index": 0, "delta": {"content": chunks[index]}}
-                delta["finish_reason"] = output.finish_reason if last else None
-                await response.write(_event(dict(head, choices=[delta])))
+                text = orjson.dumps(chunks[index])
+                await response.write(before + text + (last_after if last else after))
             if fault is Fault.DROP:
                 _close(request)
                 return response
             if fault is Fault.TRUNCATE:
-                rank.account(prompt, cached, sent_tokens)
+                rank.account(job.prompt, job.cached, sent_tokens)
                 await response.write_eof()
                 return response
-            rank.account(prompt, cached, output.tokens)
+            rank.account(job.prompt, job.cached, output.tokens)
             if include_usage and fault is not Fault.MISSING_USAGE:
-                usage = self._usage(prompt, cached, output.tokens)
+                usage = self._usage(job.prompt, job.cached, output.tokens)
                 await response.write(_event(dict(head, choices=[], usage=usage)))
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
