@@ -3,11 +3,13 @@ and replies. Everything here is pure (no server); see test_sim_server.py for HTT
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import importlib.util
 import json
 import math
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -808,3 +810,45 @@ def test_reply_chunks_repair_method_bytelevel():
     # for an empty chunk.
     chunks = replies.chunks(2, 0, 1)
     assert [encode_len(loaded, c) for c in chunks] == [0, 2]
+
+
+def test_count_async_offloads_long_new_messages(deepseek, deepseek_synth):
+    """A new 60k-token tool result is encoded on a worker thread: the count is the same as
+    the inline one, and the event loop keeps ticking meanwhile (an inline encode of this
+    much text blocks it for a few hundred ms)."""
+    counter = ChatMLCounter(deepseek)  # fresh: nothing cached
+    messages = growth(deepseek_synth, 50, [(20, 60_000)], seed=3)
+    expected = len(counter.encode_ids(messages))
+
+    async def run() -> tuple[int, float, int]:
+        ticks = 0
+        longest = 0.0
+
+        async def ticker(stop: asyncio.Event) -> None:
+            nonlocal ticks, longest
+            last = time.perf_counter()
+            while not stop.is_set():
+                await asyncio.sleep(0.001)
+                now = time.perf_counter()
+                longest = max(longest, now - last)
+                last = now
+                ticks += 1
+
+        stop = asyncio.Event()
+        task = asyncio.create_task(ticker(stop))
+        await asyncio.sleep(0.01)
+        started = time.perf_counter()
+        counted = await counter.count_async(messages)
+        took = time.perf_counter() - started
+        stop.set()
+        await task
+        assert took > 0.05  # the encode is real work, so the lag bound below means something
+        return counted.prompt_tokens, longest, counter.encoded_messages
+
+    prompt, longest, encoded = asyncio.run(run())
+    assert prompt == expected
+    assert encoded == 3
+    assert longest < 0.05
+    # Now cached: the sync count agrees without encoding again.
+    assert counter.count(messages).prompt_tokens == expected
+    assert counter.encoded_messages == 3

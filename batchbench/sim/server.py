@@ -175,7 +175,7 @@ class SimServer:
             return _error(400, str(exc))
 
         try:
-            counted = self.counter.count(messages, tools=body.get("tools"))
+            counted = await self.counter.count_async(messages, tools=body.get("tools"))
             tag = body.get("user") or request.headers.get("x-smg-routing-key") or ""
             output = plan_output(
                 body, counted.prompt_tokens, self.config.default_max_tokens, str(tag)

@@ -24,6 +24,7 @@ each request: exact for any template, but its cost grows with the history.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections import OrderedDict
@@ -40,6 +41,8 @@ from batchbench.tokenizer import LoadedTokenizer
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 MESSAGE_CACHE_ENTRIES = 1 << 16
+# New message text beyond this many characters is encoded off the event loop.
+OFFLOAD_CHARACTERS = 16_384
 _GENERATION = "\x00generation"  # chain-key salt of a generation-prompt prefix point
 
 
@@ -171,27 +174,38 @@ class ChatMLCounter:
     def _encode_len(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
+    def _entry(self, ids: list[int]) -> tuple[int, bool]:
+        """A message's cache entry from the ids of ``<|im_start|>`` + its body."""
+        generation = self._generation_ids
+        return (
+            len(ids) - 1 + self._marker_cost,
+            len(ids) > len(generation) and ids[: len(generation)] == generation,
+        )
+
+    def _remember(self, key: tuple[int, int], entry: tuple[int, bool]) -> None:
+        self.encoded_messages += 1
+        self._cache[key] = entry
+        if len(self._cache) > self._limit:
+            self._cache.popitem(last=False)
+
     def message_tokens(self, message: Any) -> tuple[str, int, bool]:
         """(rendered body, its tokens with markers, whether its ids start with the
         generation prompt's), cached by body."""
         body = render_body(message)
+        tokens, starts_with_generation = self._body_entry(body)
+        return body, tokens, starts_with_generation
+
+    def _body_entry(self, body: str) -> tuple[int, bool]:
         key = (hash(body), len(body))
-        cache = self._cache
-        entry = cache.get(key)
+        entry = self._cache.get(key)
         if entry is None:
-            ids = self.tokenizer.encode(IM_START + body, add_special_tokens=False).ids
-            generation = self._generation_ids
-            entry = (
-                len(ids) - 1 + self._marker_cost,
-                len(ids) > len(generation) and ids[: len(generation)] == generation,
+            entry = self._entry(
+                self.tokenizer.encode(IM_START + body, add_special_tokens=False).ids
             )
-            self.encoded_messages += 1
-            cache[key] = entry
-            if len(cache) > self._limit:
-                cache.popitem(last=False)
+            self._remember(key, entry)
         else:
-            cache.move_to_end(key)
-        return body, entry[0], entry[1]
+            self._cache.move_to_end(key)
+        return entry
 
     def count(
         self, messages: Sequence[Any], add_generation_prompt: bool = True, tools: Any = None
@@ -203,12 +217,45 @@ class ChatMLCounter:
         next turn is then credited with the whole previous prompt, as a paged KV cache
         holding ``<|im_start|>assistant\\n`` would credit it.
         """
+        bodies = [render_body(m) for m in _with_tools(messages, tools)]
+        return self._count_bodies(bodies, add_generation_prompt)
+
+    async def count_async(
+        self, messages: Sequence[Any], add_generation_prompt: bool = True, tools: Any = None
+    ) -> Counted:
+        """``count``, with large new messages encoded on a worker thread.
+
+        Encoding a long tool result takes milliseconds per thousand tokens; done on the
+        event loop it would stall every rank's step clock and every other request. The
+        tokenizer releases the GIL, so the loop keeps serving meanwhile. The cache is
+        only touched on the loop thread.
+        """
+        bodies = [render_body(m) for m in _with_tools(messages, tools)]
+        missing = {}
+        for body in bodies:
+            key = (hash(body), len(body))
+            if key not in self._cache:
+                missing[key] = body
+        if sum(map(len, missing.values())) >= OFFLOAD_CHARACTERS:
+            keys = list(missing)
+            texts = [IM_START + missing[key] for key in keys]
+            loop = asyncio.get_running_loop()
+            encodings = await loop.run_in_executor(None, self._encode_batch, texts)
+            for key, encoding in zip(keys, encodings, strict=True):
+                if key not in self._cache:
+                    self._remember(key, self._entry(encoding.ids))
+        return self._count_bodies(bodies, add_generation_prompt)
+
+    def _encode_batch(self, texts: list[str]) -> list[Any]:
+        return self.tokenizer.encode_batch(texts, add_special_tokens=False)
+
+    def _count_bodies(self, bodies: list[str], add_generation_prompt: bool) -> Counted:
         total = 0
         chain = 0
         ends = []
         generation = self.generation_prompt_tokens
-        for message in _with_tools(messages, tools):
-            body, tokens, starts_with_generation = self.message_tokens(message)
+        for body in bodies:
+            tokens, starts_with_generation = self._body_entry(body)
             if starts_with_generation:
                 ends.append((hash((chain, _GENERATION)), total + generation))
             total += tokens
@@ -288,6 +335,15 @@ class JinjaCounter:
     ) -> list[int]:
         text = self.render(messages, add_generation_prompt, tools)
         return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    async def count_async(
+        self, messages: Sequence[Any], add_generation_prompt: bool = True, tools: Any = None
+    ) -> Counted:
+        """``count`` on a worker thread: rendering and encoding the whole prompt is slow."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            None, self.count, list(messages), add_generation_prompt, tools
+        )
 
     def count(
         self, messages: Sequence[Any], add_generation_prompt: bool = True, tools: Any = None
