@@ -23,6 +23,7 @@ from batchbench.sim.faults import FAULT_ORDER, Fault, FaultDecision, FaultPlan
 from batchbench.sim.overheads import measure_overheads
 from batchbench.sim.replies import ReplyText, RequestError, plan_output
 from batchbench.sim.routing import RoutingError, choose_rank, consistent_rank
+from batchbench.sim.serving import Rank, ServingModel
 from batchbench.sim.template import (
     ChatMLCounter,
     JinjaCounter,
@@ -854,3 +855,49 @@ def test_count_async_offloads_long_new_messages(deepseek, deepseek_synth):
     # Now cached: the sync count agrees without encoding again.
     assert counter.count(messages).prompt_tokens == expected
     assert counter.encoded_messages == 3
+
+
+def test_step_time_grows_with_the_batch_context():
+    model = ServingModel(
+        prefill_tokens_per_s=1000,
+        decode_step_ms=10,
+        decode_step_ms_per_seq=0.5,
+        decode_step_ms_per_ktoken=2,
+        speed=2,
+    )
+    # (100 / 1000 s) + (10 + 0.5 * 4 + 2 * 3000 / 1000) ms, halved by speed 2.
+    assert model.step_seconds(100, 4, 3000) == pytest.approx((0.1 + 0.018) / 2)
+    assert model.step_seconds(0, 1) == pytest.approx((0.0105) / 2)
+
+
+def test_running_sequences_squeeze_the_prefix_cache():
+    cache = PrefixCache(capacity_tokens=100, block_tokens=1)
+    cache.store([(1, 40), (2, 80)])
+    assert cache.used_tokens == 80
+    cache.reserve(50)  # only 50 left for the LRU: the tail (40 tokens) goes first
+    assert (cache.used_tokens, cache.evicted_tokens) == (40, 40)
+    assert cache.lookup([(1, 40), (2, 80), (3, 90)]) == 40
+    cache.reserve(0)
+    cache.store([(1, 40), (2, 80)])
+    assert cache.used_tokens == 80
+
+
+def test_admission_waits_for_kv_room():
+    """A 1000-token KV pool: a sequence claiming 700 (600 prefill + 100 output) runs, the
+    next one waits although the batch has room, and starts once the first is done."""
+
+    async def run() -> list[tuple[int, int, int]]:
+        model = ServingModel(kv_cache_tokens=1000, decode_step_ms=1, max_batch=4)
+        rank = Rank(0, model)
+        first = rank.submit(600, 100)
+        second = rank.submit(600, 100)
+        await asyncio.sleep(0.02)
+        during = (len(rank.running), len(rank.waiting), rank.kv_running)
+        await first.done
+        await asyncio.sleep(0.01)
+        after = (len(rank.running), len(rank.waiting), rank.kv_running)
+        await second.done
+        await asyncio.sleep(0.01)
+        return [during, after, (len(rank.running), len(rank.waiting), rank.kv_running)]
+
+    assert asyncio.run(run()) == [(1, 1, 700), (1, 0, 700), (0, 0, 0)]

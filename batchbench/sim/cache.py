@@ -18,7 +18,14 @@ from collections.abc import Sequence
 class PrefixCache:
     """LRU of prefix points; ``capacity_tokens`` bounds the tokens held (0 disables it)."""
 
-    __slots__ = ("_entries", "block_tokens", "capacity_tokens", "evicted_tokens", "used_tokens")
+    __slots__ = (
+        "_entries",
+        "block_tokens",
+        "capacity_tokens",
+        "evicted_tokens",
+        "reserved_tokens",
+        "used_tokens",
+    )
 
     def __init__(self, capacity_tokens: int, block_tokens: int) -> None:
         if block_tokens <= 0:
@@ -28,6 +35,12 @@ class PrefixCache:
         self._entries: OrderedDict[int, int] = OrderedDict()  # key -> tokens it adds
         self.used_tokens = 0
         self.evicted_tokens = 0
+        self.reserved_tokens = 0  # KV held by running sequences, not available to the LRU
+
+    def reserve(self, tokens: int) -> None:
+        """Set how much of the capacity running sequences hold; evicts to make room."""
+        self.reserved_tokens = max(0, tokens)
+        self._evict()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -66,7 +79,12 @@ class PrefixCache:
             else:
                 entries[key] = size
                 self.used_tokens += size
-        while self.used_tokens > self.capacity_tokens and entries:
+        self._evict()
+
+    def _evict(self) -> None:
+        entries = self._entries
+        limit = max(0, self.capacity_tokens - self.reserved_tokens)
+        while self.used_tokens > limit and entries:
             _, size = entries.popitem(last=False)
             self.used_tokens -= size
             self.evicted_tokens += size

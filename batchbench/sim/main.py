@@ -30,8 +30,10 @@ routing (first that applies): x-smg-target-worker: <rank>; x-data-parallel-rank:
 a consistent hash of x-smg-routing-key; else the least-loaded rank (fewest requests in
 flight, ties round-robin).
 
-step time per rank = uncached prefill tokens / --prefill-tokens-per-s + --decode-step-ms
-+ --decode-step-ms-per-seq x running sequences, all divided by --speed."""
+step time per rank = prefill tokens in the step / --prefill-tokens-per-s + (--decode-step-ms
++ --decode-step-ms-per-seq x running sequences + --decode-step-ms-per-ktoken x context
+thousands of tokens in the batch) / 1000, all divided by --speed. A step processes at most
+--max-num-batched-tokens (one per decoding sequence, the rest chunked prefill)."""
 
 
 def _rate(text: str) -> float:
@@ -155,7 +157,9 @@ def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
         "--kv-cache-tokens",
         type=_int_at_least(0),
         default=defaults.kv_cache_tokens,
-        help="prefix-cache capacity per rank in tokens; 0 disables caching (default %(default)s)",
+        help="KV pool per rank in tokens, shared by running sequences (which claim their "
+        "uncached prompt plus output; admission waits when full) and the prefix cache "
+        "(the rest); 0 disables caching and the limit (default %(default)s)",
     )
     model.add_argument(
         "--block-size",
@@ -180,6 +184,13 @@ def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
         type=_nonnegative_float,
         default=defaults.decode_step_ms_per_seq,
         help="extra decode-step time per running sequence in ms (default %(default)g)",
+    )
+    model.add_argument(
+        "--decode-step-ms-per-ktoken",
+        type=_nonnegative_float,
+        default=defaults.decode_step_ms_per_ktoken,
+        help="extra decode-step time per 1000 tokens of context in the batch, in ms "
+        "(attention reads the KV) (default %(default)g)",
     )
     model.add_argument(
         "--max-batch",
@@ -281,6 +292,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         prefill_tokens_per_s=args.prefill_tokens_per_s,
         decode_step_ms=args.decode_step_ms,
         decode_step_ms_per_seq=args.decode_step_ms_per_seq,
+        decode_step_ms_per_ktoken=args.decode_step_ms_per_ktoken,
         max_batch=args.max_batch,
         max_num_batched_tokens=args.max_num_batched_tokens,
         speed=args.speed,

@@ -234,7 +234,9 @@ class SimServer:
 
     async def _run_model(self, job: Job) -> None:
         if self.config.serving.speed > 0:
-            sequence = job.rank.submit(job.prompt - job.cached, job.output.tokens, job.store)
+            sequence = job.rank.submit(
+                job.prompt - job.cached, job.output.tokens, job.store, job.prompt
+            )
             try:
                 await sequence.done
             finally:
@@ -300,7 +302,7 @@ class SimServer:
         per_chunk = self.config.stream_chunk_tokens
         sequence = None
         if self.config.serving.speed > 0:
-            sequence = rank.submit(job.prompt - job.cached, output.tokens, job.store)
+            sequence = rank.submit(job.prompt - job.cached, output.tokens, job.store, job.prompt)
         try:
             first = dict(head, choices=[{"index": 0, "delta": {"role": "assistant"}}])
             await response.write(_event(first))
@@ -399,6 +401,12 @@ class SimServer:
             "gauge",
             "Tokens held in the prefix cache per rank.",
             [(f'{{rank="{r.index}"}}', r.cache.used_tokens) for r in self.ranks],
+        )
+        family(
+            "batchbench_sim_kv_running_tokens",
+            "gauge",
+            "KV tokens claimed by running sequences per rank.",
+            per_rank("kv_running"),
         )
         family(
             "batchbench_sim_faults_total",

@@ -3,10 +3,15 @@
 Each rank runs a step loop while it has work, scheduling like vLLM with chunked prefill:
 every step first decodes one token for each running sequence that has finished its
 prefill, then spends what is left of the ``max_num_batched_tokens`` budget on prefill,
-oldest sequence first, and admits queued sequences (FIFO, up to ``max_batch`` running;
-the rest are the queue depth ``/metrics`` reports) while budget remains. A step lasts
+oldest sequence first, and admits queued sequences (FIFO, up to ``max_batch`` running)
+while budget remains and their KV fits. ``kv_cache_tokens`` is the rank's KV pool: a
+running sequence claims its uncached prompt plus its output, and the prefix cache keeps
+only what running sequences leave free (cached prefixes are evicted first). Sequences that
+do not fit wait; they are the queue depth ``/metrics`` reports. A step lasts
 
-    prefill tokens / prefill_tokens_per_s + decode_step_ms + decode_step_ms_per_seq * batch
+    prefill tokens / prefill_tokens_per_s
+    + (decode_step_ms + decode_step_ms_per_seq * batch
+       + decode_step_ms_per_ktoken * context tokens of the batch / 1000) / 1000
 
 divided by ``speed``, on an absolute clock so that time spent waking handlers does not
 stretch the modelled steps. A sequence's first token comes out of the step that finishes
@@ -34,15 +39,22 @@ class ServingModel:
     prefill_tokens_per_s: float = 20_000.0
     decode_step_ms: float = 10.0
     decode_step_ms_per_seq: float = 0.05
+    decode_step_ms_per_ktoken: float = 0.01
     max_batch: int = 64
     max_num_batched_tokens: int = 8192
     speed: float = 1.0
 
-    def step_seconds(self, prefill_tokens: int, batch: int) -> float:
-        """Wall time of one step with this much prefill and this many running sequences."""
+    def step_seconds(self, prefill_tokens: int, batch: int, context_tokens: int = 0) -> float:
+        """Wall time of one step: this much prefill, this many running sequences holding
+        ``context_tokens`` of KV in all (attention reads it every decode step)."""
         modelled = (
             prefill_tokens / self.prefill_tokens_per_s
-            + (self.decode_step_ms + self.decode_step_ms_per_seq * batch) / 1000.0
+            + (
+                self.decode_step_ms
+                + self.decode_step_ms_per_seq * batch
+                + self.decode_step_ms_per_ktoken * context_tokens / 1000.0
+            )
+            / 1000.0
         )
         return modelled / self.speed
 
@@ -52,8 +64,10 @@ class Sequence:
 
     __slots__ = (
         "_changed",
+        "context_tokens",
         "done",
         "generated",
+        "kv_tokens",
         "on_prefilled",
         "output_tokens",
         "prefill_left",
@@ -61,9 +75,15 @@ class Sequence:
     )
 
     def __init__(
-        self, prefill_tokens: int, output_tokens: int, on_prefilled: Callable[[], None] | None
+        self,
+        prefill_tokens: int,
+        output_tokens: int,
+        on_prefilled: Callable[[], None] | None,
+        context_tokens: int,
     ) -> None:
         self.on_prefilled = on_prefilled
+        self.context_tokens = context_tokens  # the whole prompt, cached part included
+        self.kv_tokens = prefill_tokens + output_tokens  # KV it claims beyond cached blocks
         self.prefill_tokens = prefill_tokens
         self.prefill_left = max(prefill_tokens, 1)  # a server computes at least one token
         self.output_tokens = output_tokens
@@ -103,6 +123,7 @@ class Rank:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.in_flight = 0  # requests between routing and their last byte
+        self.kv_running = 0  # KV tokens claimed by running sequences
         self._loop_task: asyncio.Task[None] | None = None
 
     @property
@@ -120,13 +141,16 @@ class Rank:
         prefill_tokens: int,
         output_tokens: int,
         on_prefilled: Callable[[], None] | None = None,
+        context_tokens: int | None = None,
     ) -> Sequence:
         """Queue a sequence; the step loop (started here if idle) runs it to completion.
 
         ``on_prefilled`` runs after the step that finishes its prefill: the moment its
         prompt's KV blocks exist and can serve other requests' prefixes.
+        ``context_tokens`` is the whole prompt (default: the prefill).
         """
-        sequence = Sequence(prefill_tokens, max(output_tokens, 1), on_prefilled)
+        context = prefill_tokens if context_tokens is None else context_tokens
+        sequence = Sequence(prefill_tokens, max(output_tokens, 1), on_prefilled, context)
         self.waiting.append(sequence)
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.get_running_loop().create_task(self._step_loop())
@@ -145,11 +169,13 @@ class Rank:
             for sequence in self.running:
                 if sequence.prefill_left and budget > 0:
                     prefill, budget = self._prefill(sequence, prefill, budget, finishing)
-            while self.waiting and len(self.running) < model.max_batch and budget > 0:
+            while self.waiting and budget > 0 and self._fits(self.waiting[0]):
                 sequence = self.waiting.popleft()
                 self.running.append(sequence)
+                self._claim(sequence.kv_tokens)
                 prefill, budget = self._prefill(sequence, prefill, budget, finishing)
-            deadline += model.step_seconds(prefill, len(self.running))
+            context = sum(s.context_tokens + s.generated for s in self.running)
+            deadline += model.step_seconds(prefill, len(self.running), context)
             now = loop.time()
             if deadline < now - 0.1:  # far behind (an overloaded loop): do not bank debt
                 deadline = now
@@ -161,7 +187,26 @@ class Rank:
             for sequence in (*decoding, *finishing):
                 if not sequence.done.done():  # done already: abandoned by its client
                     sequence.advance()
-            self.running = [s for s in self.running if not s.done.done()]
+            still = []
+            for sequence in self.running:
+                if sequence.done.done():
+                    self._claim(-sequence.kv_tokens)
+                else:
+                    still.append(sequence)
+            self.running = still
+
+    def _fits(self, sequence: Sequence) -> bool:
+        """Room in the batch, and in KV (beyond what the prefix cache may give back)."""
+        if len(self.running) >= self.model.max_batch:
+            return False
+        capacity = self.model.kv_cache_tokens
+        # With no KV capacity set (0) nothing limits admission; one sequence always runs.
+        return not capacity or not self.running or self.kv_running + sequence.kv_tokens <= capacity
+
+    def _claim(self, tokens: int) -> None:
+        """Running sequences' KV grows or shrinks; the prefix cache gets what is left."""
+        self.kv_running += tokens
+        self.cache.reserve(self.kv_running)
 
     @staticmethod
     def _prefill(
