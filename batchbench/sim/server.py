@@ -18,7 +18,6 @@ import orjson
 from aiohttp import web
 
 from batchbench import __version__
-from batchbench.errors import BatchbenchError
 from batchbench.sim.faults import FAULT_ORDER, Fault, FaultPlan
 from batchbench.sim.replies import OutputPlan, ReplyText, RequestError, plan_output
 from batchbench.sim.routing import RoutingError, choose_rank
@@ -35,7 +34,7 @@ MAX_REQUEST_BYTES = 1 << 30  # whole conversations are posted each turn; allow l
 
 @dataclass
 class SimConfig:
-    """Everything ``batchbench sim`` was asked for (see ``sim_args`` for units and help)."""
+    """Everything ``batchbench sim`` was asked for (units and help: ``batchbench.sim.main``)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -462,7 +461,3 @@ async def _drop(request: web.Request, data: bytes, headers: dict[str, str]) -> w
     await response.write(data[: len(data) // 2])
     _close(request)
     return response
-
-
-class SimError(BatchbenchError):
-    """The simulator cannot start (bad tokenizer, template or port)."""
