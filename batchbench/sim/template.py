@@ -145,8 +145,10 @@ class Counted:
     """A prompt's total token count and the per-message pieces the prefix cache keys on."""
 
     prompt_tokens: int
-    # One (chain key, token end) per message, then the generation prompt; chain keys are
-    # equal for equal message prefixes, so they identify cacheable prefixes.
+    # Ascending (chain key, token end) points: one per message (preceded, for an assistant
+    # message, by one for the generation prompt it starts with) and one for this prompt's
+    # generation prompt; equal keys mean equal token prefixes, so they are what the
+    # prefix cache stores and looks up.
     prefix_ends: tuple[tuple[int, int], ...]
 
 
