@@ -668,7 +668,7 @@ def test_models_health_and_tokenize(deepseek, counter):
     full = out["messages"]
     assert full["tokens"] == counter.encode_ids(messages)
     assert full["count"] == len(full["tokens"]) == counter.count(messages).prompt_tokens == 21
-    assert full["max_model_len"] == 1 << 30
+    assert full["max_model_len"] == SimConfig().max_model_len == 262_144
     closed = out["closed"]
     assert closed["count"] == len(closed["tokens"]) == 21 - 4
     assert closed["tokens"] == full["tokens"][:17]

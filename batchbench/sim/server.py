@@ -131,19 +131,28 @@ class SimServer:
             return _error(400, "request body is not valid JSON")
         if not isinstance(body, dict):
             return _error(400, "request body must be a JSON object")
-        try:
+        loop = asyncio.get_running_loop()
+        try:  # one-pass encodes of whole prompts: on a worker thread, off the event loop
             if "messages" in body:
                 messages = _messages(body)
                 generation = body.get("add_generation_prompt", True) is not False
-                ids = self.counter.encode_ids(messages, generation, body.get("tools"))
+                ids = await loop.run_in_executor(
+                    None, self.counter.encode_ids, messages, generation, body.get("tools")
+                )
             elif isinstance(body.get("prompt"), str):
-                ids = self.counter.tokenizer.encode(body["prompt"], add_special_tokens=False).ids
+                encoding = await loop.run_in_executor(
+                    None,
+                    partial(self.counter.tokenizer.encode, add_special_tokens=False),
+                    body["prompt"],
+                )
+                ids = encoding.ids
             else:
                 return _error(400, "tokenize needs messages or a prompt string")
         except (RequestError, TemplateError) as exc:
             return _error(400, str(exc))
+        limit = self.config.max_model_len
         return web.Response(
-            body=orjson.dumps({"count": len(ids), "max_model_len": 1 << 30, "tokens": ids}),
+            body=orjson.dumps({"count": len(ids), "max_model_len": limit, "tokens": ids}),
             content_type=JSON,
         )
 
