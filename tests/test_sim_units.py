@@ -458,59 +458,66 @@ def test_jinja_counter_raise_exception_and_named_templates(tmp_path):
 # --- prefix cache --------------------------------------------------------------------------
 
 
+def admit(cache: PrefixCache, points: list[tuple[int, int]]) -> int:
+    """What the server does for a request at --speed 0: look up, then store at once."""
+    cached = cache.lookup(points)
+    cache.store(points)
+    return cached
+
+
 def test_prefix_cache_block_rounding_and_never_whole_prompt():
     cache = PrefixCache(capacity_tokens=1000, block_tokens=16)
-    assert cache.lookup_and_store([(1, 20), (2, 40), (3, 50)]) == 0
+    assert admit(cache, [(1, 20), (2, 40), (3, 50)]) == 0
     assert cache.used_tokens == 50
     # Points 1 and 2 hit (40 tokens), 5 does not: 40 floored to 16s.
-    assert cache.lookup_and_store([(1, 20), (2, 40), (5, 70)]) == 32
+    assert admit(cache, [(1, 20), (2, 40), (5, 70)]) == 32
     # The whole prompt is cached, but at least the last token is computed: 49 -> 48.
-    assert cache.lookup_and_store([(1, 20), (2, 40), (3, 50)]) == 48
+    assert admit(cache, [(1, 20), (2, 40), (3, 50)]) == 48
     # A 48-token prompt fully cached: min(48, 47) = 47 -> 32.
-    assert cache.lookup_and_store([(7, 48)]) == 0
-    assert cache.lookup_and_store([(7, 48)]) == 32
+    assert admit(cache, [(7, 48)]) == 0
+    assert admit(cache, [(7, 48)]) == 32
     # Fewer than a block: nothing.
-    assert cache.lookup_and_store([(8, 15)]) == 0
-    assert cache.lookup_and_store([(8, 15)]) == 0
-    assert cache.lookup_and_store([]) == 0
+    assert admit(cache, [(8, 15)]) == 0
+    assert admit(cache, [(8, 15)]) == 0
+    assert admit(cache, []) == 0
 
     exact = PrefixCache(capacity_tokens=1000, block_tokens=1)
-    exact.lookup_and_store([(1, 20), (2, 40), (3, 50)])
-    assert exact.lookup_and_store([(1, 20), (2, 40), (3, 50)]) == 49
-    assert exact.lookup_and_store([(1, 20), (2, 40), (4, 51)]) == 40
+    admit(exact, [(1, 20), (2, 40), (3, 50)])
+    assert admit(exact, [(1, 20), (2, 40), (3, 50)]) == 49
+    assert admit(exact, [(1, 20), (2, 40), (4, 51)]) == 40
 
 
 def test_prefix_cache_counts_only_the_leading_run():
     cache = PrefixCache(capacity_tokens=1000, block_tokens=1)
-    cache.lookup_and_store([(1, 10), (2, 20), (3, 30), (4, 40)])
+    admit(cache, [(1, 10), (2, 20), (3, 30), (4, 40)])
     # Point 2 missing: 3 and 4 are cached but do not count.
-    assert cache.lookup_and_store([(1, 10), (9, 20), (3, 30), (4, 40)]) == 10
-    assert cache.lookup_and_store([(8, 10), (2, 20), (3, 30)]) == 0
-    assert cache.lookup_and_store([(1, 10), (2, 20), (3, 30), (6, 45)]) == 30
+    assert admit(cache, [(1, 10), (9, 20), (3, 30), (4, 40)]) == 10
+    assert admit(cache, [(8, 10), (2, 20), (3, 30)]) == 0
+    assert admit(cache, [(1, 10), (2, 20), (3, 30), (6, 45)]) == 30
 
 
 def test_prefix_cache_lru_evicts_tails_first():
     cache = PrefixCache(capacity_tokens=100, block_tokens=1)
-    assert cache.lookup_and_store([(1, 30), (2, 60)]) == 0  # A
-    assert cache.lookup_and_store([(5, 30), (6, 60)]) == 0  # B: 120 > 100 evicts A's tail
+    assert admit(cache, [(1, 30), (2, 60)]) == 0  # A
+    assert admit(cache, [(5, 30), (6, 60)]) == 0  # B: 120 > 100 evicts A's tail
     assert (cache.used_tokens, cache.evicted_tokens, len(cache)) == (90, 30, 3)
     # A's head survived, its tail did not; storing A again evicts B's tail (B's head is
     # more recent than its tail).
-    assert cache.lookup_and_store([(1, 30), (2, 60)]) == 30
+    assert admit(cache, [(1, 30), (2, 60)]) == 30
     assert (cache.used_tokens, cache.evicted_tokens) == (90, 60)
-    assert cache.lookup_and_store([(5, 30), (6, 60)]) == 30
-    assert cache.lookup_and_store([(5, 30), (6, 60)]) == 59
+    assert admit(cache, [(5, 30), (6, 60)]) == 30
+    assert admit(cache, [(5, 30), (6, 60)]) == 59
     # One prompt larger than the whole capacity keeps nothing of itself beyond capacity.
     big = PrefixCache(capacity_tokens=50, block_tokens=1)
-    assert big.lookup_and_store([(1, 30), (2, 60)]) == 0
+    assert admit(big, [(1, 30), (2, 60)]) == 0
     assert big.used_tokens == 30
-    assert big.lookup_and_store([(1, 30), (2, 60)]) == 30
+    assert admit(big, [(1, 30), (2, 60)]) == 30
 
 
 def test_prefix_cache_capacity_zero_disables():
     cache = PrefixCache(capacity_tokens=0, block_tokens=16)
     for _ in range(3):
-        assert cache.lookup_and_store([(1, 100), (2, 200)]) == 0
+        assert admit(cache, [(1, 100), (2, 200)]) == 0
     assert (len(cache), cache.used_tokens) == (0, 0)
     assert PrefixCache(capacity_tokens=-5, block_tokens=16).capacity_tokens == 0
     with pytest.raises(ValueError, match="block_tokens must be positive"):

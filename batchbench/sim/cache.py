@@ -45,12 +45,6 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup_and_store(self, points: Sequence[tuple[int, int]]) -> int:
-        """Cached tokens for a prompt with these points; then the prompt is cached."""
-        cached = self.lookup(points)
-        self.store(points)
-        return cached
-
     def lookup(self, points: Sequence[tuple[int, int]]) -> int:
         """Cached tokens for a prompt with these points (the cache is not changed)."""
         if not points or self.capacity_tokens == 0:

@@ -57,7 +57,7 @@ class Job:
     cached: int
     output: OutputPlan
     fault: Fault | None
-    store: Callable[[], None] | None = None  # caches the prompt once it is prefilled
+    store: Callable[[], None]  # caches the prompt's prefixes once it is prefilled
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
@@ -220,12 +220,11 @@ class SimServer:
                 return response
             # Credit what is cached now; the prompt's own blocks join the cache when its
             # prefill is done (at once with --speed 0), as in a paged KV cache.
-            points = counted.prefix_ends
-            cached = rank.cache.lookup(points)
+            cached = rank.cache.lookup(counted.prefix_ends)
+            store = partial(rank.cache.store, counted.prefix_ends)
             if self.config.serving.speed == 0:
-                rank.cache.store(points)
-            job = Job(rank, counted.prompt_tokens, cached, output, fault)
-            job.store = partial(rank.cache.store, points)
+                store()  # no modelled prefill: the blocks exist at once
+            job = Job(rank, counted.prompt_tokens, cached, output, fault, store)
             if stream:
                 return await self._stream(request, job, _include_usage(body))
             return await self._complete(request, job)

@@ -190,13 +190,6 @@ class ChatMLCounter:
         if len(self._cache) > self._limit:
             self._cache.popitem(last=False)
 
-    def message_tokens(self, message: Any) -> tuple[str, int, bool]:
-        """(rendered body, its tokens with markers, whether its ids start with the
-        generation prompt's), cached by body."""
-        body = render_body(message)
-        tokens, starts_with_generation = self._body_entry(body)
-        return body, tokens, starts_with_generation
-
     def _body_entry(self, body: str) -> tuple[int, bool]:
         key = (hash(body), len(body))
         entry = self._cache.get(key)
