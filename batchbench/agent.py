@@ -8,29 +8,42 @@ import secrets
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
 from batchbench.agent_args import parse_agent_args, resolve_shape, shape_flags_given
 from batchbench.config import RunConfig
 from batchbench.content import ContentFactory
+from batchbench.driver import DriverSettings, HttpAgentBody, make_session
 from batchbench.dryrun import DryRunBody
 from batchbench.engine import EngineResult, run_closed_loop, run_open_loop
 from batchbench.errors import BatchbenchError, UsageError
-from batchbench.events import LifecycleWriter
+from batchbench.events import JsonlFile, LifecycleWriter
 from batchbench.manifest import hash_manifest, load_manifest
 from batchbench.metrics import RunTotals
+from batchbench.progress import Progress, progress_wanted
+from batchbench.recording import Recorder
 from batchbench.report import (
     CsvContext,
+    LiveFigures,
     banner_lines,
     csv_row,
     dry_run_lines,
+    live_lines,
+    summary_document,
     summary_lines,
     write_csv,
+    write_json,
 )
+from batchbench.shutdown import Shutdown
+from batchbench.simlaunch import SimProcess, sim_command
 from batchbench.synth import Synthesizer
 from batchbench.tokenizer import load_tokenizer
+from batchbench.wire import BodyOptions
 from batchbench.workload import SampledShape, Workload, compile_manifest, compile_sampled
+
+SIM_DEFAULT_TOKENIZER = "deepseek-v3"
 
 
 def resolve_endpoint(host: str, endpoint: str) -> str:
@@ -178,8 +191,122 @@ def _write(lines) -> None:
         out.write("\n".join(chunk) + "\n")
 
 
+def api_key(args) -> str | None:
+    """§2.2: --api-key, else the variable named by --api-key-env; empty means none."""
+    key = args.api_key if args.api_key is not None else os.environ.get(args.api_key_env)
+    return key or None
+
+
+def driver_settings(args, config: RunConfig) -> DriverSettings:
+    return DriverSettings(
+        url=config.endpoint_url,
+        body=BodyOptions(
+            model=config.model,
+            sglang=config.sglang,
+            ignore_eos=config.ignore_eos,
+            stream=args.stream,
+        ),
+        api_key=api_key(args),
+        user_tagging=config.user_tagging,
+        user_prefix=args.user_prefix,
+        seed=args.seed,
+        dp_ranks=config.dp_ranks,
+        timeout_seconds=float(args.request_timeout_secs),
+        max_retries=args.max_retries,
+        retry_delay_ms=args.retry_delay_ms,
+        verbose=args.verbose,
+    )
+
+
+@dataclass
+class LiveRun:
+    result: EngineResult
+    recorder: Recorder
+    interrupted_by: str | None
+    exit_status: int
+
+
+async def _drive(
+    args, config: RunConfig, workload: Workload, factory: ContentFactory, pool, events
+) -> LiveRun:
+    settings = driver_settings(args, config)
+    recorder = Recorder(dp_ranks=config.dp_ranks)
+    if args.request_events_jsonl:
+        recorder.request_events = JsonlFile(args.request_events_jsonl)
+    shutdown = Shutdown(args.grace_seconds)
+    shutdown.install()
+    progress = Progress(len(workload), recorder) if progress_wanted(args.no_progress) else None
+    background = [asyncio.ensure_future(recorder.sample_lag())]
+    if progress is not None:
+        background.append(asyncio.ensure_future(progress.refresh()))
+
+    def sink(record) -> None:
+        figures = recorder.take_agent(record.agent_id)
+        if events is not None:
+            events.write(record, figures.as_fields() if figures is not None else None)
+        if progress is not None:
+            progress.trajectory_finished()
+
+    max_connections = (
+        config.effective_max_active
+        if config.admission == "closed-loop"
+        else config.max_active_requested
+    )
+    session = make_session(settings, max_connections)
+    try:
+        body = HttpAgentBody(settings, workload, factory, pool, session, recorder, shutdown)
+        if config.admission == "open-loop":
+            offsets = [0.0] * len(workload)  # schema v1 has no start offsets
+            run = run_open_loop(offsets, config.max_active_requested, body, sink, shutdown)
+        else:
+            run = run_closed_loop(len(workload), config.max_active_requested, body, sink, shutdown)
+        result = await run
+        recorder.stop_clock()
+    finally:
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        await session.close()
+        shutdown.uninstall()
+        if progress is not None:
+            progress.close()
+        if recorder.request_events is not None:
+            recorder.request_events.close()
+    return LiveRun(
+        result,
+        recorder,
+        shutdown.signal_name,
+        shutdown.exit_status if shutdown.stopped else 0,
+    )
+
+
+def live_totals(workload: Workload, live: LiveRun) -> RunTotals:
+    totals = live.recorder.totals
+    completed = [r for r in live.result.records if r.completed]
+    totals.agents = len(workload)
+    totals.completed_agents = len(completed)
+    totals.planned_tool_invocations = workload.n_requests
+    totals.agent_latencies_ms = [r.loop_seconds * 1000.0 for r in completed]
+    return totals
+
+
+def _start_sim(args):
+    """--sim: the simulator child, with the tokenizer both sides share."""
+    if not args.sim:
+        return None
+    tokenizer = args.tokenizer_model or SIM_DEFAULT_TOKENIZER
+    args.tokenizer_model = tokenizer
+    sim = SimProcess(sim_command(tokenizer, args.sim_dp_ranks, args.sim_args))
+    sim.start()
+    args.host = sim.url
+    return sim
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "batchbench-agent") -> int:
-    """Run the benchmark; raises BatchbenchError (UsageError for argument errors)."""
+    """Run the benchmark; raises BatchbenchError (UsageError for argument errors).
+
+    Returns 0, or 130/143 after an interruption (D6, D9).
+    """
     args = parse_agent_args(sys.argv[1:] if argv is None else argv, prog=prog)
     if args is None:  # --help or --version was printed
         return 0
@@ -187,12 +314,16 @@ def main(argv: Sequence[str] | None = None, prog: str = "batchbench-agent") -> i
     sha256, shape = runtime_checks(args)
     root_seed = args.seed if args.seed is not None else secrets.randbits(64)
     workload = build_workload(args, sha256, shape, root_seed)
+    sim = _start_sim(args)
+    try:
+        return _run(args, sha256, shape, workload, root_seed, started)
+    finally:
+        if sim is not None:
+            sim.stop()
+
+
+def _run(args, sha256, shape, workload: Workload, root_seed: int, started: str) -> int:
     config = make_config(args, sha256, shape, workload, root_seed)
-    if not config.dry_run:
-        raise UsageError(
-            "sending requests to a server is not implemented yet in this version; "
-            "pass --dry-run to build the plans, generate every text and run admission"
-        )
     loaded = load_tokenizer(config.tokenizer_model)
     config.tokenizer_source = loaded.source
     synth = Synthesizer.prepare(loaded)
@@ -204,23 +335,55 @@ def main(argv: Sequence[str] | None = None, prog: str = "batchbench-agent") -> i
         if config.agent_events_jsonl
         else None
     )
+    live: LiveRun | None = None
     try:
-        result = execute_dry_run(config, workload, factory, events)
+        if config.dry_run:
+            result = execute_dry_run(config, workload, factory, events)
+        else:
+            with (
+                ThreadPoolExecutor(
+                    max_workers=generation_workers(), thread_name_prefix="batchbench-text"
+                ) as pool,
+                _event_loop_runner() as runner,
+            ):
+                live = runner.run(_drive(args, config, workload, factory, pool, events))
+            result = live.result
     finally:
         if events is not None:
             events.close()
-    totals = dry_run_totals(workload, result)
-    _write(dry_run_lines(workload, result))
-    _write(summary_lines(totals, result))
+    if live is None:
+        totals = dry_run_totals(workload, result)
+        figures = None
+        _write(dry_run_lines(workload, result))
+    else:
+        totals = live_totals(workload, live)
+        recorder = live.recorder
+        figures = LiveFigures(
+            stream=recorder.stream,
+            server_cached_tokens=recorder.server_cached_tokens,
+            ranks=recorder.ranks,
+            health=recorder.health(),
+            interrupted_by=live.interrupted_by,
+            streaming=args.stream,
+        )
+    _write(summary_lines(totals, result, figures))
+    if figures is not None:
+        _write(live_lines(figures))
+    ctx = CsvContext(
+        timestamp=started, interrupted=live is not None and bool(live.interrupted_by), live=figures
+    )
     if config.agent_events_jsonl:
         print(f"Wrote agent lifecycle events to {config.agent_events_jsonl}")
+    if args.request_events_jsonl and live is not None:
+        print(f"Wrote request events to {args.request_events_jsonl}")
     if config.results_csv:
-        write_csv(
-            config.results_csv, csv_row(config, totals, result, CsvContext(timestamp=started))
-        )
+        write_csv(config.results_csv, csv_row(config, totals, result, ctx))
         print(f"Wrote agent benchmark summary to {config.results_csv}")
+    if args.results_json:
+        write_json(args.results_json, summary_document(config, totals, result, ctx))
+        print(f"Wrote agent benchmark JSON summary to {args.results_json}")
     sys.stdout.flush()
-    return 0
+    return live.exit_status if live is not None else 0
 
 
 def run_console(argv: Sequence[str] | None, prog: str) -> int:

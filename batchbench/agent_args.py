@@ -57,6 +57,13 @@ def _float(text: str) -> float:
         raise argparse.ArgumentTypeError(f'"{text}" is not a valid number') from None
 
 
+def _non_negative_float(text: str) -> float:
+    value = _float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError("value must be a non-negative finite number")
+    return value
+
+
 def _positive_finite(text: str) -> float:
     value = _float(text)
     if not math.isfinite(value) or value <= 0:
@@ -316,6 +323,54 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
     http.add_argument(
         "--agent-events-jsonl", metavar="PATH", help="write one lifecycle record per trajectory"
     )
+    live = parser.add_argument_group("live runs (batchbench additions)")
+    live.add_argument(
+        "--stream",
+        action="store_true",
+        help="stream every reply (SSE with stream_options.include_usage) and report TTFT, "
+        "inter-token latency and time per output token",
+    )
+    live.add_argument(
+        "--request-events-jsonl",
+        metavar="PATH",
+        help="write one JSON line per request (tokens, latency, TTFT, attempts, status)",
+    )
+    live.add_argument(
+        "--results-json",
+        metavar="PATH",
+        help="write the whole summary (metrics, configuration, manifest SHA-256) as JSON",
+    )
+    live.add_argument(
+        "--grace-seconds",
+        type=_non_negative_float,
+        default=5.0,
+        metavar="S",
+        help="after Ctrl+C or SIGTERM, how long requests in flight may finish before they "
+        "are cancelled (default: %(default)s)",
+    )
+    live.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (it is only ever drawn when stderr is a terminal)",
+    )
+    sim = parser.add_argument_group("embedded simulator (batchbench additions)")
+    sim.add_argument(
+        "--sim",
+        action="store_true",
+        help="start `batchbench sim` on a free loopback port, run against it, then stop it; "
+        "--host is ignored, and the tokenizer defaults to deepseek-v3",
+    )
+    sim.add_argument(
+        "--sim-dp-ranks",
+        type=_positive_uint,
+        metavar="N",
+        help="data-parallel ranks of the simulator (default: its own default, 1)",
+    )
+    sim.add_argument(
+        "--sim-args",
+        metavar="ARGS",
+        help='more `batchbench sim` options as one string, e.g. "--speed 0 --fault-seed 3"',
+    )
     add("--version", action="version", version=version_text())
     return parser
 
@@ -341,6 +396,11 @@ def check_companions(args: argparse.Namespace) -> None:
         raise UsageError("--dp-rank-perfect-routing requires --dp-rank-perfect-routing-num")
     if args.dp_rank_perfect_routing_num is not None and not args.dp_rank_perfect_routing:
         raise UsageError("--dp-rank-perfect-routing-num requires --dp-rank-perfect-routing")
+    for dest, flag in (("sim_dp_ranks", "--sim-dp-ranks"), ("sim_args", "--sim-args")):
+        if getattr(args, dest) is not None and not args.sim:
+            raise UsageError(f"{flag} requires --sim")
+    if args.sim and args.dry_run:
+        raise UsageError("--sim cannot be combined with --dry-run; a dry-run sends nothing")
 
 
 def parse_agent_args(

@@ -15,8 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from batchbench.admission import ClosedLoopAdmission, SlotPool
+from batchbench.shutdown import Shutdown
 
 OPEN_LOOP_LOOKAHEAD = 256
+
+# What ``AgentBody.run`` returns (True and False work as COMPLETED and FAILED).
+FAILED = 0
+COMPLETED = 1
+INTERRUPTED = 2  # cut short by a shutdown (D6): not completed, no failure line
 
 
 class AgentBody(Protocol):
@@ -25,8 +31,8 @@ class AgentBody(Protocol):
     async def prepare(self, agent: int) -> Any:
         """Build the first request's content (may run off the event loop)."""
 
-    async def run(self, agent: int, slot: int, prepared: Any) -> bool:
-        """Run every turn; return True when the trajectory completed."""
+    async def run(self, agent: int, slot: int, prepared: Any) -> int:
+        """Run every turn; return COMPLETED, FAILED or INTERRUPTED."""
 
 
 @dataclass
@@ -40,6 +46,7 @@ class TrajectoryRecord:
     finished_at: float = 0.0
     loop_seconds: float = 0.0
     completed: bool = False
+    interrupted: bool = False
     finish_sequence: int = 0
 
 
@@ -75,74 +82,151 @@ async def _cancel_all(tasks: set[asyncio.Task]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def _announce_clock(body: AgentBody, clock: _Clock) -> None:
+    """Tell a body that wants it when the benchmark clock started (perf_counter seconds)."""
+    started = getattr(body, "clock_started", None)
+    if started is not None:
+        started(clock.origin)
+
+
+def _stopped(shutdown: Shutdown | None) -> bool:
+    return shutdown is not None and shutdown.stopped
+
+
+async def _run_body(
+    body: AgentBody,
+    record: TrajectoryRecord,
+    content: Any,
+    clock: _Clock,
+    finish_order: itertools.count,
+    shutdown: Shutdown | None,
+) -> TrajectoryRecord:
+    """Run one admitted trajectory; a cancellation during shutdown marks it interrupted."""
+    try:
+        outcome = await body.run(record.agent_id, record.routing_slot, content)
+    except asyncio.CancelledError:
+        if not _stopped(shutdown):
+            raise
+        outcome = INTERRUPTED
+    record.completed = outcome == COMPLETED
+    record.interrupted = outcome == INTERRUPTED
+    record.loop_seconds = clock.now() - record.admitted_at
+    record.finish_sequence = next(finish_order)
+    return record
+
+
+class _ShutdownWatch:
+    """Tasks that finish when a shutdown stops admission and when it cancels the rest."""
+
+    def __init__(self, shutdown: Shutdown | None) -> None:
+        self.stop = self.cancel = None
+        if shutdown is not None:
+            self.stop = asyncio.ensure_future(shutdown.stop_event.wait())
+            self.cancel = asyncio.ensure_future(shutdown.cancel_event.wait())
+
+    def pending(self) -> set[asyncio.Future]:
+        return {w for w in (self.stop, self.cancel) if w is not None and not w.done()}
+
+    def close(self) -> None:
+        for waiter in (self.stop, self.cancel):
+            if waiter is not None:
+                waiter.cancel()
+
+
 async def run_closed_loop(
-    n_plans: int, max_active: int | None, body: AgentBody, sink: RecordSink | None = None
+    n_plans: int,
+    max_active: int | None,
+    body: AgentBody,
+    sink: RecordSink | None = None,
+    shutdown: Shutdown | None = None,
 ) -> EngineResult:
     """The first ``effective_max`` plans start at t=0 in slots 0..k-1; a freed slot goes to the
-    next plan."""
+    next plan. After a shutdown stops admission no plan is admitted, and the agents still
+    running are cancelled when the shutdown says so."""
     admission = ClosedLoopAdmission(n_plans, max_active)
     result = EngineResult(max_active_agents=admission.effective_max)
     initial = admission.initial()
     prepared = await asyncio.gather(*(body.prepare(agent) for _slot, agent in initial))
     clock = _Clock()
     clock.start()
-
+    _announce_clock(body, clock)
     finish_order = itertools.count()
 
-    async def run_agent(record: TrajectoryRecord, content: Any) -> TrajectoryRecord:
-        record.completed = await body.run(record.agent_id, record.routing_slot, content)
-        record.loop_seconds = clock.now() - record.admitted_at
-        record.finish_sequence = next(finish_order)
-        return record
-
     tasks: set[asyncio.Task] = set()
+    waiting: set[asyncio.Task] = set()  # replacements not admitted yet
     for (slot, agent), content in zip(initial, prepared, strict=True):
+        record = TrajectoryRecord(agent, slot, 0.0, 0.0)
         tasks.add(
-            asyncio.ensure_future(run_agent(TrajectoryRecord(agent, slot, 0.0, 0.0), content))
+            asyncio.ensure_future(_run_body(body, record, content, clock, finish_order, shutdown))
         )
     last_admission: asyncio.Future = asyncio.get_running_loop().create_future()
     last_admission.set_result(None)
 
     async def admit_replacement(
         slot: int, agent: int, previous: asyncio.Future, mine: asyncio.Future
-    ) -> TrajectoryRecord:
+    ) -> TrajectoryRecord | None:
+        me = asyncio.current_task()
         try:
             content = await body.prepare(agent)
             await previous
+            if _stopped(shutdown):
+                return None
             record = TrajectoryRecord(agent, slot, 0.0, clock.now())
             result.last_agent_admitted_at = record.admitted_at
+        except asyncio.CancelledError:
+            if not _stopped(shutdown):
+                raise
+            return None
         finally:
+            waiting.discard(me)
             if not mine.done():
                 mine.set_result(None)
-        return await run_agent(record, content)
+        return await _run_body(body, record, content, clock, finish_order, shutdown)
 
+    watch = _ShutdownWatch(shutdown)
     try:
         while tasks:
-            done, tasks = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for record in _in_finish_order(done):
+            done, _ = await asyncio.wait(
+                tasks | watch.pending(), return_when=asyncio.FIRST_COMPLETED
+            )
+            if watch.stop in done:
+                for task in waiting:
+                    task.cancel()
+            if watch.cancel in done:
+                for task in tasks:
+                    task.cancel()
+            finished = done & tasks
+            tasks -= finished
+            for record in _in_finish_order(finished):
                 record.finished_at = clock.now()
                 result.records.append(record)
                 if sink is not None:
                     sink(record)
+                if _stopped(shutdown):
+                    continue
                 following = admission.on_finish(record.routing_slot)
                 if following is not None:
                     mine = asyncio.get_running_loop().create_future()
-                    tasks.add(
-                        asyncio.ensure_future(
-                            admit_replacement(record.routing_slot, following, last_admission, mine)
-                        )
+                    task = asyncio.ensure_future(
+                        admit_replacement(record.routing_slot, following, last_admission, mine)
                     )
+                    tasks.add(task)
+                    waiting.add(task)
                     last_admission = mine
     except BaseException:
         await _cancel_all(tasks)
         raise
+    finally:
+        watch.close()
     result.total_duration = clock.now()
     return result
 
 
 def _in_finish_order(done: set[asyncio.Task]) -> list[TrajectoryRecord]:
-    """Results of tasks that finished in one loop turn, in finish order (not set order)."""
-    return sorted((task.result() for task in done), key=lambda record: record.finish_sequence)
+    """Results of tasks that finished in one loop turn, in finish order (not set order);
+    trajectories that were never admitted (None) are left out."""
+    records = [record for record in (task.result() for task in done) if record is not None]
+    return sorted(records, key=lambda record: record.finish_sequence)
 
 
 async def run_open_loop(
@@ -150,6 +234,7 @@ async def run_open_loop(
     max_active: int | None,
     body: AgentBody,
     sink: RecordSink | None = None,
+    shutdown: Shutdown | None = None,
 ) -> EngineResult:
     """Admit each plan at its scaled offset, behind an optional cap, into the lowest free slot."""
     n = len(start_offsets)
@@ -164,53 +249,79 @@ async def run_open_loop(
     )
     clock = _Clock()
     clock.start()
+    _announce_clock(body, clock)
     finish_order = itertools.count()
+    waiting: set[asyncio.Task] = set()  # spawned, not admitted yet
 
-    async def trajectory(agent: int) -> TrajectoryRecord:
+    async def trajectory(agent: int) -> TrajectoryRecord | None:
+        me = asyncio.current_task()
+        holds_cap = False
         try:
             content = prepared.pop(agent) if agent in prepared else await body.prepare(agent)
             scheduled = start_offsets[agent]
             delay = scheduled - clock.now()
             if delay > 0:
-                await asyncio.sleep(delay)
-            if cap is not None:
+                if shutdown is not None:
+                    await shutdown.sleep(delay)
+                else:
+                    await asyncio.sleep(delay)
+            if cap is not None and not _stopped(shutdown):
                 if cap.locked():
                     result.late_admissions += 1
                 await cap.acquire()
+                holds_cap = True
+        except asyncio.CancelledError:
+            if not _stopped(shutdown):
+                raise
+            return None
         finally:
+            waiting.discard(me)
             lookahead.release()
+        if _stopped(shutdown):
+            if holds_cap:
+                cap.release()
+            return None
         admitted = clock.now()
         slot = slots.acquire()
         record = TrajectoryRecord(agent, slot, scheduled, admitted)
         result.last_agent_admitted_at = max(result.last_agent_admitted_at, admitted)
         result.max_admission_lag = max(result.max_admission_lag, max(admitted - scheduled, 0.0))
         try:
-            record.completed = await body.run(agent, slot, content)
-            record.loop_seconds = clock.now() - admitted
-            record.finish_sequence = next(finish_order)
+            return await _run_body(body, record, content, clock, finish_order, shutdown)
         finally:
             slots.release(slot)
             if cap is not None:
                 cap.release()
-        return record
 
     tasks: set[asyncio.Task] = set()
 
     async def spawner() -> None:
         for agent in order:
             await lookahead.acquire()
-            tasks.add(asyncio.ensure_future(trajectory(agent)))
+            if _stopped(shutdown):
+                return
+            task = asyncio.ensure_future(trajectory(agent))
+            tasks.add(task)
+            waiting.add(task)
 
     spawn = asyncio.ensure_future(spawner())
+    watch = _ShutdownWatch(shutdown)
     try:
         while not spawn.done() or tasks:
-            waiting = set(tasks) | ({spawn} if not spawn.done() else set())
-            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            if spawn in done:
-                done.discard(spawn)
+            pending = set(tasks) | watch.pending() | ({spawn} if not spawn.done() else set())
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if watch.stop in done:
+                spawn.cancel()
+                for task in waiting:
+                    task.cancel()
+            if watch.cancel in done:
+                for task in tasks:
+                    task.cancel()
+            if spawn in done and not spawn.cancelled():
                 spawn.result()
-            tasks.difference_update(done)
-            for record in _in_finish_order(done):
+            finished = done & tasks
+            tasks.difference_update(finished)
+            for record in _in_finish_order(finished):
                 record.finished_at = clock.now()
                 result.records.append(record)
                 if sink is not None:
@@ -219,6 +330,8 @@ async def run_open_loop(
         spawn.cancel()
         await _cancel_all(tasks | {spawn})
         raise
+    finally:
+        watch.close()
     result.max_active_agents = slots.peak
     result.total_duration = clock.now()
     return result

@@ -1,36 +1,86 @@
-"""Lifecycle JSONL (COMPAT §6.6, D7): one compact record per trajectory, flushed as it finishes.
+"""JSONL outputs: the lifecycle records (COMPAT §6.6, D7) and the per-request events.
 
-Each record is written with a single ``write`` of a complete line and flushed, so the file
-parses line by line at any moment, even if the process is killed.
+Lines reach the file only whole, through unbuffered ``os.write`` calls of complete lines,
+so the file parses line by line at any moment, even after ``kill -9`` of the client.
+Lifecycle records are written as each trajectory finishes; request events are batched and
+written at least every ``REQUEST_FLUSH_SECONDS`` (and at the end).
 """
 
 from __future__ import annotations
 
 import os
-from typing import BinaryIO
+import time
+from typing import Any
 
 import orjson
 
 from batchbench.engine import TrajectoryRecord
 
+_NEWLINE = orjson.OPT_APPEND_NEWLINE
+REQUEST_FLUSH_SECONDS = 0.25
+REQUEST_FLUSH_BYTES = 1 << 18
 
-class LifecycleWriter:
-    """Appends records to a file that is created (with parents) and truncated at start."""
 
-    def __init__(self, path: str, dp_ranks: int | None, trajectory_ids) -> None:
+class JsonlFile:
+    """A file created (with parents) and truncated at start, receiving whole lines only."""
+
+    def __init__(self, path: str) -> None:
         parent = os.path.dirname(path)
         if parent:
             os.makedirs(parent, exist_ok=True)
         self.path = path
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._pending = bytearray()
+        self._last_flush = time.monotonic()
+
+    def write_now(self, obj: Any) -> None:
+        """Write one record at once (with anything batched before it)."""
+        self._pending += orjson.dumps(obj, option=_NEWLINE)
+        self.flush()
+
+    def write_batched(self, obj: Any) -> None:
+        """Queue one record; whole lines go out when the batch is big or old enough."""
+        self._pending += orjson.dumps(obj, option=_NEWLINE)
+        if (
+            len(self._pending) >= REQUEST_FLUSH_BYTES
+            or time.monotonic() - self._last_flush >= REQUEST_FLUSH_SECONDS
+        ):
+            self.flush()
+
+    def flush(self) -> None:
+        if self._fd is None or not self._pending:
+            return
+        view = memoryview(self._pending)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+        view.release()
+        self._pending.clear()
+        self._last_flush = time.monotonic()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            self.flush()
+            os.close(self._fd)
+            self._fd = None
+
+
+class LifecycleWriter:
+    """One compact record per admitted trajectory in the COMPAT field order (D7: finish order).
+
+    Live runs append this package's per-trajectory figures after the COMPAT fields.
+    """
+
+    def __init__(self, path: str, dp_ranks: int | None, trajectory_ids) -> None:
+        self._file = JsonlFile(path)
+        self.path = path
         self._dp_ranks = dp_ranks
         self._ids = trajectory_ids
-        self._handle: BinaryIO | None = open(path, "wb")  # noqa: SIM115 - closed in close()
 
-    def write(self, record: TrajectoryRecord, interrupted: bool = False) -> None:
-        """Append one record in the COMPAT field order and flush it."""
-        assert self._handle is not None
+    def write(self, record: TrajectoryRecord, extra: dict[str, Any] | None = None) -> None:
+        """Append one record and flush it."""
         slot = record.routing_slot
-        event = {
+        event: dict[str, Any] = {
             "agent_id": record.agent_id,
             "trajectory_id": self._ids[record.agent_id],
             "routing_slot": slot,
@@ -42,12 +92,11 @@ class LifecycleWriter:
             "runtime_seconds": record.finished_at - record.admitted_at,
             "completed": record.completed,
         }
-        if interrupted:
+        if record.interrupted:
             event["interrupted"] = True
-        self._handle.write(orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE))
-        self._handle.flush()
+        if extra:
+            event.update(extra)
+        self._file.write_now(event)
 
     def close(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+        self._file.close()

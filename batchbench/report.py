@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import orjson
+
+from batchbench import __version__
 from batchbench.config import RunConfig
 from batchbench.engine import EngineResult
 from batchbench.metrics import RunTotals, percentiles
+from batchbench.recording import ClientHealth, RankFigures
 from batchbench.sampling import describe_latency, short_float
+from batchbench.wire import StreamSamples
 from batchbench.workload import Workload
 
 CSV_COLUMNS = (
@@ -172,11 +178,36 @@ def _rate(total: float, seconds: float) -> float:
     return total / seconds if seconds > 0 else 0.0
 
 
-def summary_lines(totals: RunTotals, result: EngineResult) -> list[str]:
-    """The console summary of §6.4."""
+@dataclass
+class LiveFigures:
+    """What only a live run has: streaming samples, per-rank load, client health."""
+
+    stream: StreamSamples = field(default_factory=StreamSamples)
+    server_cached_tokens: int | None = None
+    ranks: list[RankFigures] = field(default_factory=list)
+    health: ClientHealth | None = None
+    interrupted_by: str | None = None
+    streaming: bool = False
+
+
+def _percentile_line(label: str, values) -> str:
+    p = percentiles(values)
+    return f"{label}: p50={_ms(p[0])} p90={_ms(p[1])} p99={_ms(p[2])}"
+
+
+def summary_lines(
+    totals: RunTotals, result: EngineResult, live: LiveFigures | None = None
+) -> list[str]:
+    """The console summary of §6.4, with D5/D6 lines when they apply."""
     duration = result.total_duration
     drain = max(duration - result.last_agent_admitted_at, 0.0)
-    lines = [
+    lines = []
+    if live is not None and live.interrupted_by:
+        lines.append(
+            f"Interrupted by {live.interrupted_by}: admission stopped; results cover work "
+            "finished before shutdown"
+        )
+    lines += [
         f"Agents: {totals.completed_agents} completed / {totals.agents} total",
         f"Rolling admission: {result.max_active_agents} maximum active; last admission at "
         f"{result.last_agent_admitted_at:.2f}s; final drain {drain:.2f}s",
@@ -188,8 +219,6 @@ def summary_lines(totals: RunTotals, result: EngineResult) -> list[str]:
             "Live block fallbacks (generated in place of a missing previous reply): "
             f"{totals.live_block_fallbacks}"
         )
-    p = percentiles(totals.request_latencies_ms)
-    e = percentiles(totals.agent_latencies_ms)
     lines += [
         f"Tool invocations: {totals.planned_tool_invocations} planned; requests "
         f"{totals.total_requests} (success {totals.successful_requests}, failure "
@@ -203,15 +232,74 @@ def summary_lines(totals: RunTotals, result: EngineResult) -> list[str]:
         f"{_rate(totals.total_input_tokens, duration):.2f} tok/s, output "
         f"{_rate(totals.total_output_tokens, duration):.2f} tok/s, requests "
         f"{_rate(totals.total_requests, duration):.2f} req/s",
-        f"Request latency (ms): p50={_ms(p[0])} p90={_ms(p[1])} p99={_ms(p[2])}",
-        "Agent end-to-end latency (ms, completed agents): "
-        f"p50={_ms(e[0])} p90={_ms(e[1])} p99={_ms(e[2])}",
+        _percentile_line("Request latency (ms)", totals.request_latencies_ms),
+        _percentile_line(
+            "Agent end-to-end latency (ms, completed agents)", totals.agent_latencies_ms
+        ),
     ]
+    if live is not None and live.stream.ttft_ms:
+        stream = live.stream
+        lines += [
+            _percentile_line("Time to first token (ms, streamed requests)", stream.ttft_ms),
+            _percentile_line("Inter-token latency (ms, streamed requests)", stream.itl_ms),
+            _percentile_line("Time per output token (ms, streamed requests)", stream.tpot_ms),
+        ]
     for agent, ident, invocation, error in totals.failures:
         lines.append(
             f'Failure: agent {agent} trajectory "{ident}" invocation {invocation}: {error}'
         )
     return lines
+
+
+def rank_imbalance(values: list[int]) -> float | None:
+    """max / mean of per-rank values; None when nothing was sent."""
+    if not values:
+        return None
+    mean = sum(values) / len(values)
+    return max(values) / mean if mean > 0 else None
+
+
+def live_lines(live: LiveFigures) -> list[str]:
+    """This package's additions after the COMPAT summary: server-reported cache hits, the
+    per-rank table (perfect routing) and the client-health line."""
+    lines = []
+    if live.server_cached_tokens is not None:
+        lines.append(
+            f"Server-reported cached input tokens (usage.prompt_tokens_details): "
+            f"{live.server_cached_tokens}"
+        )
+    if live.ranks:
+        lines.append(f"Per-rank load ({len(live.ranks)} ranks, perfect routing):")
+        header = ("rank", "trajectories", "requests", "input_tokens", "output_tokens", "cached")
+        rows = [
+            (str(i), str(r.trajectories), str(r.requests), str(r.input_tokens),
+             str(r.output_tokens), str(r.cached_tokens))
+            for i, r in enumerate(live.ranks)
+        ]  # fmt: skip
+        widths = [max(len(h), *(len(row[c]) for row in rows)) for c, h in enumerate(header)]
+        lines.append("  " + "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
+        for row in rows:
+            lines.append("  " + "  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
+        req = rank_imbalance([r.requests for r in live.ranks])
+        tok = rank_imbalance([r.input_tokens for r in live.ranks])
+        lines.append(
+            f"Rank imbalance (max/mean): requests {_ratio(req)}, input tokens {_ratio(tok)}"
+        )
+    health = live.health
+    if health is not None:
+        per_k = health.cpu_seconds_per_1000_requests
+        lines.append(
+            f"Client health: event-loop lag p50={_ms(health.lag_p50_ms)}ms "
+            f"p99={_ms(health.lag_p99_ms)}ms max={_ms(health.lag_max_ms)}ms; "
+            f"client CPU {health.cpu_seconds:.2f}s "
+            f"({'n/a' if per_k is None else f'{per_k:.3f}'} s per 1000 requests); "
+            f"peak in-flight requests {health.peak_in_flight}"
+        )
+    return lines
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 def _cell(value) -> str:
@@ -230,16 +318,35 @@ class CsvContext:
 
     timestamp: str
     interrupted: bool = False
+    live: LiveFigures | None = None
 
 
-def csv_row(
+# This package's columns after D18's ten (live-run figures; empty in dry-run).
+LIVE_CSV_COLUMNS = (
+    "stream",
+    "server_cached_input_tokens",
+    "rank_requests_imbalance",
+    "rank_input_tokens_imbalance",
+    "event_loop_lag_p50_ms",
+    "event_loop_lag_p99_ms",
+    "event_loop_lag_max_ms",
+    "client_cpu_seconds",
+    "client_cpu_seconds_per_1000_requests",
+    "peak_in_flight_requests",
+    "batchbench_version",
+)
+ALL_CSV_COLUMNS = CSV_COLUMNS + EXTRA_CSV_COLUMNS + LIVE_CSV_COLUMNS
+
+
+def summary_values(
     config: RunConfig, totals: RunTotals, result: EngineResult, ctx: CsvContext
-) -> list[str]:
-    """The single data row: the 51 compatible columns, then this package's (D18)."""
+) -> dict[str, object]:
+    """Every CSV column by name, as typed values (None for a missing value)."""
     duration = result.total_duration
     p = percentiles(totals.request_latencies_ms)
     e = percentiles(totals.agent_latencies_ms)
     replay = config.workload_mode == "trajectory_replay"
+    live = ctx.live
     values = [
         ctx.timestamp,
         config.model,
@@ -285,18 +392,105 @@ def csv_row(
         config.agent_events_jsonl,
         *config.latency_flags,
     ]
-    values += [None] * 9 + [ctx.interrupted]  # streaming percentiles arrive with the driver
-    return [_cell(v) for v in values]
+    if live is not None:
+        stream = live.stream
+        values += [*percentiles(stream.ttft_ms), *percentiles(stream.itl_ms)]
+        values += [*percentiles(stream.tpot_ms)]
+    else:
+        values += [None] * 9
+    values.append(ctx.interrupted)
+    health = live.health if live is not None else None
+    values += [
+        live.streaming if live is not None else None,
+        live.server_cached_tokens if live is not None else None,
+        rank_imbalance([r.requests for r in live.ranks]) if live is not None else None,
+        rank_imbalance([r.input_tokens for r in live.ranks]) if live is not None else None,
+        health.lag_p50_ms if health else None,
+        health.lag_p99_ms if health else None,
+        health.lag_max_ms if health else None,
+        health.cpu_seconds if health else None,
+        health.cpu_seconds_per_1000_requests if health else None,
+        health.peak_in_flight if health else None,
+        __version__,
+    ]
+    return dict(zip(ALL_CSV_COLUMNS, values, strict=True))
+
+
+def csv_row(
+    config: RunConfig, totals: RunTotals, result: EngineResult, ctx: CsvContext
+) -> list[str]:
+    """The single data row: the 51 compatible columns, then this package's (D18)."""
+    return [_cell(v) for v in summary_values(config, totals, result, ctx).values()]
+
+
+def _ensure_parent(path: str) -> None:
+    parent = os.path.dirname(path)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
 
 
 def write_csv(path: str, row: list[str]) -> None:
     """Overwrite ``path`` with the header and one row, creating parent directories."""
-    parent = os.path.dirname(path)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
+    _ensure_parent(path)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS + EXTRA_CSV_COLUMNS)
+    writer.writerow(ALL_CSV_COLUMNS)
     writer.writerow(row)
     with open(path, "w", encoding="utf-8", newline="") as handle:
         handle.write(buffer.getvalue())
+
+
+def summary_document(
+    config: RunConfig, totals: RunTotals, result: EngineResult, ctx: CsvContext
+) -> dict:
+    """The whole summary as one JSON document (``--results-json``)."""
+    values = summary_values(config, totals, result, ctx)
+    live = ctx.live
+    document: dict = {
+        "batchbench_version": __version__,
+        "timestamp": ctx.timestamp,
+        "interrupted": ctx.interrupted,
+        "interrupted_by": live.interrupted_by if live is not None else None,
+        "dry_run": config.dry_run,
+        "manifest": {
+            "path": config.manifest_path,
+            "sha256": config.manifest_sha256,
+            "schema_version": config.schema_version,
+        },
+        "configuration": {
+            "model": config.model,
+            "tokenizer_model": config.tokenizer_model,
+            "tokenizer_file": config.tokenizer_source,
+            "endpoint": config.endpoint_url,
+            "host": config.host,
+            "workload_mode": config.workload_mode,
+            "agents": config.agents,
+            "max_active_agents": config.max_active_requested,
+            "admission": config.admission,
+            "time_scale": config.time_scale,
+            "replay_initial_overhead_tokens": config.initial_overhead,
+            "replay_turn_overhead_tokens": config.turn_overhead,
+            "sglang": config.sglang,
+            "ignore_eos": config.ignore_eos,
+            "stream": live.streaming if live is not None else False,
+            "dp_rank_perfect_routing_num": config.dp_ranks,
+            "user_tagging": config.user_tagging,
+            "seed": config.seed_given,
+        },
+        "metrics": values,
+        "failures": [
+            {"agent_id": a, "trajectory_id": t, "invocation": i, "error": err}
+            for a, t, i, err in totals.failures
+        ],
+    }
+    if live is not None:
+        document["ranks"] = [{"rank": i, **dataclasses.asdict(r)} for i, r in enumerate(live.ranks)]
+        if live.health is not None:
+            document["client_health"] = dataclasses.asdict(live.health)
+    return document
+
+
+def write_json(path: str, document: dict) -> None:
+    _ensure_parent(path)
+    with open(path, "wb") as handle:
+        handle.write(orjson.dumps(document, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE))

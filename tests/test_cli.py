@@ -174,11 +174,6 @@ def test_console_exit_statuses(capsys, tmp_path):
     )
 
 
-def test_sending_requests_is_refused_until_the_driver_exists(capsys):
-    assert run_console(["--agents", "1"], "batchbench-agent") == 2
-    assert "not implemented yet" in capsys.readouterr().err
-
-
 @pytest.mark.parametrize(
     ("host", "endpoint", "url"),
     [

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from batchbench.agent import main
-from batchbench.report import CSV_COLUMNS, EXTRA_CSV_COLUMNS
+from batchbench.report import CSV_COLUMNS, EXTRA_CSV_COLUMNS, LIVE_CSV_COLUMNS
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "trajectory-replay" / "plans.jsonl"
 README_ARGS = [
@@ -149,7 +149,8 @@ def test_events_and_csv_in_dry_run(capsys, tmp_path):
     text = results.read_text()
     assert text.count("\n") == 2 and "\r" not in text
     header, row = list(csv.reader(text.splitlines()))
-    assert header[:51] == list(CSV_COLUMNS) and header[51:] == list(EXTRA_CSV_COLUMNS)
+    assert header[:51] == list(CSV_COLUMNS)
+    assert header[51:61] == list(EXTRA_CSV_COLUMNS) and header[61:] == list(LIVE_CSV_COLUMNS)
     values = dict(zip(header, row, strict=True))
     assert values["workload_mode"] == "trajectory_replay"
     assert values["agent_plans_sha256"] == hashlib.sha256(EXAMPLE.read_bytes()).hexdigest()

@@ -1,0 +1,347 @@
+"""The HTTP agent body: each admitted trajectory's turns against the server (COMPAT §5).
+
+One ``aiohttp.ClientSession`` on the running loop (uvloop in ``batchbench-agent``), with a
+connector sized to the active-agent cap. Per turn the body is the conversation's
+serialized prefix plus that turn's tail, built once and resent unchanged on retries.
+Texts for the next turn are generated while the request is in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+import aiohttp
+
+from batchbench.content import ContentFactory
+from batchbench.engine import COMPLETED, FAILED, INTERRUPTED
+from batchbench.recording import Recorder
+from batchbench.shutdown import Shutdown
+from batchbench.wire import (
+    ROUTING_KEY_HEADER_ERROR,
+    BodyOptions,
+    Conversation,
+    Reply,
+    ResponseError,
+    StreamAssembler,
+    assistant_with_tool_call,
+    backoff_ms,
+    body_tail,
+    http_error_text,
+    is_retryable_status,
+    parse_response,
+    parse_retry_after,
+    request_headers,
+    tool_call_id,
+    tool_message,
+    user_tag,
+    valid_header_value,
+    verbose_request,
+    verbose_response,
+)
+from batchbench.workload import Workload
+
+# Texts up to this many tokens are assembled on the loop (microseconds with the fast
+# method); longer ones, and every text of the repair method, go to the worker pool.
+INLINE_TEXT_TOKENS = 4096
+READ_BUFFER_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class DriverSettings:
+    """Run-wide HTTP settings (COMPAT §2.2, §2.6, §2.7)."""
+
+    url: str
+    body: BodyOptions
+    api_key: str | None = None
+    user_tagging: bool = True
+    user_prefix: str | None = None
+    seed: int | None = None
+    dp_ranks: int | None = None
+    timeout_seconds: float = 60.0
+    max_retries: int = 2
+    retry_delay_ms: int = 250
+    verbose: bool = False
+
+
+class _Final(Exception):
+    """An attempt error that is not retried (D4, D16)."""
+
+
+class _Retry(Exception):
+    """An attempt error that is retried; may carry a Retry-After in seconds."""
+
+    def __init__(self, text: str, retry_after: float | None = None) -> None:
+        super().__init__(text)
+        self.retry_after = retry_after
+
+
+def make_session(settings: DriverSettings, max_connections: int | None) -> aiohttp.ClientSession:
+    """One session for the run: keep-alive reuse, no hidden pool cap, 1 MiB read buffer."""
+    limit = max_connections or 0  # 0 = unlimited (open loop without a cap)
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, ttl_dns_cache=None)
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=settings.timeout_seconds),
+        read_bufsize=READ_BUFFER_BYTES,
+        auto_decompress=True,
+        skip_auto_headers=("User-Agent",),
+    )
+
+
+class HttpAgentBody:
+    """Runs one trajectory per ``run`` call; shared by every agent of the run."""
+
+    def __init__(
+        self,
+        settings: DriverSettings,
+        workload: Workload,
+        factory: ContentFactory,
+        pool: Executor,
+        session: aiohttp.ClientSession,
+        recorder: Recorder,
+        shutdown: Shutdown,
+    ) -> None:
+        self.settings = settings
+        self.workload = workload
+        self.factory = factory
+        self.pool = pool
+        self.session = session
+        self.recorder = recorder
+        self.shutdown = shutdown
+        self._inline = factory.synth.method == "fast"
+        self._origin = time.perf_counter()
+        self._stream = settings.body.stream
+        self._attempts = settings.max_retries + 1
+        self._timeout_text = f"request timed out after {_seconds_text(settings.timeout_seconds)}s"
+        self._out = sys.stdout
+
+    def clock_started(self, origin: float) -> None:
+        """The engine started the benchmark clock: offsets and client CPU count from here."""
+        self._origin = origin
+        self.recorder.start_clock()
+
+    # -- text -------------------------------------------------------------------------
+    def _text_later(self, make: Callable[[int, int], str], agent: int, turn: int, tokens: int):
+        """A future for a text, or a thunk's result when it is cheap enough to make now."""
+        if self._inline and tokens <= INLINE_TEXT_TOKENS:
+            return None
+        return asyncio.get_running_loop().run_in_executor(self.pool, make, agent, turn)
+
+    async def _text(self, pending, make: Callable[[int, int], str], agent: int, turn: int) -> str:
+        if pending is None:
+            return make(agent, turn)
+        return await pending
+
+    async def prepare(self, agent: int) -> str:
+        request = self.workload.turns(agent)[0]
+        tokens = int(self.workload.input_content_tokens[request])
+        if self._inline and tokens <= INLINE_TEXT_TOKENS:
+            return self.factory.initial_prompt(agent)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool, self.factory.initial_prompt, agent)
+
+    # -- the agent loop ---------------------------------------------------------------
+    async def run(self, agent: int, slot: int, prompt: str) -> int:
+        settings = self.settings
+        workload = self.workload
+        recorder = self.recorder
+        shutdown = self.shutdown
+        figures = recorder.agent_started(agent, slot)
+        ident = workload.trajectory_ids[agent]
+        turns = workload.turns(agent)
+        last = len(turns) - 1
+        reset = workload.reset_before
+        output = workload.output_tokens
+        environment = workload.environment_tokens
+        latency_ms = workload.tool_call_latency_ms
+        rank = slot % settings.dp_ranks if settings.dp_ranks else None
+
+        tag = (
+            user_tag(agent, settings.seed, settings.user_prefix) if settings.user_tagging else None
+        )
+        tag_error = tag is not None and not valid_header_value(tag)
+        headers = request_headers(settings.api_key, None if tag_error else tag, rank)
+        conversation = Conversation(settings.body.model)
+        conversation.reset(prompt)
+        factory = self.factory
+
+        for turn, request in enumerate(turns):
+            if shutdown.stopped:
+                return INTERRUPTED
+            invocation = turn + 1
+            following_reset = turn < last and bool(reset[turns[turn + 1]])
+            appends = turn < last and not following_reset
+            env_tokens = int(environment[request])
+            env_pending = (
+                self._text_later(factory.environment, agent, turn, env_tokens) if appends else None
+            )
+            reset_pending = None
+            if following_reset:
+                next_tokens = int(workload.input_content_tokens[turns[turn + 1]])
+                reset_pending = self._text_later(factory.reset_prompt, agent, turn + 1, next_tokens)
+            body = conversation.body(body_tail(settings.body, int(output[request]), tag))
+
+            if tag_error:
+                reply, error, attempts, started, elapsed = None, ROUTING_KEY_HEADER_ERROR, 0, 0, 0
+            else:
+                try:
+                    reply, error, attempts, started, elapsed = await self._send(body, headers)
+                except asyncio.CancelledError:
+                    # Cut off after the grace period: neither successful nor failed (D6).
+                    self._request_event(
+                        agent, ident, invocation, slot, rank, request, None, None, None, None,
+                        "cancelled", None,
+                    )  # fmt: skip
+                    raise
+            if reply is None:
+                if error is None:  # cut short by the shutdown while waiting to retry
+                    return INTERRUPTED
+                recorder.request_failed(figures, rank, agent, ident, invocation, error)
+                self._request_event(
+                    agent, ident, invocation, slot, rank, request, None, started, elapsed,
+                    attempts, "failed", error,
+                )  # fmt: skip
+                return FAILED
+            recorder.request_succeeded(figures, rank, reply, elapsed)
+            self._request_event(
+                agent, ident, invocation, slot, rank, request, reply, started, elapsed,
+                attempts, "ok", None,
+            )  # fmt: skip
+
+            delay = float(latency_ms[request]) / 1000.0
+            if delay > 0:
+                began = time.perf_counter()
+                whole = await shutdown.sleep(delay)
+                recorder.tool_slept(time.perf_counter() - began if not whole else delay)
+                if not whole:
+                    return INTERRUPTED
+            if turn == last:
+                break
+            if following_reset:
+                conversation.reset(
+                    await self._text(reset_pending, factory.reset_prompt, agent, turn + 1)
+                )
+                figures.previous_prompt = 0
+            else:
+                call = tool_call_id(agent, invocation)
+                env_text = await self._text(env_pending, factory.environment, agent, turn)
+                conversation.append(
+                    assistant_with_tool_call(reply.message, call), tool_message(call, env_text)
+                )
+        return COMPLETED
+
+    # -- one logical request ------------------------------------------------------------
+    async def _send(self, body: bytes, headers: dict[str, str]):
+        """(reply | None, error | None, attempts, start offset, latency) after the last
+        attempt; (None, None, …) when a shutdown ended the backoff wait."""
+        settings = self.settings
+        recorder = self.recorder
+        start = time.perf_counter()
+        started = start - self._origin
+        error = ""
+        attempt = 0
+        while True:
+            attempt += 1
+            if settings.verbose:
+                self._out.write(f"[AGENT REQUEST] {verbose_request(body)}\n")
+            recorder.in_flight += 1
+            if recorder.in_flight > recorder.peak_in_flight:
+                recorder.peak_in_flight = recorder.in_flight
+            retry_after = None
+            try:
+                reply = await (
+                    self._post_stream(body, headers) if self._stream else self._post(body, headers)
+                )
+                if settings.verbose:
+                    self._out.write(f"[AGENT RESPONSE] {verbose_response(reply)}\n")
+                return reply, None, attempt, started, time.perf_counter() - start
+            except _Final as exc:
+                return None, str(exc), attempt, started, time.perf_counter() - start
+            except _Retry as exc:
+                error, retry_after = str(exc), exc.retry_after
+            except ResponseError as exc:
+                error = str(exc)
+            except TimeoutError:
+                error = self._timeout_text
+            except aiohttp.ClientError as exc:
+                error = _transport_text(exc)
+            finally:
+                recorder.in_flight -= 1
+            if attempt >= self._attempts:
+                return None, error, attempt, started, time.perf_counter() - start
+            wait = backoff_ms(settings.retry_delay_ms, attempt - 1, retry_after)
+            if wait > 0 and not await self.shutdown.sleep(wait / 1000.0):
+                return None, None, attempt, started, time.perf_counter() - start
+            if self.shutdown.stopped:
+                return None, None, attempt, started, time.perf_counter() - start
+
+    async def _post(self, body: bytes, headers: dict[str, str]) -> Reply:
+        async with self.session.post(self.settings.url, data=body, headers=headers) as response:
+            raw = await response.read()
+            status = response.status
+            if 200 <= status < 300:
+                return parse_response(raw)
+            _raise_status(status, raw, response.headers.get("Retry-After"))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _post_stream(self, body: bytes, headers: dict[str, str]) -> Reply:
+        sent = time.perf_counter()
+        async with self.session.post(self.settings.url, data=body, headers=headers) as response:
+            status = response.status
+            if not 200 <= status < 300:
+                _raise_status(status, await response.read(), response.headers.get("Retry-After"))
+            assembler = StreamAssembler()
+            feed = assembler.feed
+            clock = time.perf_counter
+            async for data in response.content.iter_any():
+                feed(data, clock())
+            return assembler.finish(sent)
+
+    def _request_event(
+        self, agent, ident, invocation, slot, rank, request, reply, started, elapsed, attempts,
+        status, error,
+    ) -> None:  # fmt: skip
+        sink = self.recorder.request_events
+        if sink is None:
+            return
+        sink.write_batched(
+            {
+                "agent_id": agent,
+                "trajectory_id": ident,
+                "invocation": invocation,
+                "routing_slot": slot,
+                "dp_rank": rank,
+                "target_prompt_tokens": int(self.workload.target_prompt_tokens[request]),
+                "prompt_tokens": reply.prompt_tokens if reply else None,
+                "completion_tokens": reply.completion_tokens if reply else None,
+                "cached_tokens": reply.cached_tokens if reply else None,
+                "start_offset_seconds": started,
+                "latency_seconds": elapsed,
+                "ttft_seconds": reply.ttft if reply else None,
+                "attempts": attempts,
+                "status": status,
+                "error": error,
+            }
+        )
+
+
+def _raise_status(status: int, raw: bytes, retry_after: str | None) -> None:
+    text = http_error_text(status, raw)
+    if is_retryable_status(status):
+        wait = parse_retry_after(retry_after) if status in (429, 503) else None
+        raise _Retry(text, wait)
+    raise _Final(text)
+
+
+def _transport_text(exc: aiohttp.ClientError) -> str:
+    detail = str(exc) or type(exc).__name__
+    return f"request failed: {detail}"
+
+
+def _seconds_text(seconds: float) -> str:
+    return str(int(seconds)) if float(seconds).is_integer() else repr(seconds)

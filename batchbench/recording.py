@@ -1,0 +1,202 @@
+"""What a live run measures, as it happens: totals, streaming samples, per-rank figures,
+per-trajectory figures and the client's own health (COMPAT §6.8, D5).
+
+The driver calls ``request_succeeded`` / ``request_failed`` once per logical request; the
+report reads the result. Nothing here does I/O except the optional request-events file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchbench.events import JsonlFile
+from batchbench.metrics import RunTotals, percentile
+from batchbench.wire import Reply, StreamSamples
+
+LAG_INTERVAL_SECONDS = 0.010
+
+
+@dataclass(slots=True)
+class AgentFigures:
+    """Per-trajectory figures appended to its lifecycle record."""
+
+    requests: int = 0
+    successful_requests: int = 0
+    failed_requests: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int | None = None
+    ttfts: list[float] | None = None
+    error: str | None = None
+    previous_prompt: int = 0
+
+    def as_fields(self) -> dict[str, Any]:
+        ttft = percentile(sorted(self.ttfts), 0.5) if self.ttfts else None
+        return {
+            "requests": self.requests,
+            "successful_requests": self.successful_requests,
+            "failed_requests": self.failed_requests,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cached_tokens": self.cached_tokens,
+            "ttft_p50_seconds": ttft,
+            "error": self.error,
+        }
+
+
+@dataclass(slots=True)
+class RankFigures:
+    """Load that one DP rank received (perfect routing only)."""
+
+    trajectories: int = 0
+    requests: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass
+class ClientHealth:
+    """Evidence that the client was not the bottleneck."""
+
+    lag_p50_ms: float | None = None
+    lag_p99_ms: float | None = None
+    lag_max_ms: float | None = None
+    cpu_seconds: float = 0.0
+    cpu_seconds_per_1000_requests: float | None = None
+    peak_in_flight: int = 0
+
+
+@dataclass
+class Recorder:
+    """Accumulates one live run's measurements."""
+
+    dp_ranks: int | None = None
+    totals: RunTotals = field(default_factory=RunTotals)
+    stream: StreamSamples = field(default_factory=StreamSamples)
+    server_cached_tokens: int | None = None
+    ranks: list[RankFigures] = field(default_factory=list)
+    agents: dict[int, AgentFigures] = field(default_factory=dict)
+    request_events: JsonlFile | None = None
+    in_flight: int = 0
+    peak_in_flight: int = 0
+    latencies_ms: array = field(default_factory=lambda: array("d"))
+    lag_ms: array = field(default_factory=lambda: array("d"))
+    _cpu_start: float = 0.0
+    cpu_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.dp_ranks:
+            self.ranks = [RankFigures() for _ in range(self.dp_ranks)]
+        self.totals.request_latencies_ms = self.latencies_ms  # type: ignore[assignment]
+
+    # -- trajectories ---------------------------------------------------------------
+    def agent_started(self, agent: int, slot: int) -> AgentFigures:
+        figures = AgentFigures()
+        self.agents[agent] = figures
+        if self.dp_ranks:
+            self.ranks[slot % self.dp_ranks].trajectories += 1
+        return figures
+
+    def take_agent(self, agent: int) -> AgentFigures | None:
+        return self.agents.pop(agent, None)
+
+    # -- requests -------------------------------------------------------------------
+    def request_succeeded(
+        self, figures: AgentFigures, rank: int | None, reply: Reply, latency: float
+    ) -> None:
+        totals = self.totals
+        prompt, completion = reply.prompt_tokens, reply.completion_tokens
+        totals.successful_requests += 1
+        totals.total_input_tokens += prompt
+        totals.total_output_tokens += completion
+        totals.estimated_cached_input_tokens += min(figures.previous_prompt, prompt)
+        figures.previous_prompt = prompt
+        self.latencies_ms.append(latency * 1000.0)
+        figures.requests += 1
+        figures.successful_requests += 1
+        figures.input_tokens += prompt
+        figures.output_tokens += completion
+        cached = reply.cached_tokens
+        if cached is not None:
+            figures.cached_tokens = (figures.cached_tokens or 0) + cached
+            self.server_cached_tokens = (self.server_cached_tokens or 0) + cached
+        if reply.ttft is not None:
+            if figures.ttfts is None:
+                figures.ttfts = []
+            figures.ttfts.append(reply.ttft)
+            self.stream.add(reply)
+        elif reply.tpot is not None or reply.gaps:
+            self.stream.add(reply)
+        if rank is not None:
+            load = self.ranks[rank]
+            load.requests += 1
+            load.input_tokens += prompt
+            load.output_tokens += completion
+            load.cached_tokens += cached or 0
+
+    def request_failed(
+        self,
+        figures: AgentFigures,
+        rank: int | None,
+        agent: int,
+        trajectory_id: str,
+        invocation: int,
+        error: str,
+    ) -> None:
+        self.totals.failed_requests += 1
+        self.totals.failures.append((agent, trajectory_id, invocation, error))
+        figures.requests += 1
+        figures.failed_requests += 1
+        figures.error = error
+        if rank is not None:
+            self.ranks[rank].requests += 1
+
+    def tool_slept(self, seconds: float) -> None:
+        self.totals.total_tool_call_latency_seconds += seconds
+
+    # -- client health --------------------------------------------------------------
+    def start_clock(self) -> None:
+        self._cpu_start = _cpu_now()
+
+    def stop_clock(self) -> None:
+        self.cpu_seconds = _cpu_now() - self._cpu_start
+
+    async def sample_lag(self) -> None:
+        """Event-loop lag every 10 ms: how late each wake-up came. Also flushes request
+        events that waited long enough."""
+        clock = time.perf_counter
+        interval = LAG_INTERVAL_SECONDS
+        lag = self.lag_ms
+        ticks = 0
+        while True:
+            expected = clock() + interval
+            await asyncio.sleep(interval)
+            lag.append(max(clock() - expected, 0.0) * 1000.0)
+            ticks += 1
+            if self.request_events is not None and ticks % 25 == 0:
+                self.request_events.flush()
+
+    def health(self) -> ClientHealth:
+        lag = sorted(self.lag_ms)
+        requests = self.totals.total_requests
+        return ClientHealth(
+            lag_p50_ms=percentile(lag, 0.5),
+            lag_p99_ms=percentile(lag, 0.99),
+            lag_max_ms=lag[-1] if lag else None,
+            cpu_seconds=self.cpu_seconds,
+            cpu_seconds_per_1000_requests=(
+                self.cpu_seconds * 1000.0 / requests if requests else None
+            ),
+            peak_in_flight=self.peak_in_flight,
+        )
+
+
+def _cpu_now() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime

@@ -1,0 +1,78 @@
+"""Graceful interruption (COMPAT §5.13, D6): stop admission, a grace period, then cancel.
+
+The first SIGINT or SIGTERM stops admission and ends every pending tool sleep at once;
+requests in flight get ``grace`` seconds to finish. When the grace period ends, or at a
+second signal, ``cancelled`` is set and the engine cancels whatever still runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+EXIT_STATUS = {"SIGINT": 130, "SIGTERM": 143}
+
+
+class Shutdown:
+    """Shared stop state of one run; create it inside the running event loop."""
+
+    def __init__(self, grace_seconds: float = 5.0) -> None:
+        self.grace_seconds = grace_seconds
+        self.stopped = False
+        self.signal_name: str | None = None
+        self.stop_event = asyncio.Event()
+        self.cancel_event = asyncio.Event()
+        self._sleepers: set[asyncio.Future] = set()
+        self._grace_timer: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()
+
+    def request(self, signal_name: str) -> None:
+        """A signal arrived: the first stops admission, a later one ends the grace period."""
+        if self.stopped:
+            self.cancel_now()
+            return
+        self.stopped = True
+        self.signal_name = signal_name
+        self.stop_event.set()
+        for sleeper in self._sleepers:
+            if not sleeper.done():
+                sleeper.set_result(False)
+        self._grace_timer = self._loop.call_later(self.grace_seconds, self.cancel_now)
+
+    def cancel_now(self) -> None:
+        if self._grace_timer is not None:
+            self._grace_timer.cancel()
+        self.cancel_event.set()
+
+    async def sleep(self, seconds: float) -> bool:
+        """Sleep unless stopped; True when the whole sleep happened."""
+        if self.stopped:
+            return False
+        if seconds <= 0:
+            return True
+        waiter = self._loop.create_future()
+        timer = self._loop.call_later(seconds, _wake, waiter)
+        self._sleepers.add(waiter)
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
+            self._sleepers.discard(waiter)
+
+    @property
+    def exit_status(self) -> int:
+        return EXIT_STATUS.get(self.signal_name or "", 130)
+
+    def install(self) -> None:
+        """Route SIGINT and SIGTERM to ``request`` (Unix event loops)."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._loop.add_signal_handler(sig, self.request, sig.name)
+
+    def uninstall(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._loop.remove_signal_handler(sig)
+
+
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(True)

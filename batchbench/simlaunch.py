@@ -1,0 +1,113 @@
+"""``batchbench-agent --sim``: the embedded simulator in a child process on loopback.
+
+The child binds port 0 and prints its URL; the parent reads it, waits for ``/health``,
+runs the benchmark against it and stops it afterwards, on errors and on Ctrl+C too. The
+child runs in its own session, so a terminal's Ctrl+C reaches only the benchmark, which
+then finishes its outputs before it stops the simulator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from batchbench.errors import BatchbenchError, UsageError
+
+LISTENING = "batchbench sim listening on "
+START_TIMEOUT_SECONDS = 120.0
+STOP_TIMEOUT_SECONDS = 10.0
+
+
+class SimError(BatchbenchError):
+    """The simulator could not be started."""
+
+
+def sim_command(tokenizer: str, dp_ranks: int | None, extra: str | None) -> list[str]:
+    """The child's command line; ``extra`` is split like a shell would split it."""
+    command = [sys.executable, "-m", "batchbench", "sim", "--host", "127.0.0.1", "--port", "0"]
+    command += ["--tokenizer-model", tokenizer]
+    if dp_ranks is not None:
+        command += ["--dp-ranks", str(dp_ranks)]
+    if extra:
+        try:
+            command += shlex.split(extra)
+        except ValueError as exc:
+            raise UsageError(f"--sim-args: {exc}") from None
+    return command
+
+
+class SimProcess:
+    """A running simulator; use as a context manager."""
+
+    def __init__(self, command: list[str]) -> None:
+        self.command = command
+        self.url = ""
+        self._process: subprocess.Popen | None = None
+
+    def __enter__(self) -> SimProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def start(self, timeout: float = START_TIMEOUT_SECONDS) -> str:
+        process = subprocess.Popen(
+            self.command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self._process = process
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if not line.startswith(LISTENING):
+            status = process.wait()
+            raise SimError(
+                f"the simulator did not start (exit status {status}); "
+                f"command: {shlex.join(self.command[1:])}"
+            )
+        self.url = line[len(LISTENING) :].strip()
+        threading.Thread(target=_drain, args=(process.stdout,), daemon=True).start()
+        self._wait_healthy(time.monotonic() + timeout)
+        return self.url
+
+    def _wait_healthy(self, deadline: float) -> None:
+        assert self._process is not None
+        while True:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2.0) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if self._process.poll() is not None:
+                raise SimError(f"the simulator exited with status {self._process.returncode}")
+            if time.monotonic() > deadline:
+                raise SimError(f"the simulator at {self.url} did not become healthy")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(STOP_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(STOP_TIMEOUT_SECONDS)
+
+
+def _drain(stream) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        for _line in stream:
+            pass

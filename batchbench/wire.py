@@ -1,0 +1,455 @@
+"""What goes over the wire: request bodies as bytes, headers, and response parsing (COMPAT §5).
+
+Bodies are assembled from serialized pieces. A conversation keeps the bytes of
+``{"model":…,"messages":[m1,m2,…`` and each turn appends only the new messages' JSON, so a
+long history is never serialized twice. Every JSON object has a fixed key order (D15).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import hashlib
+import http
+import itertools
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import orjson
+
+from batchbench.metrics import percentile
+
+_DUMPS = orjson.dumps
+_LOADS = orjson.loads
+
+# §5.7: the messages of a stream that cannot be assembled.
+NO_CHUNKS = "streamed response contained no chunks"
+NO_STREAM_USAGE = (
+    "streamed response missing usage; the backend must honor stream_options.include_usage"
+)
+BAD_CHUNK = "invalid JSON in streamed response chunk"
+MISSING_USAGE = "response missing usage field"
+BAD_PROMPT_TOKENS = "usage.prompt_tokens missing or not an integer"
+MISSING_MESSAGE = "response missing choices[0].message"
+MESSAGE_NOT_OBJECT = "choices[0].message is not an object"
+ROUTING_KEY_HEADER_ERROR = "failed to build X-SMG-Routing-Key header from user tag"
+
+TOOL_CALL_ARGUMENTS = '{"request":"continue"}'
+ERROR_BODY_LIMIT = 500
+RETRYABLE_STATUSES = frozenset({408, 409, 429})
+BACKOFF_CEILING_MS = 60_000
+_U64_MAX = (1 << 64) - 1
+
+
+class ResponseError(Exception):
+    """A 2xx response that cannot be used (retried under D4)."""
+
+
+# ---------------------------------------------------------------------------------------
+# User tags and headers
+
+
+def user_tag(agent_id: int, seed: int | None, prefix: str | None) -> str:
+    """§5.3 / D3: ``<prefix>-<agent>``, a seed-derived UUIDv4, or a random UUIDv4."""
+    if prefix is not None:
+        return f"{prefix}-{agent_id}"
+    if seed is None:
+        return str(uuid.uuid4())
+    digest = bytearray(hashlib.sha256(f"batchbench-user-tag:{seed}:{agent_id}".encode()).digest())
+    digest[6] = (digest[6] & 0x0F) | 0x40
+    digest[8] = (digest[8] & 0x3F) | 0x80
+    return str(uuid.UUID(bytes=bytes(digest[:16])))
+
+
+def valid_header_value(value: str) -> bool:
+    """True when ``value`` can travel as an HTTP header value (visible ASCII, spaces, tabs)."""
+    if not value.isascii():
+        return False
+    return all(ch == "\t" or 32 <= ord(ch) < 127 for ch in value)
+
+
+def request_headers(
+    api_key: str | None, tag: str | None, target_worker: int | None
+) -> dict[str, str]:
+    """§5.2 headers of one agent, in lowercase like the Rust client; built once per agent."""
+    headers = {"content-type": "application/json"}
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
+    if tag is not None:
+        headers["x-smg-routing-key"] = tag
+    if target_worker is not None:
+        headers["x-smg-target-worker"] = str(target_worker)
+    return headers
+
+
+# ---------------------------------------------------------------------------------------
+# Bodies
+
+
+@dataclass(frozen=True)
+class BodyOptions:
+    """Run-wide body settings (§5.1)."""
+
+    model: str
+    sglang: bool = False
+    ignore_eos: bool = False
+    stream: bool = False
+
+
+def body_tail(options: BodyOptions, output_tokens: int, tag: str | None) -> bytes:
+    """Everything after the messages array: ``],<token fields>,…}`` in §5.1 order."""
+    cap = floor = output_tokens
+    names = (
+        (b"max_new_tokens", b"min_new_tokens") if options.sglang else (b"max_tokens", b"min_tokens")
+    )
+    parts = [
+        b'],"',
+        names[0],
+        b'":',
+        str(cap).encode(),
+        b',"',
+        names[1],
+        b'":',
+        str(floor).encode(),
+    ]
+    if options.ignore_eos:
+        parts.append(b',"ignore_eos":true')
+    if options.stream:
+        parts.append(b',"stream":true,"stream_options":{"include_usage":true}')
+    if tag is not None:
+        parts += [b',"user":', _DUMPS(tag)]
+    parts.append(b"}")
+    return b"".join(parts)
+
+
+def user_message(content: str) -> bytes:
+    return b'{"role":"user","content":' + _DUMPS(content) + b"}"
+
+
+def tool_call_id(agent_id: int, invocation: int) -> str:
+    return f"call_batchbench_{agent_id}_{invocation}"
+
+
+def tool_message(call_id: str, content: str) -> bytes:
+    return (
+        b'{"role":"tool","tool_call_id":'
+        + _DUMPS(call_id)
+        + b',"content":'
+        + _DUMPS(content)
+        + b"}"
+    )
+
+
+_NORMALIZED_KEYS = ("reasoning_content", "name", "refusal")
+
+
+def normalized_assistant(message: dict) -> dict:
+    """§5.8: role, content (null when absent) and the present reasoning/name/refusal fields;
+    the model's own tool calls are dropped."""
+    normalized = {"role": "assistant", "content": message.get("content")}
+    for key in _NORMALIZED_KEYS:
+        if key in message:
+            normalized[key] = message[key]
+    return normalized
+
+
+def assistant_with_tool_call(message: dict, call_id: str) -> bytes:
+    """§5.9: the normalized reply carrying the synthetic ``environment`` tool call."""
+    normalized = normalized_assistant(message)
+    normalized["tool_calls"] = [
+        {
+            "id": call_id,
+            "type": "function",
+            "function": {"name": "environment", "arguments": TOOL_CALL_ARGUMENTS},
+        }
+    ]
+    return _DUMPS(normalized)
+
+
+class Conversation:
+    """One agent's growing message list, kept as the serialized prefix of its body."""
+
+    __slots__ = ("_head", "_prefix", "messages")
+
+    def __init__(self, model: str) -> None:
+        self._head = b'{"model":' + _DUMPS(model) + b',"messages":['
+        self._prefix = bytearray()
+        self.messages = 0
+
+    def reset(self, prompt: str) -> None:
+        """Start over with a single user message (the first request, or a compaction)."""
+        self._prefix = bytearray(self._head)
+        self._prefix += user_message(prompt)
+        self.messages = 1
+
+    def append(self, *serialized: bytes) -> None:
+        """Append already-serialized messages (§5.9)."""
+        prefix = self._prefix
+        for message in serialized:
+            prefix += b","
+            prefix += message
+        self.messages += len(serialized)
+
+    def body(self, tail: bytes) -> bytes:
+        """The complete body of this turn; retries send these same bytes."""
+        return bytes(self._prefix) + tail
+
+    @property
+    def size(self) -> int:
+        return len(self._prefix)
+
+
+# ---------------------------------------------------------------------------------------
+# Responses
+
+
+@dataclass(slots=True)
+class Reply:
+    """The parts of a successful response that the run uses."""
+
+    message: dict
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None
+    usage: dict
+    ttft: float | None = None
+    gaps: list[float] | None = None
+    tpot: float | None = None
+
+
+def _usage_counts(usage) -> tuple[int, int, int | None]:
+    if not isinstance(usage, dict):
+        raise ResponseError(MISSING_USAGE)
+    prompt = usage.get("prompt_tokens")
+    if type(prompt) is not int:
+        raise ResponseError(BAD_PROMPT_TOKENS)
+    completion = usage.get("completion_tokens")
+    if type(completion) is not int:
+        completion = 0
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if type(cached) is not int:
+        cached = None
+    return prompt, completion, cached
+
+
+def parse_response(raw: bytes) -> Reply:
+    """§5.6 for a non-streamed 2xx body; ``ResponseError`` when it cannot be used."""
+    try:
+        document = _LOADS(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ResponseError(f"invalid JSON in response body: {exc}") from None
+    if not isinstance(document, dict):
+        raise ResponseError("response body is not a JSON object")
+    if "usage" not in document or document["usage"] is None:
+        raise ResponseError(MISSING_USAGE)
+    prompt, completion, cached = _usage_counts(document["usage"])
+    choices = document.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ResponseError(MISSING_MESSAGE)
+    if "message" not in choices[0]:
+        raise ResponseError(MISSING_MESSAGE)
+    message = choices[0]["message"]
+    if not isinstance(message, dict):
+        raise ResponseError(MESSAGE_NOT_OBJECT)
+    return Reply(message, prompt, completion, cached, document["usage"])
+
+
+class StreamAssembler:
+    """§5.7 SSE parsing with D5 timing; feed network reads as they arrive, then ``finish``.
+
+    Lines split across reads are reassembled; ``\\r\\n`` endings, comments, ``event:`` lines
+    and ``[DONE]`` are ignored. Arrival times are those of the read that completed the line.
+    """
+
+    __slots__ = ("_carry", "_chunks", "_content", "_reasoning", "_times", "_usage")
+
+    def __init__(self) -> None:
+        self._carry = b""
+        self._chunks = 0
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self._times: list[float] = []
+        self._usage = None
+
+    def feed(self, data: bytes, arrived: float) -> None:
+        if self._carry:
+            data = self._carry + data
+        end = data.rfind(b"\n")
+        if end < 0:
+            self._carry = data
+            return
+        self._carry = data[end + 1 :]
+        for line in data[:end].split(b"\n"):
+            if line[:5] == b"data:":
+                self._payload(line[5:].strip(), arrived)
+
+    def _payload(self, payload: bytes, arrived: float) -> None:
+        if not payload or payload == b"[DONE]":
+            return
+        try:
+            chunk = _LOADS(payload)
+        except orjson.JSONDecodeError:
+            raise ResponseError(BAD_CHUNK) from None
+        self._chunks += 1
+        if type(chunk) is not dict:
+            return
+        usage = chunk.get("usage")
+        if usage is not None:
+            self._usage = usage
+        choices = chunk.get("choices")
+        if not choices or type(choices) is not list:
+            return
+        choice = choices[0]
+        delta = choice.get("delta") if type(choice) is dict else None
+        if type(delta) is not dict:
+            return
+        carried = False
+        content = delta.get("content")
+        if type(content) is str and content:
+            self._content.append(content)
+            carried = True
+        reasoning = delta.get("reasoning_content")
+        if type(reasoning) is str and reasoning:
+            self._reasoning.append(reasoning)
+            carried = True
+        if carried:
+            self._times.append(arrived)
+
+    def finish(self, sent: float) -> Reply:
+        """The assembled reply, with TTFT/ITL/TPOT measured from ``sent``."""
+        if self._carry:
+            line = self._carry.rstrip(b"\r")
+            self._carry = b""
+            if line[:5] == b"data:":
+                self._payload(line[5:].strip(), time.perf_counter())
+        if self._chunks == 0:
+            raise ResponseError(NO_CHUNKS)
+        if self._usage is None:
+            raise ResponseError(NO_STREAM_USAGE)
+        prompt, completion, cached = _usage_counts(self._usage)
+        message: dict = {"role": "assistant", "content": "".join(self._content)}
+        if self._reasoning:
+            message["reasoning_content"] = "".join(self._reasoning)
+        reply = Reply(message, prompt, completion, cached, self._usage)
+        times = self._times
+        if times:
+            reply.ttft = times[0] - sent
+            reply.gaps = [b - a for a, b in itertools.pairwise(times)]
+            if completion >= 2:
+                reply.tpot = (times[-1] - times[0]) / (completion - 1)
+        return reply
+
+
+# ---------------------------------------------------------------------------------------
+# Errors and retries
+
+
+def status_text(status: int) -> str:
+    try:
+        return f"{status} {http.HTTPStatus(status).phrase}"
+    except ValueError:
+        return str(status)
+
+
+def http_error_text(status: int, body: bytes) -> str:
+    """§5.4: ``request failed (<status> <reason>) <body, trimmed, cut at 500 chars>``."""
+    text = body.decode("utf-8", errors="replace").strip()
+    if len(text) > ERROR_BODY_LIMIT:
+        text = text[:ERROR_BODY_LIMIT] + "..."
+    return f"request failed ({status_text(status)}) {text}"
+
+
+def is_retryable_status(status: int) -> bool:
+    """D4: 408, 409, 429 and every 5xx are retried; other statuses are final."""
+    return status in RETRYABLE_STATUSES or 500 <= status <= 599
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds from a ``Retry-After`` value (delta-seconds or an HTTP-date); None if invalid."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(int(value))
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None or when.tzinfo is None:
+        return None
+    seconds = when.timestamp() - (time.time() if now is None else now)
+    return max(seconds, 0.0)
+
+
+def backoff_ms(base_ms: int, attempt: int, retry_after_s: float | None = None) -> int:
+    """§5.4 / D2 / D4: base × 2^attempt (exponent ≤ 31, saturating), under the ceiling, raised
+    to a valid Retry-After."""
+    if base_ms == 0 and retry_after_s is None:
+        return 0
+    computed = min(base_ms * (1 << min(attempt, 31)), _U64_MAX)
+    ceiling = max(BACKOFF_CEILING_MS, base_ms)
+    delay = min(computed, ceiling)
+    if retry_after_s is not None:
+        delay = min(max(math.ceil(retry_after_s * 1000.0), delay), ceiling)
+    return delay
+
+
+# ---------------------------------------------------------------------------------------
+# Verbose views (§5.12)
+
+VERBOSE_LIMIT = 50
+
+
+def _cut(text):
+    if not isinstance(text, str):
+        return text
+    text = text.strip()
+    return text[:VERBOSE_LIMIT] + "..." if len(text) > VERBOSE_LIMIT else text
+
+
+def verbose_request(body: bytes) -> str:
+    """The body with message contents, tool-call arguments and descriptions cut to 50 chars."""
+    document = _LOADS(body)
+    for message in document.get("messages", ()):
+        if "content" in message:
+            message["content"] = _cut(message["content"])
+        for call in message.get("tool_calls") or ():
+            function = call.get("function", {})
+            if "arguments" in function:
+                function["arguments"] = _cut(function["arguments"])
+    for tool in document.get("tools", ()) or ():
+        function = tool.get("function", {})
+        if "description" in function:
+            function["description"] = _cut(function["description"])
+    return _DUMPS(document).decode()
+
+
+def verbose_response(reply: Reply) -> str:
+    message = dict(reply.message)
+    if "content" in message:
+        message["content"] = _cut(message["content"])
+    return _DUMPS({"choices": [{"message": message}], "usage": reply.usage}).decode()
+
+
+@dataclass
+class StreamSamples:
+    """D5 samples of successful streamed requests, in milliseconds."""
+
+    ttft_ms: list[float] = field(default_factory=list)
+    itl_ms: list[float] = field(default_factory=list)
+    tpot_ms: list[float] = field(default_factory=list)
+
+    def add(self, reply: Reply) -> None:
+        if reply.ttft is not None:
+            self.ttft_ms.append(reply.ttft * 1000.0)
+        if reply.gaps:
+            self.itl_ms.extend(gap * 1000.0 for gap in reply.gaps)
+        if reply.tpot is not None:
+            self.tpot_ms.append(reply.tpot * 1000.0)
+
+
+def median_seconds(values: list[float]) -> float | None:
+    """p50 (§6.8 rule) of unsorted seconds, for the per-trajectory TTFT field."""
+    return percentile(sorted(values), 0.5)
