@@ -289,13 +289,17 @@ def live_lines(live: LiveFigures) -> list[str]:
     if health is not None:
         per_k = health.cpu_seconds_per_1000_requests
         lines.append(
-            f"Client health: event-loop lag p50={_ms(health.lag_p50_ms)}ms "
-            f"p99={_ms(health.lag_p99_ms)}ms max={_ms(health.lag_max_ms)}ms; "
+            f"Client health: event-loop lag p50={_ms_unit(health.lag_p50_ms)} "
+            f"p99={_ms_unit(health.lag_p99_ms)} max={_ms_unit(health.lag_max_ms)}; "
             f"client CPU {health.cpu_seconds:.2f}s "
             f"({'n/a' if per_k is None else f'{per_k:.3f}'} s per 1000 requests); "
             f"peak in-flight requests {health.peak_in_flight}"
         )
     return lines
+
+
+def _ms_unit(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}ms"
 
 
 def _ratio(value: float | None) -> str:

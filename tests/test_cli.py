@@ -194,3 +194,35 @@ def test_endpoint_resolution(host, endpoint, url):
 def test_invalid_endpoint():
     with pytest.raises(UsageError, match=r"^invalid endpoint URL: http://host:port/x$"):
         resolve_endpoint("http://host:port", "/x")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--sim-dp-ranks", "2"], "--sim-dp-ranks requires --sim"),
+        (["--sim-args", "--speed 0"], "--sim-args requires --sim"),
+        (["--sim", "--dry-run"], "--sim cannot be combined with --dry-run"),
+        (["--grace-seconds", "-1"], "value must be a non-negative finite number"),
+        (["--sim-dp-ranks", "0", "--sim"], "value must be greater than zero"),
+    ],
+)
+def test_live_run_flag_rules(args, message, capsys):
+    assert run_console(args, "batchbench-agent") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Error: ") and message in err
+
+
+def test_help_lists_the_live_run_flags(capsys):
+    assert run_console(["--help"], "batchbench-agent") == 0
+    out = capsys.readouterr().out
+    for flag in (
+        "--stream",
+        "--request-events-jsonl",
+        "--results-json",
+        "--grace-seconds",
+        "--no-progress",
+        "--sim",
+        "--sim-dp-ranks",
+        "--sim-args",
+    ):
+        assert flag in out

@@ -1,0 +1,264 @@
+"""End to end: ``batchbench-agent`` against the real simulator on loopback (issue: simulator).
+
+Fidelity (every prompt count equals the manifest's), cache hits under each routing mode,
+per-rank balance with slot inheritance, and each injected fault seen by the client as the
+right retry or failure.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import urllib.request
+from pathlib import Path
+
+import orjson
+import pytest
+
+from batchbench.agent import main
+from batchbench.sim.overheads import measure_overheads
+from batchbench.simlaunch import SimProcess, sim_command
+from batchbench.tokenizer import load_tokenizer
+from batchbench.wire import NO_STREAM_USAGE
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "trajectory-replay" / "plans.jsonl"
+BLOCK = 16
+
+
+def lines(path: Path) -> list[dict]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def metric(url: str, name: str) -> dict[str, float]:
+    """label text -> value of one family of the simulator's /metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+        text = response.read().decode()
+    values = {}
+    for match in re.finditer(rf"^{name}(\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE):
+        values[match.group(1) or ""] = float(match.group(2))
+    return values
+
+
+@pytest.fixture(scope="module")
+def overheads() -> tuple[int, int]:
+    """The simulator's ChatML overheads on DeepSeek-V3, measured by its own probe."""
+    return measure_overheads(load_tokenizer("deepseek-v3"), "chatml")
+
+
+def run_agent(tmp_path: Path, *args: str) -> tuple[int, dict, list[dict], list[dict]]:
+    """Run in-process; returns (status, JSON summary, lifecycle records, request events)."""
+    summary, events, requests = tmp_path / "s.json", tmp_path / "e.jsonl", tmp_path / "r.jsonl"
+    status = main(
+        [
+            *args,
+            "--tokenizer-model",
+            "deepseek-v3",
+            "--no-progress",
+            "--results-json",
+            str(summary),
+            "--agent-events-jsonl",
+            str(events),
+            "--request-events-jsonl",
+            str(requests),
+        ]
+    )
+    return status, json.loads(summary.read_text()), lines(events), lines(requests)
+
+
+def test_overheads_are_the_documented_ones(overheads):
+    assert overheads == (9, 35)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_sim_flag_replays_the_example_with_exact_prompt_counts(tmp_path, capsys, overheads, stream):
+    initial, turn = overheads
+    args = [
+        "--agent-plans-jsonl", str(EXAMPLE), "--max-active-agents", "2",
+        "--replay-initial-overhead-tokens", str(initial),
+        "--replay-turn-overhead-tokens", str(turn),
+        "--sim", "--sim-args", "--speed 0", "--seed", "7",
+        "--results-csv", str(tmp_path / "r.csv"),
+    ] + (["--stream"] if stream else [])  # fmt: skip
+    status, summary, events, requests = run_agent(tmp_path, *args)
+    assert status == 0
+    out = capsys.readouterr().out
+    assert "Agents: 3 completed / 3 total" in out
+    assert "Tool invocations: 7 planned; requests 7 (success 7, failure 0)" in out
+    manifest = [orjson.loads(line) for line in EXAMPLE.read_bytes().splitlines() if line.strip()]
+    planned = {
+        (t["trajectory_id"], n): r["prompt_tokens"]
+        for t in manifest
+        for n, r in enumerate(t["requests"], start=1)
+    }
+    sent = {(r["trajectory_id"], r["invocation"]): r["prompt_tokens"] for r in requests}
+    assert sent == planned  # every usage.prompt_tokens equals the manifest's prompt_tokens
+    assert all(r["target_prompt_tokens"] == r["prompt_tokens"] for r in requests)
+    outputs = {
+        (t["trajectory_id"], n): r["output_tokens"]
+        for t in manifest
+        for n, r in enumerate(t["requests"], start=1)
+    }
+    assert {(r["trajectory_id"], r["invocation"]): r["completion_tokens"] for r in requests} == (
+        outputs
+    )
+    assert summary["metrics"]["total_input_tokens"] == sum(planned.values())
+    assert [e["completed"] for e in events] == [True, True, True]
+    assert ("Time to first token (ms, streamed requests): p50=" in out) is stream
+    with open(tmp_path / "r.csv", newline="") as handle:
+        row = next(csv.DictReader(handle))
+    assert (row["ttft_p50_ms"] != "") is stream
+    assert row["stream"] == ("true" if stream else "false")
+    assert row["host"].startswith("http://127.0.0.1:")
+
+
+def growing_manifest(path: Path, trajectories: int, turns: int) -> list[list[int]]:
+    """Identical shapes: prompts 200, 400, …; outputs 40; returns the prompt lists."""
+    prompts = [200 * (k + 1) for k in range(turns)]
+    with open(path, "w") as handle:
+        for t in range(trajectories):
+            requests = [{"prompt_tokens": p, "output_tokens": 40} for p in prompts]
+            handle.write(
+                json.dumps({"schema_version": 1, "trajectory_id": f"t{t}", "requests": requests})
+                + "\n"
+            )
+    return [prompts] * trajectories
+
+
+@pytest.fixture(scope="module")
+def four_ranks():
+    with SimProcess(
+        sim_command("deepseek-v3", 4, f"--speed 0 --block-size {BLOCK} --kv-cache-tokens 1000000")
+    ) as sim:
+        yield sim.url
+
+
+def test_cache_hits_with_and_without_routing(tmp_path, capsys, overheads, four_ranks):
+    initial, turn = overheads
+    manifest = tmp_path / "m.jsonl"
+    prompts = growing_manifest(manifest, trajectories=4, turns=4)
+    common = [
+        "--agent-plans-jsonl", str(manifest), "--host", four_ranks,
+        "--replay-initial-overhead-tokens", str(initial),
+        "--replay-turn-overhead-tokens", str(turn),
+    ]  # fmt: skip
+    # Per-trajectory prefix reuse, in whole blocks: each turn can reuse its previous prompt.
+    floor_bound = sum((p // BLOCK) * BLOCK for plan in prompts for p in plan[:-1])
+
+    perfect = tmp_path / "perfect"
+    perfect.mkdir()
+    status, summary, _events, _requests = run_agent(
+        perfect,
+        *common, "--seed", "11",
+        "--max-active-agents", "4",
+        "--dp-rank-perfect-routing", "--dp-rank-perfect-routing-num", "4",
+    )  # fmt: skip
+    assert status == 0
+    perfect_cached = summary["metrics"]["server_cached_input_tokens"]
+    assert perfect_cached >= floor_bound
+
+    sticky = tmp_path / "sticky"  # routing key only: a consistent hash keeps each agent on a rank
+    sticky.mkdir()
+    # Other seeds give other texts and tags, so nothing is shared with the earlier runs.
+    status, summary, _events, _requests = run_agent(
+        sticky, *common, "--seed", "12", "--max-active-agents", "4"
+    )
+    assert status == 0
+    assert summary["metrics"]["server_cached_input_tokens"] == perfect_cached
+
+    scattered = tmp_path / "scattered"  # no headers: idle ranks are taken in round-robin order
+    scattered.mkdir()
+    status, summary, _events, requests = run_agent(
+        scattered, *common, "--seed", "13", "--max-active-agents", "1", "--disable-user-tagging"
+    )
+    assert status == 0
+    assert summary["metrics"]["server_cached_input_tokens"] == 0
+    assert len(requests) == 16
+    capsys.readouterr()
+
+
+def test_rank_balance_with_slot_inheritance(tmp_path, capsys, overheads, four_ranks):
+    initial, turn = overheads
+    manifest = tmp_path / "m.jsonl"
+    growing_manifest(manifest, trajectories=12, turns=3)
+    before = metric(four_ranks, "batchbench_sim_requests_total")
+    before_prompt = metric(four_ranks, "batchbench_sim_prompt_tokens_total")
+    status, summary, events, _requests = run_agent(
+        tmp_path,
+        "--agent-plans-jsonl", str(manifest), "--host", four_ranks, "--seed", "3",
+        "--replay-initial-overhead-tokens", str(initial),
+        "--replay-turn-overhead-tokens", str(turn),
+        "--max-active-agents", "4",
+        "--dp-rank-perfect-routing", "--dp-rank-perfect-routing-num", "4",
+    )  # fmt: skip
+    assert status == 0
+    out = capsys.readouterr().out
+    assert "Per-rank load (4 ranks, perfect routing):" in out
+    assert "Rank imbalance (max/mean): requests 1.00, input tokens 1.00" in out
+    ranks = summary["ranks"]
+    assert [r["trajectories"] for r in ranks] == [3, 3, 3, 3]
+    assert [r["requests"] for r in ranks] == [9, 9, 9, 9]
+    assert [r["input_tokens"] for r in ranks] == [3 * (200 + 400 + 600)] * 4
+    assert sorted({e["routing_slot"] for e in events}) == [0, 1, 2, 3]
+    assert all(e["dp_rank"] == e["routing_slot"] % 4 for e in events)
+    after = metric(four_ranks, "batchbench_sim_requests_total")
+    after_prompt = metric(four_ranks, "batchbench_sim_prompt_tokens_total")
+    for rank in range(4):
+        label = f'{{rank="{rank}"}}'
+        assert after[label] - before[label] == ranks[rank]["requests"]
+        assert after_prompt[label] - before_prompt[label] == ranks[rank]["input_tokens"]
+
+
+def one_request_manifest(path: Path) -> Path:
+    path.write_text(
+        '{"schema_version":1,"trajectory_id":"f","requests":'
+        '[{"prompt_tokens":120,"output_tokens":16}]}\n'
+    )
+    return path
+
+
+FAULTS = [
+    # (sim flags, agent flags, fault kind in /metrics, attempts, error prefix or None)
+    ("--fault-error-rate 1 --fault-error-statuses 503", [], "error", 3,
+     "request failed (503 Service Unavailable)"),
+    ("--fault-error-rate 1 --fault-error-statuses 400", [], "error", 1,
+     "request failed (400 Bad Request)"),
+    ("--fault-429-rate 1 --fault-retry-after-s 1", ["--max-retries", "1"], "rate_limit", 2,
+     "request failed (429 Too Many Requests)"),
+    ("--fault-drop-rate 1", [], "drop", 3, "request failed: "),
+    ("--fault-truncate-rate 1", ["--stream"], "truncate", 3, NO_STREAM_USAGE),
+    ("--fault-malformed-rate 1", [], "malformed", 3, "invalid JSON in response body"),
+    ("--fault-malformed-rate 1", ["--stream"], "malformed", 3,
+     "invalid JSON in streamed response chunk"),
+    ("--fault-missing-usage-rate 1", [], "missing_usage", 3, "response missing usage field"),
+    ("--fault-spike-rate 1 --fault-spike-ms 300", [], "latency_spike", 1, None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("sim_flags", "agent_flags", "kind", "attempts", "error"), FAULTS)
+def test_each_fault_is_seen_as_the_right_retry_or_failure(
+    tmp_path, capsys, sim_flags, agent_flags, kind, attempts, error
+):
+    manifest = one_request_manifest(tmp_path / "m.jsonl")
+    with SimProcess(sim_command("deepseek-v3", None, f"--speed 0 {sim_flags}")) as sim:
+        status, summary, events, requests = run_agent(
+            tmp_path,
+            "--agent-plans-jsonl", str(manifest), "--host", sim.url,
+            "--retry-delay-ms", "0", *agent_flags,
+        )  # fmt: skip
+        faults = metric(sim.url, "batchbench_sim_faults_total")
+    assert status == 0  # a failed request stops its agent, not the run
+    out = capsys.readouterr().out
+    [request] = requests
+    assert request["attempts"] == attempts
+    assert faults[f'{{kind="{kind}"}}'] == attempts
+    if error is None:
+        assert request["status"] == "ok" and request["latency_seconds"] >= 0.3
+        assert summary["metrics"]["failed_requests"] == 0
+        return
+    assert request["status"] == "failed" and request["error"].startswith(error)
+    assert summary["metrics"]["failed_requests"] == 1
+    assert events[0]["completed"] is False and events[0]["error"] == request["error"]
+    assert f'Failure: agent 0 trajectory "f" invocation 1: {error}' in out
+    if kind == "rate_limit":
+        assert request["latency_seconds"] >= 1.0  # Retry-After: 1 over a 0 ms backoff
