@@ -14,18 +14,22 @@ Both methods are deterministic functions of (tokenizer file, n, seed) (§4.5, D1
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import operator
 import os
 import re
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
 import numpy as np
+import orjson
 from tokenizers import Encoding, Tokenizer
 
-from batchbench import _impl
+from batchbench import __version__, _impl
 from batchbench.errors import SynthesisError
 from batchbench.tokenizer import LoadedTokenizer
 
@@ -269,6 +273,7 @@ class Synthesizer:
         self._pool = pool
         self._forbidden = forbidden
         self.prepare_seconds = prepare_seconds
+        self.table_cached = False  # True when the table came from the on-disk cache
 
     @classmethod
     def prepare(cls, loaded: LoadedTokenizer) -> Synthesizer:
@@ -287,7 +292,22 @@ class Synthesizer:
 
     @classmethod
     def _build(cls, loaded: LoadedTokenizer) -> Synthesizer:
+        """Read the table from the on-disk cache, or prepare it and store it there."""
         started = time.perf_counter()
+        path = table_cache_path(loaded)
+        table = _read_table(path) if path is not None else None
+        if table is not None:
+            pieces, pool, forbidden = table
+            synth = cls(loaded, pieces, pool, forbidden, time.perf_counter() - started)
+            synth.table_cached = True
+            return synth
+        synth = cls._prepare_table(loaded, started)
+        if path is not None:
+            _write_table(path, synth._pieces, synth._pool, synth._forbidden)
+        return synth
+
+    @classmethod
+    def _prepare_table(cls, loaded: LoadedTokenizer, started: float) -> Synthesizer:
         eligible = eligible_ids(loaded)
         usable = _without(eligible, loaded.added_ids)
         if usable.size == 0:  # only added (non-special) ids left: §4.2 still allows them
@@ -432,3 +452,78 @@ def _cache_key(loaded: LoadedTokenizer) -> tuple | None:
     if not os.path.isfile(source):
         return None
     return ("file", os.path.realpath(source), stat.st_size, stat.st_mtime_ns)
+
+
+# ---------------------------------------------------------------------------------------
+# The on-disk table cache. Preparation is a deterministic function of the tokenizer file's
+# bytes and this module's algorithm, so its result is kept per (file digest, package version,
+# format) and start-up costs a file read instead of about a second and a half of proofs.
+
+TABLE_FORMAT = 1
+NO_TABLE_CACHE_ENV = "BATCHBENCH_NO_TABLE_CACHE"
+CACHE_DIR_ENV = "BATCHBENCH_CACHE_DIR"
+
+
+def cache_dir() -> str:
+    """``$BATCHBENCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/batchbench``, else
+    ``~/.cache/batchbench``."""
+    explicit = os.environ.get(CACHE_DIR_ENV)
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "batchbench")
+
+
+def table_cache_path(loaded: LoadedTokenizer) -> str | None:
+    """Where this tokenizer file's table lives; None for in-memory tokenizers or when
+    ``BATCHBENCH_NO_TABLE_CACHE`` is set."""
+    if os.environ.get(NO_TABLE_CACHE_ENV):
+        return None
+    key = _cache_key(loaded)
+    if key is None or key[0] != "file":
+        return None
+    digest = hashlib.sha256()
+    try:
+        with open(key[1], "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    name = f"table-v{TABLE_FORMAT}-{__version__}-{digest.hexdigest()[:40]}.json"
+    return os.path.join(cache_dir(), name)
+
+
+def _read_table(path: str):
+    try:
+        with open(path, "rb") as handle:
+            document = orjson.loads(handle.read())
+        pieces = document["pieces"]
+        pool = np.asarray(document["pool"], dtype=np.int64)
+        forbidden = frozenset(int(i) for i in document["forbidden"])
+        if document.get("format") != TABLE_FORMAT or (pieces is not None and not pieces):
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # missing or unreadable: prepare it again
+    return pieces, pool, forbidden
+
+
+def _write_table(path: str, pieces, pool: np.ndarray, forbidden: frozenset[int]) -> None:
+    """Write atomically (temporary file, then rename); a cache that cannot be written is
+    skipped silently, since it only saves time."""
+    document = {
+        "format": TABLE_FORMAT,
+        "pieces": list(pieces) if pieces else None,
+        "pool": pool.tolist(),
+        "forbidden": sorted(forbidden),
+    }
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=directory, prefix=".table-")
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(orjson.dumps(document))
+            os.fchmod(handle.fileno(), 0o644)
+        os.replace(temporary, path)
+    except OSError:
+        with contextlib.suppress(OSError, UnboundLocalError):
+            os.unlink(temporary)

