@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from batchbench.agent_args import parse_agent_args, resolve_shape, shape_flags_given
 from batchbench.config import RunConfig
 from batchbench.content import ContentFactory
-from batchbench.driver import DriverSettings, HttpAgentBody, make_session
+from batchbench.driver import DriverSettings, HttpAgentBody, make_session, raise_open_file_limit
 from batchbench.dryrun import DryRunBody
 from batchbench.engine import EngineResult, run_closed_loop, run_open_loop
 from batchbench.errors import BatchbenchError, UsageError
@@ -252,6 +252,9 @@ async def _drive(
         if config.admission == "closed-loop"
         else config.max_active_requested
     )
+    warning = raise_open_file_limit(max_connections or len(workload))
+    if warning:
+        print(warning, file=sys.stderr)
     session = make_session(settings, max_connections)
     try:
         body = HttpAgentBody(settings, workload, factory, pool, session, recorder, shutdown)

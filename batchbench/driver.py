@@ -9,6 +9,7 @@ Texts for the next turn are generated while the request is in flight.
 from __future__ import annotations
 
 import asyncio
+import resource
 import sys
 import time
 from collections.abc import Callable
@@ -78,6 +79,26 @@ class _Retry(Exception):
     def __init__(self, text: str, retry_after: float | None = None) -> None:
         super().__init__(text)
         self.retry_after = retry_after
+
+
+def raise_open_file_limit(connections: int) -> str | None:
+    """Lift the soft open-file limit so every active agent can hold a connection; returns
+    a warning when even the hard limit is too low."""
+    needed = connections + 256  # files, pipes, the event loop's own descriptors
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        return (
+            f"warning: the open-file limit ({soft}) is below the {connections} connections "
+            "that the active agents may hold; raise it with ulimit -n"
+        )
+    return None
 
 
 def make_session(settings: DriverSettings, max_connections: int | None) -> aiohttp.ClientSession:

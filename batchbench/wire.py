@@ -7,6 +7,7 @@ long history is never serialized twice. Every JSON object has a fixed key order 
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import hashlib
 import http
@@ -40,6 +41,8 @@ ERROR_BODY_LIMIT = 500
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
 BACKOFF_CEILING_MS = 60_000
 _U64_MAX = (1 << 64) - 1
+# Largest delta-seconds honoured (RFC 9110's 2^31); longer values saturate to it.
+_RETRY_AFTER_MAX_S = float(1 << 31)
 
 
 class ResponseError(Exception):
@@ -371,14 +374,22 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     if value is None:
         return None
     value = value.strip()
+    if not value.isascii():
+        return None
     if value.isdigit():
-        return float(int(value))
+        digits = value.lstrip("0")
+        if len(digits) > 10:
+            return _RETRY_AFTER_MAX_S
+        return min(float(int(digits or "0")), _RETRY_AFTER_MAX_S)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when is None or when.tzinfo is None:
+    if when is None:
         return None
+    if when.tzinfo is None:
+        # The asctime form carries no zone; HTTP-dates are always GMT (RFC 9110 §5.6.7).
+        when = when.replace(tzinfo=datetime.UTC)
     seconds = when.timestamp() - (time.time() if now is None else now)
     return max(seconds, 0.0)
 
