@@ -8,6 +8,7 @@ right retry or failure.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import re
 import urllib.request
@@ -206,7 +207,7 @@ def test_rank_balance_with_slot_inheritance(tmp_path, capsys, overheads, four_ra
     assert all(e["dp_rank"] == e["routing_slot"] % 4 and e["completed"] for e in events)
     for group in by_rank:
         spans = sorted((e["admitted_at_seconds"], e["finished_at_seconds"]) for e in group)
-        assert spans and all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+        assert spans and all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
     requests = [r["requests"] for r in ranks]
     tokens = [r["input_tokens"] for r in ranks]
     assert (
