@@ -20,6 +20,7 @@ import aiohttp
 
 from batchbench.content import ContentFactory
 from batchbench.engine import COMPLETED, FAILED, INTERRUPTED
+from batchbench.errors import BatchbenchError
 from batchbench.recording import Recorder
 from batchbench.shutdown import Shutdown
 from batchbench.wire import (
@@ -168,6 +169,15 @@ class HttpAgentBody:
 
     # -- the agent loop ---------------------------------------------------------------
     async def run(self, agent: int, slot: int, prompt: str) -> int:
+        """One trajectory; an unexpected error is fatal with the COMPAT §5.11 wording."""
+        try:
+            return await self._run(agent, slot, prompt)
+        except (BatchbenchError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            raise BatchbenchError(f"agent worker task failed: {type(exc).__name__}: {exc}") from exc
+
+    async def _run(self, agent: int, slot: int, prompt: str) -> int:
         settings = self.settings
         workload = self.workload
         recorder = self.recorder
@@ -289,7 +299,7 @@ class HttpAgentBody:
                 error = str(exc)
             except TimeoutError:
                 error = self._timeout_text
-            except aiohttp.ClientError as exc:
+            except (aiohttp.ClientError, OSError) as exc:
                 error = _transport_text(exc)
             finally:
                 recorder.in_flight -= 1
@@ -359,7 +369,7 @@ def _raise_status(status: int, raw: bytes, retry_after: str | None) -> None:
     raise _Final(text)
 
 
-def _transport_text(exc: aiohttp.ClientError) -> str:
+def _transport_text(exc: Exception) -> str:
     detail = str(exc) or type(exc).__name__
     return f"request failed: {detail}"
 

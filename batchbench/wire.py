@@ -266,10 +266,11 @@ class StreamAssembler:
     and ``[DONE]`` are ignored. Arrival times are those of the read that completed the line.
     """
 
-    __slots__ = ("_carry", "_chunks", "_content", "_reasoning", "_times", "_usage")
+    __slots__ = ("_carry", "_chunks", "_content", "_last_read", "_reasoning", "_times", "_usage")
 
     def __init__(self) -> None:
         self._carry = b""
+        self._last_read = 0.0
         self._chunks = 0
         self._content: list[str] = []
         self._reasoning: list[str] = []
@@ -277,6 +278,7 @@ class StreamAssembler:
         self._usage = None
 
     def feed(self, data: bytes, arrived: float) -> None:
+        self._last_read = arrived
         if self._carry:
             data = self._carry + data
         end = data.rfind(b"\n")
@@ -326,7 +328,7 @@ class StreamAssembler:
             line = self._carry.rstrip(b"\r")
             self._carry = b""
             if line[:5] == b"data:":
-                self._payload(line[5:].strip(), time.perf_counter())
+                self._payload(line[5:].strip(), self._last_read)
         if self._chunks == 0:
             raise ResponseError(NO_CHUNKS)
         if self._usage is None:
