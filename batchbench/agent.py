@@ -364,7 +364,11 @@ def _run(args, sha256, shape, workload: Workload, root_seed: int, started: str) 
                 ) as pool,
                 _event_loop_runner() as runner,
             ):
-                live = runner.run(_drive(args, config, workload, factory, pool, events))
+                try:
+                    live = runner.run(_drive(args, config, workload, factory, pool, events))
+                finally:
+                    # Texts prepared ahead for turns that will never run are not waited for.
+                    pool.shutdown(wait=False, cancel_futures=True)
             result = live.result
     finally:
         if events is not None:
@@ -413,6 +417,10 @@ def run_console(argv: Sequence[str] | None, prog: str) -> int:
         print(f"Error: {exc}", file=sys.stderr)
         return 2
     except BatchbenchError as exc:
+        sys.stdout.flush()
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a file or socket problem not wrapped above: still one line
         sys.stdout.flush()
         print(f"Error: {exc}", file=sys.stderr)
         return 1

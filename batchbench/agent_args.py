@@ -399,6 +399,11 @@ def check_companions(args: argparse.Namespace) -> None:
     for dest, flag in (("sim_dp_ranks", "--sim-dp-ranks"), ("sim_args", "--sim-args")):
         if getattr(args, dest) is not None and not args.sim:
             raise UsageError(f"{flag} requires --sim")
+    if args.sim and args.endpoint.startswith(("http://", "https://")):
+        raise UsageError(
+            "--sim cannot be combined with a full-URL --endpoint; give a path such as "
+            "/v1/chat/completions"
+        )
     if args.sim and args.dry_run:
         raise UsageError("--sim cannot be combined with --dry-run; a dry-run sends nothing")
 

@@ -231,6 +231,10 @@ class HttpAgentBody:
                     raise
             if reply is None:
                 if error is None:  # cut short by the shutdown while waiting to retry
+                    self._request_event(
+                        agent, ident, invocation, slot, rank, request, None, started, elapsed,
+                        attempts, "cancelled", None,
+                    )  # fmt: skip
                     return INTERRUPTED
                 recorder.request_failed(figures, rank, agent, ident, invocation, error)
                 self._request_event(

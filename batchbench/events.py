@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from batchbench.engine import TrajectoryRecord
+from batchbench.errors import BatchbenchError
 
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
 REQUEST_FLUSH_SECONDS = 0.25
@@ -25,11 +26,14 @@ class JsonlFile:
     """A file created (with parents) and truncated at start, receiving whole lines only."""
 
     def __init__(self, path: str) -> None:
-        parent = os.path.dirname(path)
-        if parent:
-            os.makedirs(parent, exist_ok=True)
         self.path = path
-        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            parent = os.path.dirname(path)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError as exc:
+            raise BatchbenchError(f"failed to create {path}: {exc.strerror or exc}") from None
         self._pending = bytearray()
         self._last_flush = time.monotonic()
 
@@ -50,17 +54,22 @@ class JsonlFile:
     def flush(self) -> None:
         if self._fd is None or not self._pending:
             return
-        view = memoryview(self._pending)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
-        view.release()
-        self._pending.clear()
+        data = bytes(self._pending)
+        self._pending.clear()  # bytes handed to the kernel are never sent twice
+        offset = 0
+        try:
+            while offset < len(data):
+                offset += os.write(self._fd, memoryview(data)[offset:])
+        except OSError as exc:
+            raise BatchbenchError(f"failed to write {self.path}: {exc.strerror or exc}") from None
         self._last_flush = time.monotonic()
 
     def close(self) -> None:
-        if self._fd is not None:
+        if self._fd is None:
+            return
+        try:
             self.flush()
+        finally:
             os.close(self._fd)
             self._fd = None
 

@@ -14,6 +14,7 @@ import orjson
 from batchbench import __version__
 from batchbench.config import RunConfig
 from batchbench.engine import EngineResult
+from batchbench.errors import BatchbenchError
 from batchbench.metrics import RunTotals, percentiles
 from batchbench.recording import ClientHealth, RankFigures
 from batchbench.sampling import describe_latency, short_float
@@ -430,7 +431,10 @@ def csv_row(
 def _ensure_parent(path: str) -> None:
     parent = os.path.dirname(path)
     if parent:
-        os.makedirs(parent, exist_ok=True)
+        try:
+            os.makedirs(parent, exist_ok=True)
+        except OSError as exc:
+            raise BatchbenchError(f"failed to create {parent}: {exc.strerror or exc}") from None
 
 
 def write_csv(path: str, row: list[str]) -> None:
@@ -440,8 +444,11 @@ def write_csv(path: str, row: list[str]) -> None:
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(ALL_CSV_COLUMNS)
     writer.writerow(row)
-    with open(path, "w", encoding="utf-8", newline="") as handle:
-        handle.write(buffer.getvalue())
+    try:
+        with open(path, "w", encoding="utf-8", newline="") as handle:
+            handle.write(buffer.getvalue())
+    except OSError as exc:
+        raise BatchbenchError(f"failed to write {path}: {exc.strerror or exc}") from None
 
 
 def summary_document(
@@ -496,5 +503,10 @@ def summary_document(
 
 def write_json(path: str, document: dict) -> None:
     _ensure_parent(path)
-    with open(path, "wb") as handle:
-        handle.write(orjson.dumps(document, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE))
+    try:
+        with open(path, "wb") as handle:
+            handle.write(
+                orjson.dumps(document, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+            )
+    except OSError as exc:
+        raise BatchbenchError(f"failed to write {path}: {exc.strerror or exc}") from None

@@ -66,17 +66,21 @@ class SimProcess:
             start_new_session=True,
         )
         self._process = process
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        if not line.startswith(LISTENING):
-            status = process.wait()
-            raise SimError(
-                f"the simulator did not start (exit status {status}); "
-                f"command: {shlex.join(self.command[1:])}"
-            )
-        self.url = line[len(LISTENING) :].strip()
-        threading.Thread(target=_drain, args=(process.stdout,), daemon=True).start()
-        self._wait_healthy(time.monotonic() + timeout)
+        try:
+            assert process.stdout is not None
+            line = process.stdout.readline()
+            if not line.startswith(LISTENING):
+                self.stop()  # a child that is still running is terminated, not waited for
+                raise SimError(
+                    f"the simulator did not start (exit status {process.returncode}); "
+                    f"command: {shlex.join(self.command[1:])}"
+                )
+            self.url = line[len(LISTENING) :].strip()
+            threading.Thread(target=_drain, args=(process.stdout,), daemon=True).start()
+            self._wait_healthy(time.monotonic() + timeout)
+        except BaseException:  # SimError, KeyboardInterrupt: never leave the child running
+            self.stop()
+            raise
         return self.url
 
     def _wait_healthy(self, deadline: float) -> None:

@@ -27,6 +27,7 @@ from typing import Literal
 
 import numpy as np
 import orjson
+import tokenizers
 from tokenizers import Encoding, Tokenizer
 
 from batchbench import __version__, _impl
@@ -489,7 +490,8 @@ def table_cache_path(loaded: LoadedTokenizer) -> str | None:
                 digest.update(block)
     except OSError:
         return None
-    name = f"table-v{TABLE_FORMAT}-{__version__}-{digest.hexdigest()[:40]}.json"
+    library = tokenizers.__version__  # proofs hold for this library's encoder
+    name = f"table-v{TABLE_FORMAT}-{__version__}-tok{library}-{digest.hexdigest()[:40]}.json"
     return os.path.join(cache_dir(), name)
 
 
