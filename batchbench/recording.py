@@ -16,7 +16,7 @@ from typing import Any
 
 from batchbench.events import JsonlFile
 from batchbench.metrics import RunTotals, percentile
-from batchbench.wire import Reply, StreamSamples
+from batchbench.wire import Reply, StreamSamples, median_seconds
 
 LAG_INTERVAL_SECONDS = 0.010
 
@@ -36,7 +36,7 @@ class AgentFigures:
     previous_prompt: int = 0
 
     def as_fields(self) -> dict[str, Any]:
-        ttft = percentile(sorted(self.ttfts), 0.5) if self.ttfts else None
+        ttft = median_seconds(self.ttfts) if self.ttfts else None
         return {
             "requests": self.requests,
             "successful_requests": self.successful_requests,
