@@ -148,9 +148,13 @@ class HttpAgentBody:
         self.recorder.start_clock()
 
     # -- text -------------------------------------------------------------------------
+    def _cheap(self, tokens: int) -> bool:
+        """True when a text of ``tokens`` is cheaper to assemble here than to hand off."""
+        return self._inline and tokens <= INLINE_TEXT_TOKENS
+
     def _text_later(self, make: Callable[[int, int], str], agent: int, turn: int, tokens: int):
-        """A future for a text, or a thunk's result when it is cheap enough to make now."""
-        if self._inline and tokens <= INLINE_TEXT_TOKENS:
+        """A future for a text, or None when it is cheap enough to make when needed."""
+        if self._cheap(tokens):
             return None
         return asyncio.get_running_loop().run_in_executor(self.pool, make, agent, turn)
 
@@ -161,8 +165,7 @@ class HttpAgentBody:
 
     async def prepare(self, agent: int) -> str:
         request = self.workload.turns(agent)[0]
-        tokens = int(self.workload.input_content_tokens[request])
-        if self._inline and tokens <= INLINE_TEXT_TOKENS:
+        if self._cheap(int(self.workload.input_content_tokens[request])):
             return self.factory.initial_prompt(agent)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.pool, self.factory.initial_prompt, agent)
@@ -201,6 +204,12 @@ class HttpAgentBody:
         conversation.reset(prompt)
         factory = self.factory
 
+        def event(request, reply, started, elapsed, attempts, status, error) -> None:
+            self._request_event(
+                agent, ident, invocation, slot, rank, request, reply, started, elapsed,
+                attempts, status, error,
+            )  # fmt: skip
+
         for turn, request in enumerate(turns):
             if shutdown.stopped:
                 return INTERRUPTED
@@ -224,29 +233,17 @@ class HttpAgentBody:
                     reply, error, attempts, started, elapsed = await self._send(body, headers)
                 except asyncio.CancelledError:
                     # Cut off after the grace period: neither successful nor failed (D6).
-                    self._request_event(
-                        agent, ident, invocation, slot, rank, request, None, None, None, None,
-                        "cancelled", None,
-                    )  # fmt: skip
+                    event(request, None, None, None, None, "cancelled", None)
                     raise
             if reply is None:
                 if error is None:  # cut short by the shutdown while waiting to retry
-                    self._request_event(
-                        agent, ident, invocation, slot, rank, request, None, started, elapsed,
-                        attempts, "cancelled", None,
-                    )  # fmt: skip
+                    event(request, None, started, elapsed, attempts, "cancelled", None)
                     return INTERRUPTED
                 recorder.request_failed(figures, rank, agent, ident, invocation, error)
-                self._request_event(
-                    agent, ident, invocation, slot, rank, request, None, started, elapsed,
-                    attempts, "failed", error,
-                )  # fmt: skip
+                event(request, None, started, elapsed, attempts, "failed", error)
                 return FAILED
             recorder.request_succeeded(figures, rank, reply, elapsed)
-            self._request_event(
-                agent, ident, invocation, slot, rank, request, reply, started, elapsed,
-                attempts, "ok", None,
-            )  # fmt: skip
+            event(request, reply, started, elapsed, attempts, "ok", None)
 
             delay = float(latency_ms[request]) / 1000.0
             if delay > 0:
@@ -310,9 +307,8 @@ class HttpAgentBody:
             if attempt >= self._attempts:
                 return None, error, attempt, started, time.perf_counter() - start
             wait = backoff_ms(settings.retry_delay_ms, attempt - 1, retry_after)
-            if wait > 0 and not await self.shutdown.sleep(wait / 1000.0):
-                return None, None, attempt, started, time.perf_counter() - start
-            if self.shutdown.stopped:
+            slept = await self.shutdown.sleep(wait / 1000.0) if wait > 0 else True
+            if not slept or self.shutdown.stopped:
                 return None, None, attempt, started, time.perf_counter() - start
 
     async def _post(self, body: bytes, headers: dict[str, str]) -> Reply:

@@ -127,6 +127,16 @@ class _ShutdownWatch:
     def pending(self) -> set[asyncio.Future]:
         return {w for w in (self.stop, self.cancel) if w is not None and not w.done()}
 
+    def react(self, done: set, unadmitted: set[asyncio.Task], running: set[asyncio.Task]) -> None:
+        """Once admission stops, cancel what is not admitted yet; once the grace period
+        ends, cancel what still runs."""
+        if self.stop in done:
+            for task in unadmitted:
+                task.cancel()
+        if self.cancel in done:
+            for task in running:
+                task.cancel()
+
     def close(self) -> None:
         for waiter in (self.stop, self.cancel):
             if waiter is not None:
@@ -189,12 +199,7 @@ async def run_closed_loop(
             done, _ = await asyncio.wait(
                 tasks | watch.pending(), return_when=asyncio.FIRST_COMPLETED
             )
-            if watch.stop in done:
-                for task in waiting:
-                    task.cancel()
-            if watch.cancel in done:
-                for task in tasks:
-                    task.cancel()
+            watch.react(done, waiting, tasks)
             finished = done & tasks
             tasks -= finished
             for record in _in_finish_order(finished):
@@ -310,13 +315,7 @@ async def run_open_loop(
         while not spawn.done() or tasks:
             pending = set(tasks) | watch.pending() | ({spawn} if not spawn.done() else set())
             done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            if watch.stop in done:
-                spawn.cancel()
-                for task in waiting:
-                    task.cancel()
-            if watch.cancel in done:
-                for task in tasks:
-                    task.cancel()
+            watch.react(done, waiting | {spawn}, tasks)
             if spawn in done and not spawn.cancelled():
                 spawn.result()
             finished = done & tasks

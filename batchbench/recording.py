@@ -130,9 +130,7 @@ class Recorder:
             if figures.ttfts is None:
                 figures.ttfts = []
             figures.ttfts.append(reply.ttft)
-            self.stream.add(reply)
-        elif reply.tpot is not None or reply.gaps:
-            self.stream.add(reply)
+            self.stream.add(reply)  # gaps and TPOT exist only when a content chunk did
         if rank is not None:
             load = self.ranks[rank]
             load.requests += 1

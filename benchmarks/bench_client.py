@@ -382,19 +382,30 @@ async def _openai_worker(client, worker: int, turns: int, stream: bool, tally: d
                 )
                 content = response.choices[0].message.content
                 usage = response.usage
-            tally["prompt_tokens"] += usage.prompt_tokens
-            tally["latency"].append(time.perf_counter() - sent)
-            tally["requests"] += 1
+            _count_success(tally, usage.prompt_tokens, sent)
         except Exception as exc:  # a baseline reports failures, it does not stop
-            tally["requests"] += 1
-            tally["failed"] += 1
-            tally["error"] = repr(exc)
+            _count_failure(tally, exc)
             return
-        call = f"call_{worker}_{turn}"
-        messages.append(_assistant(content, call))
-        messages.append(
-            {"role": "tool", "tool_call_id": call, "content": _environment(worker, turn)}
-        )
+        _append_turn(messages, worker, turn, content)
+
+
+def _count_success(tally: dict, prompt_tokens: int, sent: float) -> None:
+    tally["prompt_tokens"] += prompt_tokens
+    tally["latency"].append(time.perf_counter() - sent)
+    tally["requests"] += 1
+
+
+def _count_failure(tally: dict, exc: Exception) -> None:
+    tally["requests"] += 1
+    tally["failed"] += 1
+    tally["error"] = repr(exc)
+
+
+def _append_turn(messages: list[dict], worker: int, turn: int, content) -> None:
+    """The reply with a tool call, then the tool result, as the baselines grow the history."""
+    call = f"call_{worker}_{turn}"
+    messages.append(_assistant(content, call))
+    messages.append({"role": "tool", "tool_call_id": call, "content": _environment(worker, turn)})
 
 
 async def _aiohttp_worker(session, url, worker: int, turns: int, stream: bool, tally) -> None:
@@ -441,19 +452,11 @@ async def _aiohttp_worker(session, url, worker: int, turns: int, stream: bool, t
                     document = json.loads(await response.text())
                     content = document["choices"][0]["message"]["content"]
                     usage = document["usage"]
-            tally["prompt_tokens"] += usage["prompt_tokens"]
-            tally["latency"].append(time.perf_counter() - sent)
-            tally["requests"] += 1
+            _count_success(tally, usage["prompt_tokens"], sent)
         except Exception as exc:  # a baseline reports failures, it does not stop
-            tally["requests"] += 1
-            tally["failed"] += 1
-            tally["error"] = repr(exc)
+            _count_failure(tally, exc)
             return
-        call = f"call_{worker}_{turn}"
-        messages.append(_assistant(content, call))
-        messages.append(
-            {"role": "tool", "tool_call_id": call, "content": _environment(worker, turn)}
-        )
+        _append_turn(messages, worker, turn, content)
 
 
 async def _baseline(kind: str, url: str, requests: int, concurrency: int, stream: bool) -> dict:
