@@ -6,23 +6,36 @@ import asyncio
 import gc
 import os
 import secrets
+import shlex
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from urllib.parse import urlsplit
 
+import aiohttp
+
 from batchbench.agent_args import parse_agent_args, resolve_shape, shape_flags_given
+from batchbench.calibrate import Calibration, calibrate
 from batchbench.config import RunConfig
 from batchbench.content import ContentFactory
-from batchbench.driver import DriverSettings, HttpAgentBody, make_session, raise_open_file_limit
+from batchbench.driver import (
+    DriverSettings,
+    Fidelity,
+    HttpAgentBody,
+    make_session,
+    raise_open_file_limit,
+)
 from batchbench.dryrun import DryRunBody
 from batchbench.engine import EngineResult, run_closed_loop, run_open_loop
 from batchbench.errors import BatchbenchError, UsageError
 from batchbench.events import JsonlFile, LifecycleWriter
-from batchbench.manifest import hash_manifest, load_manifest
+from batchbench.framing import ContentContext, Framing, ReplyCounter, content_contexts
+from batchbench.manifest import Manifest, hash_manifest, load_manifest
 from batchbench.metrics import RunTotals
+from batchbench.oracle import PromptOracle, server_root
 from batchbench.progress import Progress, progress_wanted
 from batchbench.recording import Recorder
 from batchbench.report import (
@@ -40,11 +53,18 @@ from batchbench.report import (
 from batchbench.shutdown import Shutdown
 from batchbench.simlaunch import SimProcess, sim_command
 from batchbench.synth import Synthesizer
-from batchbench.tokenizer import load_tokenizer
-from batchbench.wire import BodyOptions
+from batchbench.tokenizer import LoadedTokenizer, load_tokenizer
+from batchbench.wire import (
+    MISSING_USAGE,
+    NO_STREAM_USAGE,
+    BodyOptions,
+    request_headers,
+    tool_call_id,
+)
 from batchbench.workload import SampledShape, Workload, compile_manifest, compile_sampled
 
 SIM_DEFAULT_TOKENIZER = "deepseek-v3"
+NO_USAGE_ERRORS = (MISSING_USAGE, NO_STREAM_USAGE)
 
 
 def resolve_endpoint(host: str, endpoint: str) -> str:
@@ -89,22 +109,52 @@ def runtime_checks(args) -> tuple[str | None, SampledShape]:
     return sha256, shape
 
 
-def build_workload(args, sha256: str | None, shape: SampledShape, root_seed: int) -> Workload:
+def load_plans(args, sha256: str | None) -> Manifest | None:
+    """Parse the manifest (replay) so its errors come before anything slow; None when sampled."""
     if args.agent_plans_jsonl is None:
+        return None
+    return load_manifest(args.agent_plans_jsonl, sha256=sha256)
+
+
+def build_workload(
+    args,
+    manifest: Manifest | None,
+    shape: SampledShape,
+    root_seed: int,
+    overheads: tuple[int, int] = (0, 0),
+) -> Workload:
+    """Compile the plans; ``overheads`` are (initial, turn) framing tokens (replay only)."""
+    if manifest is None:
         return compile_sampled(shape, args.agents or 1, root_seed)
-    manifest = load_manifest(args.agent_plans_jsonl, sha256=sha256)
     return compile_manifest(
         manifest,
-        initial_overhead=args.replay_initial_overhead_tokens or 0,
-        turn_overhead=args.replay_turn_overhead_tokens or 0,
+        initial_overhead=overheads[0],
+        turn_overhead=overheads[1],
         time_scale=args.time_scale or 1.0,
     )
 
 
+def starting_overheads(args, calibration: Calibration | None) -> tuple[int, int]:
+    """(initial, turn): explicit flags win, then calibration, then 0."""
+    initial = args.replay_initial_overhead_tokens
+    turn = args.replay_turn_overhead_tokens
+    if initial is None:
+        initial = calibration.initial if calibration is not None else 0
+    if turn is None:
+        turn = calibration.turn if calibration is not None else 0
+    return initial, turn
+
+
 def make_config(
-    args, sha256: str | None, shape: SampledShape, workload: Workload, root_seed: int
+    args,
+    sha256: str | None,
+    shape: SampledShape,
+    workload: Workload,
+    root_seed: int,
+    extras: dict | None = None,
 ) -> RunConfig:
     return RunConfig(
+        **(extras or {}),
         model=args.model,
         tokenizer_model=args.tokenizer_model or args.model,
         host=args.host,
@@ -238,10 +288,17 @@ class LiveRun:
     recorder: Recorder
     interrupted_by: str | None
     exit_status: int
+    framing: Framing
 
 
 async def _drive(
-    args, config: RunConfig, workload: Workload, factory: ContentFactory, pool, events
+    args,
+    config: RunConfig,
+    workload: Workload,
+    factory: ContentFactory,
+    pool,
+    events,
+    replies: ReplyCounter,
 ) -> LiveRun:
     settings = driver_settings(args, config)
     recorder = Recorder(dp_ranks=config.dp_ranks)
@@ -271,7 +328,19 @@ async def _drive(
         print(warning, file=sys.stderr)
     session = make_session(settings, max_connections)
     try:
-        body = HttpAgentBody(settings, workload, factory, pool, session, recorder, shutdown)
+        fidelity = Fidelity(
+            Framing(config.framing_initial, config.framing_turn, learn=config.prompt_correction),
+            replies if config.prompt_correction else None,
+        )
+        if config.prompt_oracle == "server":
+            oracle = PromptOracle(
+                session, server_root(settings.url), request_headers(settings.api_key, None, None)
+            )
+            await oracle.detect()
+            fidelity = replace(fidelity, oracle=oracle)
+        body = HttpAgentBody(
+            settings, workload, factory, pool, session, recorder, shutdown, fidelity
+        )
         if config.admission == "open-loop":
             offsets = [0.0] * len(workload)  # schema v1 has no start offsets
             run = run_open_loop(offsets, config.max_active_requested, body, sink, shutdown)
@@ -294,6 +363,7 @@ async def _drive(
         recorder,
         shutdown.signal_name,
         shutdown.exit_status if shutdown.stopped else 0,
+        body.fidelity.framing,
     )
 
 
@@ -313,7 +383,10 @@ def _start_sim(args):
         return None
     tokenizer = args.tokenizer_model or SIM_DEFAULT_TOKENIZER
     args.tokenizer_model = tokenizer
-    sim = SimProcess(sim_command(tokenizer, args.sim_dp_ranks, args.sim_args))
+    extra = args.sim_args or ""
+    if args.chat_template is not None:
+        extra = f"--chat-template {shlex.quote(args.chat_template)} {extra}"
+    sim = SimProcess(sim_command(tokenizer, args.sim_dp_ranks, extra or None))
     sim.start()
     args.host = sim.url
     return sim
@@ -330,23 +403,135 @@ def main(argv: Sequence[str] | None = None, prog: str = "batchbench-agent") -> i
     started = datetime.now(UTC).isoformat(timespec="seconds")
     sha256, shape = runtime_checks(args)
     root_seed = args.seed if args.seed is not None else secrets.randbits(64)
-    workload = build_workload(args, sha256, shape, root_seed)
+    manifest = load_plans(args, sha256)
+    workload = None
+    if not args.calibrate:  # plans are built before the tokenizer loads (COMPAT §1.3)
+        workload = build_workload(args, manifest, shape, root_seed, starting_overheads(args, None))
     sim = _start_sim(args)
     try:
-        return _run(args, sha256, shape, workload, root_seed, started)
+        return _run(args, sha256, shape, manifest, workload, root_seed, started)
     finally:
         if sim is not None:
             sim.stop()
 
 
-def _run(args, sha256, shape, workload: Workload, root_seed: int, started: str) -> int:
-    config = make_config(args, sha256, shape, workload, root_seed)
-    loaded = load_tokenizer(config.tokenizer_model)
-    config.tokenizer_source = loaded.source
+def sim_chat_template(args) -> str:
+    """The template the --sim child renders with: --chat-template, else one given in
+    --sim-args, else the simulator's default (chatml)."""
+    if args.chat_template is not None:
+        return args.chat_template
+    words = shlex.split(args.sim_args or "")
+    for index, word in enumerate(words):
+        if word == "--chat-template" and index + 1 < len(words):
+            return words[index + 1]
+        if word.startswith("--chat-template="):
+            return word.split("=", 1)[1]
+    return "chatml"
+
+
+def reply_context_template(args, loaded: LoadedTokenizer) -> tuple[str | None, ContentContext]:
+    """The server's chat template when the client can know it, and the template text around
+    assistant contents in it (empty when unknown: replies are then counted on their own)."""
+    spec = args.chat_template
+    if args.sim:
+        spec = sim_chat_template(args)
+    try:
+        from batchbench.chat_templates import load_chat_template
+    except ImportError:  # pragma: no cover - the module ships with the package
+        return None, ContentContext()
+    if spec is None:
+        if not template_beside(loaded):
+            return None, ContentContext()
+        spec = "tokenizer"
+    try:
+        template = load_chat_template(spec, loaded)
+        context = content_contexts(template, tool_call_id(0, 1))["assistant"]
+    except BatchbenchError as exc:
+        if args.chat_template is None and not args.sim:
+            print(f"warning: {exc}; replies are counted without their template", file=sys.stderr)
+            return None, ContentContext()
+        raise UsageError(f"--chat-template {spec}: {exc}") from None
+    return spec, context
+
+
+def template_beside(loaded: LoadedTokenizer) -> bool:
+    """True when a chat template sits beside the tokenizer file."""
+    source = Path(loaded.source)
+    if not source.is_file():
+        return False
+    if (source.parent / "chat_template.jinja").is_file():
+        return True
+    config = source.parent / "tokenizer_config.json"
+    try:
+        return config.is_file() and b'"chat_template"' in config.read_bytes()
+    except OSError:
+        return False
+
+
+def run_calibration(args, loaded: LoadedTokenizer, synth: Synthesizer, replies) -> Calibration:
+    """--calibrate: probe the target before the run."""
+    url = resolve_endpoint(args.host, args.endpoint)
+    options = BodyOptions(
+        model=args.model, sglang=args.sglang, ignore_eos=args.ignore_eos, stream=args.stream
+    )
+    headers = request_headers(api_key(args), None, None)
+
+    async def probe() -> Calibration:
+        async with aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=float(args.request_timeout_secs))
+        ) as session:
+            return await calibrate(
+                session, url, headers, options, synth, replies, not args.disable_user_tagging
+            )
+
+    with _event_loop_runner() as runner:
+        return runner.run(probe())
+
+
+def _run(
+    args,
+    sha256,
+    shape,
+    manifest: Manifest | None,
+    workload: Workload | None,
+    root_seed: int,
+    started: str,
+) -> int:
+    loaded = load_tokenizer(args.tokenizer_model or args.model)
     synth = Synthesizer.prepare(loaded)
+    template_name, context = reply_context_template(args, loaded)
+    replies = ReplyCounter(loaded, context)
+    calibration = None
+    if args.calibrate:
+        calibration = run_calibration(args, loaded, synth, replies)
+        for line in calibration.lines(resolve_endpoint(args.host, args.endpoint)):
+            print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout)
+    overheads = starting_overheads(args, calibration)
+    if workload is None:
+        workload = build_workload(args, manifest, shape, root_seed, overheads)
+    salt = args.content_salt if args.content_salt is not None else secrets.token_hex(8)
+    config = make_config(
+        args,
+        sha256,
+        shape,
+        workload,
+        root_seed,
+        extras={
+            "content_salt": salt,
+            "prompt_correction": args.prompt_correction,
+            "prompt_oracle": args.prompt_oracle,
+            "chat_template": template_name,
+            "calibration": calibration.as_dict() if calibration is not None else None,
+            "framing_initial": overheads[0],
+            "framing_turn": overheads[1],
+        },
+    )
+    if calibration is not None and config.workload_mode == "trajectory_replay":
+        config.initial_overhead, config.turn_overhead = overheads
+    config.tokenizer_source = loaded.source
     _write(banner_lines(config))
     sys.stdout.flush()
-    factory = ContentFactory(synth, workload, root_seed)
+    factory = ContentFactory(synth, workload, root_seed, salt)
     events = (
         LifecycleWriter(config.agent_events_jsonl, config.dp_ranks, workload.trajectory_ids)
         if config.agent_events_jsonl
@@ -365,7 +550,9 @@ def _run(args, sha256, shape, workload: Workload, root_seed: int, started: str) 
                 _event_loop_runner() as runner,
             ):
                 try:
-                    live = runner.run(_drive(args, config, workload, factory, pool, events))
+                    live = runner.run(
+                        _drive(args, config, workload, factory, pool, events, replies)
+                    )
                 finally:
                     # Texts prepared ahead for turns that will never run are not waited for.
                     pool.shutdown(wait=False, cancel_futures=True)
@@ -387,6 +574,11 @@ def _run(args, sha256, shape, workload: Workload, root_seed: int, started: str) 
             health=recorder.health(),
             interrupted_by=live.interrupted_by,
             streaming=args.stream,
+            fidelity=recorder.fidelity,
+            framing=live.framing.learned() if config.prompt_correction else None,
+            no_usage_failures=sum(
+                1 for failure in totals.failures if failure[3] in NO_USAGE_ERRORS
+            ),
         )
     _write(summary_lines(totals, result, figures))
     if figures is not None:

@@ -124,24 +124,9 @@ def shape_dests() -> list[str]:
     return dests + list(LATENCY_DESTS)
 
 
-def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
-    """Every flag of COMPAT §2; defaults are None where "not given" must stay visible."""
-    parser = AgentArgumentParser(
-        prog=prog,
-        allow_abbrev=False,
-        description=(
-            "Replay agent trajectories (or sampled agents) against an OpenAI-compatible "
-            "/v1/chat/completions server. Every prompt and tool result is synthetic text that "
-            "re-encodes to exactly the planned token count."
-        ),
-        epilog=(
-            "Replay does not reproduce the original text, the model's real replies or "
-            "content-dependent effects; compare the live usage.prompt_tokens with the plan "
-            "before accepting a capacity result."
-        ),
-    )
-    add = parser.add_argument
-    target = parser.add_argument_group("target and model")
+def add_target_flags(target) -> None:
+    """--model, --tokenizer-model, --host, --endpoint, --api-key, --api-key-env (COMPAT §2.2);
+    shared by ``batchbench-agent`` and ``batchbench calibrate``."""
     target.add_argument(
         "--model", default=DEFAULT_MODEL, help="model name sent in each body (default: %(default)s)"
     )
@@ -167,6 +152,75 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
         default="OPENAI_API_KEY",
         help="environment variable holding the API key (default: %(default)s)",
     )
+
+
+def add_chat_template_flag(group) -> None:
+    group.add_argument(
+        "--chat-template",
+        metavar="TEMPLATE",
+        help="the chat template the server renders with, used to count the model's replies "
+        "as the next prompt will render them: chatml, gemma, llama3 (the simulator's "
+        "built-ins), `tokenizer` (the chat_template.jinja or tokenizer_config.json beside the "
+        "tokenizer file), or a .jinja file (default: the template beside the tokenizer when "
+        "there is one; with --sim, the simulator's, and this flag is passed on to it)",
+    )
+
+
+def add_fidelity_flags(group) -> None:
+    """Flags of the closed-loop prompt correction (see ``batchbench.sizing``)."""
+    group.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="before the run, measure the server's initial and per-turn framing overhead "
+        "with probe requests (as `batchbench calibrate` does) and use them; explicit "
+        "--replay-*-overhead-tokens flags still win",
+    )
+    group.add_argument(
+        "--no-prompt-correction",
+        dest="prompt_correction",
+        action="store_false",
+        help="send the plan's sizes unchanged: no reply accounting and no correction from "
+        "usage.prompt_tokens (for comparison; the fidelity lines still measure the drift)",
+    )
+    group.add_argument(
+        "--prompt-oracle",
+        choices=("none", "server"),
+        default="none",
+        help="server: before sending each request, ask the server to count it through its "
+        "own chat template (vLLM POST /tokenize with messages, or llama.cpp "
+        "/apply-template + /tokenize) and resize its new content to the exact target "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--content-salt",
+        metavar="S",
+        help="salt of every trajectory's private text: equal manifest, seed, salt and "
+        "tokenizer give byte-identical requests, and a new salt changes the text but no "
+        "token count, so a warm server cannot serve this run from an earlier run's cache "
+        "(default: random, shown in the banner)",
+    )
+    add_chat_template_flag(group)
+
+
+def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
+    """Every flag of COMPAT §2; defaults are None where "not given" must stay visible."""
+    parser = AgentArgumentParser(
+        prog=prog,
+        allow_abbrev=False,
+        description=(
+            "Replay agent trajectories (or sampled agents) against an OpenAI-compatible "
+            "/v1/chat/completions server. Every prompt and tool result is synthetic text that "
+            "re-encodes to exactly the planned token count."
+        ),
+        epilog=(
+            "Replay does not reproduce the original text, the model's real replies or "
+            "content-dependent effects; compare the live usage.prompt_tokens with the plan "
+            "before accepting a capacity result."
+        ),
+    )
+    add = parser.add_argument
+    add_target_flags(parser.add_argument_group("target and model"))
+    add_fidelity_flags(parser.add_argument_group("prompt fidelity (batchbench additions)"))
 
     shape = parser.add_argument_group("sampled workload shape (without --agent-plans-jsonl)")
     for label, dest, fixed_flags, lognorm_prefixes in SIZE_FAMILIES:
@@ -406,6 +460,10 @@ def check_companions(args: argparse.Namespace) -> None:
         )
     if args.sim and args.dry_run:
         raise UsageError("--sim cannot be combined with --dry-run; a dry-run sends nothing")
+    if args.prompt_oracle == "server" and not args.prompt_correction:
+        raise UsageError("--prompt-oracle server cannot be combined with --no-prompt-correction")
+    if args.calibrate and args.dry_run:
+        raise UsageError("--calibrate cannot be combined with --dry-run; a dry-run sends nothing")
 
 
 def parse_agent_args(

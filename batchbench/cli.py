@@ -14,6 +14,7 @@ USAGE = """usage: batchbench <command> [options]
 commands:
   agent        replay trajectories or sampled agents (same as batchbench-agent)
   sim          run the OpenAI-compatible serving simulator (DP ranks, prefix caches, faults)
+  calibrate    measure a server's chat-template overheads with probe requests
   tokenizers   list the built-in tokenizer names usable with --tokenizer-model
 
 options:
@@ -38,11 +39,18 @@ def run(argv: Sequence[str]) -> int:
         from batchbench.sim.main import run as run_sim
 
         return run_sim(rest)
+    if command == "calibrate":
+        from batchbench.calibrate_cli import run as run_calibrate
+
+        return run_calibrate(rest)
     if command == "tokenizers":
         for name, path in describe_builtins():
             print(f"{name}\t{path}")
         return 0
-    print(f"Error: unknown command {command!r}; expected agent, sim or tokenizers", file=sys.stderr)
+    print(
+        f"Error: unknown command {command!r}; expected agent, sim, calibrate or tokenizers",
+        file=sys.stderr,
+    )
     return 2
 
 

@@ -37,6 +37,13 @@ class RunConfig:
     latency_flags: tuple = (None, None, None, None, None)
     tokenizer_source: str = ""
     schema_version: int | None = None
+    content_salt: str = ""
+    prompt_correction: bool = True
+    prompt_oracle: str = "none"
+    chat_template: str | None = None  # the template replies are counted in, when known
+    calibration: dict | None = None  # ``Calibration.as_dict()`` when --calibrate ran
+    framing_initial: int = 0  # overheads the run starts from (flags, calibration or 0)
+    framing_turn: int = 0
 
     @property
     def effective_max_active(self) -> int:

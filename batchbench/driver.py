@@ -15,14 +15,18 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from functools import partial
 
 import aiohttp
 
 from batchbench.content import ContentFactory
 from batchbench.engine import COMPLETED, FAILED, INTERRUPTED
 from batchbench.errors import BatchbenchError
+from batchbench.framing import Framing, ReplyCounter, trimmed
+from batchbench.oracle import PromptOracle
 from batchbench.recording import Recorder
 from batchbench.shutdown import Shutdown
+from batchbench.sizing import Sizing, TrajectorySizer
 from batchbench.wire import (
     ROUTING_KEY_HEADER_ERROR,
     BodyOptions,
@@ -50,6 +54,11 @@ from batchbench.workload import Workload
 # Texts up to this many tokens are assembled on the loop (microseconds with the fast
 # method); longer ones, and every text of the repair method, go to the worker pool.
 INLINE_TEXT_TOKENS = 4096
+# Replies up to this many characters are counted on the loop; longer ones on a worker
+# thread (the batched encode releases the GIL).
+INLINE_COUNT_CHARACTERS = 4096
+# --prompt-oracle: server counts per request at most (the first, then resized ones).
+ORACLE_ROUNDS = 3
 READ_BUFFER_BYTES = 1 << 20
 
 
@@ -115,6 +124,28 @@ def make_session(settings: DriverSettings, max_connections: int | None) -> aioht
     )
 
 
+@dataclass(frozen=True)
+class Fidelity:
+    """How the driver keeps prompts on target (see ``batchbench.sizing``)."""
+
+    framing: Framing
+    replies: ReplyCounter | None = None  # None: replies replayed as received, not counted
+    oracle: PromptOracle | None = None
+
+    @property
+    def correct(self) -> bool:
+        return self.replies is not None
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A trajectory's first request: its user message and how it was sized."""
+
+    text: str
+    sizing: Sizing
+    oracle_seconds: float | None = None
+
+
 class HttpAgentBody:
     """Runs one trajectory per ``run`` call; shared by every agent of the run."""
 
@@ -127,6 +158,7 @@ class HttpAgentBody:
         session: aiohttp.ClientSession,
         recorder: Recorder,
         shutdown: Shutdown,
+        fidelity: Fidelity | None = None,
     ) -> None:
         self.settings = settings
         self.workload = workload
@@ -135,6 +167,7 @@ class HttpAgentBody:
         self.session = session
         self.recorder = recorder
         self.shutdown = shutdown
+        self.fidelity = fidelity or Fidelity(Framing(0, 0, learn=False))
         self._inline = factory.synth.method == "fast"
         self._origin = time.perf_counter()
         self._stream = settings.body.stream
@@ -152,39 +185,106 @@ class HttpAgentBody:
         """True when a text of ``tokens`` is cheaper to assemble here than to hand off."""
         return self._inline and tokens <= INLINE_TEXT_TOKENS
 
-    def _text_later(self, make: Callable[[int, int], str], agent: int, turn: int, tokens: int):
-        """A future for a text, or None when it is cheap enough to make when needed."""
+    def _text_later(self, make: Callable[..., str], agent: int, turn: int, tokens: int):
+        """A future for a planned-size text, or None when it is cheap to make when needed."""
         if self._cheap(tokens):
             return None
-        return asyncio.get_running_loop().run_in_executor(self.pool, make, agent, turn)
+        return asyncio.get_running_loop().run_in_executor(self.pool, make, agent, turn, tokens)
 
-    async def _text(self, pending, make: Callable[[int, int], str], agent: int, turn: int) -> str:
-        if pending is None:
-            return make(agent, turn)
-        return await pending
-
-    async def prepare(self, agent: int) -> str:
-        request = self.workload.turns(agent)[0]
-        if self._cheap(int(self.workload.input_content_tokens[request])):
-            return self.factory.initial_prompt(agent)
+    async def _text(
+        self, pending, planned: int, make: Callable[..., str], agent: int, turn: int, tokens: int
+    ) -> str:
+        """The text of ``tokens``: the prefetched one when the size did not change."""
+        if pending is not None and tokens == planned:
+            return await pending
+        if pending is not None:
+            pending.cancel()
+        if self._cheap(tokens):
+            return make(agent, turn, tokens)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.pool, self.factory.initial_prompt, agent)
+        return await loop.run_in_executor(self.pool, make, agent, turn, tokens)
+
+    async def _rendered(self, content) -> int | None:
+        """The reply's content as the next prompt renders it (None: correction is off)."""
+        replies = self.fidelity.replies
+        if replies is None:
+            return None
+        if not isinstance(content, str) or len(content) <= INLINE_COUNT_CHARACTERS:
+            return replies.count(content if isinstance(content, str) else None)
+        loop = asyncio.get_running_loop()
+        counts = await loop.run_in_executor(self.pool, replies.count_many, [content])
+        return counts[0]
+
+    async def _oracle_sized(
+        self,
+        sizer: TrajectorySizer,
+        sizing: Sizing,
+        build: Callable[[str], bytes],
+        make: Callable[[int], str],
+        text: str,
+    ) -> tuple[str, Sizing, float | None]:
+        """With ``--prompt-oracle server``: resize the new content until the server's count
+        of the request equals its target (at most three counts). ``build`` turns a content
+        text into the tokenize body, ``make`` makes a text of a given size."""
+        oracle = self.fidelity.oracle
+        if oracle is None:
+            return text, sizing, None
+        started = time.perf_counter()
+        for _ in range(ORACLE_ROUNDS):
+            counted = await oracle.count(build(text))
+            if counted == sizing.target:
+                break
+            resized = sizer.resized(sizing, counted)
+            if resized.tokens == sizing.tokens:
+                sizing = resized
+                break
+            sizing = resized
+            text = make(sizing.tokens)
+        elapsed = time.perf_counter() - started
+        self.recorder.fidelity.oracle_seconds.append(elapsed)
+        self.recorder.fidelity.oracle_queries = oracle.queries
+        return text, sizing, elapsed
+
+    async def prepare(self, agent: int) -> Prepared:
+        factory = self.factory
+        sizer = TrajectorySizer(self.workload, agent, self.fidelity.framing, self.fidelity.correct)
+        sizing = sizer.fresh(0)
+        if self._cheap(sizing.tokens):
+            text = factory.initial_prompt(agent, sizing.tokens)
+        else:
+            loop = asyncio.get_running_loop()
+            text = await loop.run_in_executor(
+                self.pool, factory.initial_prompt, agent, sizing.tokens
+            )
+        if self.fidelity.oracle is None:
+            return Prepared(text, sizing)
+        text, sizing, seconds = await self._oracle_sized(
+            sizer,
+            sizing,
+            _fresh_body(self.settings.body.model),
+            partial(factory.initial_prompt, agent),
+            text,
+        )
+        return Prepared(text, sizing, seconds)
 
     # -- the agent loop ---------------------------------------------------------------
-    async def run(self, agent: int, slot: int, prompt: str) -> int:
+    async def run(self, agent: int, slot: int, prepared: Prepared) -> int:
         """One trajectory; an unexpected error is fatal with the COMPAT §5.11 wording."""
         try:
-            return await self._run(agent, slot, prompt)
+            return await self._run(agent, slot, prepared)
         except (BatchbenchError, asyncio.CancelledError):
             raise
         except Exception as exc:
             raise BatchbenchError(f"agent worker task failed: {type(exc).__name__}: {exc}") from exc
 
-    async def _run(self, agent: int, slot: int, prompt: str) -> int:
+    async def _run(self, agent: int, slot: int, prepared: Prepared) -> int:
         settings = self.settings
         workload = self.workload
         recorder = self.recorder
         shutdown = self.shutdown
+        fidelity = self.fidelity
+        framing = fidelity.framing
+        correct = fidelity.correct
         figures = recorder.agent_started(agent, slot)
         ident = workload.trajectory_ids[agent]
         turns = workload.turns(agent)
@@ -194,6 +294,7 @@ class HttpAgentBody:
         environment = workload.environment_tokens
         latency_ms = workload.tool_call_latency_ms
         rank = slot % settings.dp_ranks if settings.dp_ranks else None
+        sizer = TrajectorySizer(workload, agent, framing, correct)
 
         tag = (
             user_tag(agent, settings.seed, settings.user_prefix) if settings.user_tagging else None
@@ -201,13 +302,17 @@ class HttpAgentBody:
         tag_error = tag is not None and not valid_header_value(tag)
         headers = request_headers(settings.api_key, None if tag_error else tag, rank)
         conversation = Conversation(settings.body.model)
-        conversation.reset(prompt)
+        conversation.reset(prepared.text)
         factory = self.factory
+        sizing = prepared.sizing
+        oracle_seconds = prepared.oracle_seconds
+        fresh = True  # the request holds a single fresh user message
+        previous: tuple[int, int, int] | None = None  # (served, rendered reply, tool tokens)
 
-        def event(request, reply, started, elapsed, attempts, status, error) -> None:
+        def event(request, reply, started, elapsed, attempts, status, error, rendered=None):
             self._request_event(
                 agent, ident, invocation, slot, rank, request, reply, started, elapsed,
-                attempts, status, error,
+                attempts, status, error, sizing, rendered, oracle_seconds,
             )  # fmt: skip
 
         for turn, request in enumerate(turns):
@@ -216,15 +321,18 @@ class HttpAgentBody:
             invocation = turn + 1
             following_reset = turn < last and bool(reset[turns[turn + 1]])
             appends = turn < last and not following_reset
-            env_tokens = int(environment[request])
+            env_planned = int(environment[request])
             env_pending = (
-                self._text_later(factory.environment, agent, turn, env_tokens) if appends else None
+                self._text_later(factory.environment, agent, turn, env_planned) if appends else None
             )
             reset_pending = None
             if following_reset:
-                next_tokens = int(workload.input_content_tokens[turns[turn + 1]])
-                reset_pending = self._text_later(factory.reset_prompt, agent, turn + 1, next_tokens)
-            body = conversation.body(body_tail(settings.body, int(output[request]), tag))
+                next_planned = int(workload.input_content_tokens[turns[turn + 1]])
+                reset_pending = self._text_later(
+                    factory.reset_prompt, agent, turn + 1, next_planned
+                )
+            planned_output = int(output[request])
+            body = conversation.body(body_tail(settings.body, planned_output, tag))
 
             if tag_error:
                 reply, error, attempts, started, elapsed = None, ROUTING_KEY_HEADER_ERROR, 0, 0, 0
@@ -242,29 +350,80 @@ class HttpAgentBody:
                 recorder.request_failed(figures, rank, agent, ident, invocation, error)
                 event(request, None, started, elapsed, attempts, "failed", error)
                 return FAILED
+            served = reply.prompt_tokens
+            if correct:
+                if fresh:
+                    framing.observe_initial(served - sizing.tokens)
+                elif previous is not None:
+                    framing.observe_turn(served - previous[0] - previous[1] - previous[2])
             recorder.request_succeeded(figures, rank, reply, elapsed)
-            event(request, reply, started, elapsed, attempts, "ok", None)
+            recorder.request_fidelity(
+                figures, turn, sizing.target, reply, planned_output, fresh, framing.initial
+            )
+            recorder.request_done(figures, reply)
 
+            content = reply.message.get("content")
+            if appends and correct:
+                content = trimmed(content)
+                counting = asyncio.ensure_future(self._rendered(content))
+            else:
+                counting = None
             delay = float(latency_ms[request]) / 1000.0
+            whole = True
             if delay > 0:
                 began = time.perf_counter()
                 whole = await shutdown.sleep(delay)
                 recorder.tool_slept(time.perf_counter() - began if not whole else delay)
-                if not whole:
-                    return INTERRUPTED
+            rendered = await counting if counting is not None else None
+            event(request, reply, started, elapsed, attempts, "ok", None, rendered)
+            if not whole:
+                return INTERRUPTED
             if turn == last:
                 break
+            oracle_seconds = None
             if following_reset:
-                conversation.reset(
-                    await self._text(reset_pending, factory.reset_prompt, agent, turn + 1)
-                )
+                sizing = sizer.fresh(turn + 1)
+                text = await self._text(
+                    reset_pending, next_planned, factory.reset_prompt, agent, turn + 1,
+                    sizing.tokens,
+                )  # fmt: skip
+                if fidelity.oracle is not None:
+                    text, sizing, oracle_seconds = await self._oracle_sized(
+                        sizer, sizing, _fresh_body(settings.body.model),
+                        partial(factory.reset_prompt, agent, turn + 1), text,
+                    )  # fmt: skip
+                conversation.reset(text)
                 figures.previous_prompt = 0
+                figures.previous_completion = 0
+                fresh = True
+                previous = None
             else:
+                sizing = sizer.appended(turn, served, rendered)
                 call = tool_call_id(agent, invocation)
-                env_text = await self._text(env_pending, factory.environment, agent, turn)
-                conversation.append(
-                    assistant_with_tool_call(reply.message, call), tool_message(call, env_text)
+                env_text = await self._text(
+                    env_pending, env_planned, factory.environment, agent, turn, sizing.tokens
                 )
+                assistant = (
+                    assistant_with_tool_call(reply.message, call, content)
+                    if correct
+                    else assistant_with_tool_call(reply.message, call)
+                )
+                if fidelity.oracle is not None:
+
+                    def build(candidate: str, assistant=assistant, call=call) -> bytes:
+                        return conversation.tokenize_body(assistant, tool_message(call, candidate))
+
+                    env_text, sizing, oracle_seconds = await self._oracle_sized(
+                        sizer, sizing, build,
+                        partial(factory.environment, agent, turn), env_text,
+                    )  # fmt: skip
+                conversation.append(assistant, tool_message(call, env_text))
+                fresh = False
+                previous = (served, rendered or 0, sizing.tokens)
+            if sizing.correction:
+                recorder.fidelity.corrected_requests += 1
+            if sizing.note is not None:
+                recorder.fidelity.limited_requests += 1
         return COMPLETED
 
     # -- one logical request ------------------------------------------------------------
@@ -335,11 +494,14 @@ class HttpAgentBody:
 
     def _request_event(
         self, agent, ident, invocation, slot, rank, request, reply, started, elapsed, attempts,
-        status, error,
+        status, error, sizing, rendered, oracle_seconds,
     ) -> None:  # fmt: skip
         sink = self.recorder.request_events
         if sink is None:
             return
+        served = reply.prompt_tokens if reply else None
+        planned_output = int(self.workload.output_tokens[request])
+        completion = reply.completion_tokens if reply else None
         sink.write_batched(
             {
                 "agent_id": agent,
@@ -347,9 +509,9 @@ class HttpAgentBody:
                 "invocation": invocation,
                 "routing_slot": slot,
                 "dp_rank": rank,
-                "target_prompt_tokens": int(self.workload.target_prompt_tokens[request]),
-                "prompt_tokens": reply.prompt_tokens if reply else None,
-                "completion_tokens": reply.completion_tokens if reply else None,
+                "target_prompt_tokens": sizing.target,
+                "prompt_tokens": served,
+                "completion_tokens": completion,
                 "cached_tokens": reply.cached_tokens if reply else None,
                 "start_offset_seconds": started,
                 "latency_seconds": elapsed,
@@ -357,8 +519,26 @@ class HttpAgentBody:
                 "attempts": attempts,
                 "status": status,
                 "error": error,
+                "prompt_drift": served - sizing.target if served is not None else None,
+                "prompt_correction_tokens": sizing.correction,
+                "correction_note": sizing.note,
+                "planned_output_tokens": planned_output,
+                "output_drift": completion - planned_output if completion is not None else None,
+                "reply_rendered_tokens": rendered,
+                "oracle_seconds": oracle_seconds,
             }
         )
+
+
+def _fresh_body(model: str) -> Callable[[str], bytes]:
+    """Builds the tokenize body of a conversation that is one user message."""
+    conversation = Conversation(model)
+
+    def build(text: str) -> bytes:
+        conversation.reset(text)
+        return conversation.tokenize_body()
+
+    return build
 
 
 def _raise_status(status: int, raw: bytes, retry_after: str | None) -> None:

@@ -34,6 +34,9 @@ class AgentFigures:
     ttfts: list[float] | None = None
     error: str | None = None
     previous_prompt: int = 0
+    previous_completion: int = 0
+    prompt_exact: int = 0
+    output_exact: int = 0
 
     def as_fields(self) -> dict[str, Any]:
         ttft = median_seconds(self.ttfts) if self.ttfts else None
@@ -46,7 +49,54 @@ class AgentFigures:
             "cached_tokens": self.cached_tokens,
             "ttft_p50_seconds": ttft,
             "error": self.error,
+            "prompt_exact_requests": self.prompt_exact,
+            "output_exact_requests": self.output_exact,
         }
+
+
+@dataclass(slots=True)
+class DriftFigures:
+    """How far served token counts were from their targets, over successful requests."""
+
+    requests: int = 0
+    exact: int = 0
+    abs_sum: int = 0
+    max_abs: int = 0
+    histogram: dict[int, int] = field(default_factory=dict)  # drift -> requests
+
+    def add(self, drift: int) -> None:
+        self.requests += 1
+        if drift == 0:
+            self.exact += 1
+        else:
+            size = -drift if drift < 0 else drift
+            self.abs_sum += size
+            if size > self.max_abs:
+                self.max_abs = size
+        histogram = self.histogram
+        histogram[drift] = histogram.get(drift, 0) + 1
+
+    @property
+    def exact_percent(self) -> float | None:
+        return 100.0 * self.exact / self.requests if self.requests else None
+
+    @property
+    def mean_abs(self) -> float | None:
+        return self.abs_sum / self.requests if self.requests else None
+
+
+@dataclass
+class FidelityFigures:
+    """Prompt and output fidelity of a live run, and what the client did to reach it."""
+
+    prompt: DriftFigures = field(default_factory=DriftFigures)
+    output: DriftFigures = field(default_factory=DriftFigures)
+    prompt_by_turn: dict[int, DriftFigures] = field(default_factory=dict)
+    corrected_requests: int = 0  # requests whose new content was resized from the plan
+    limited_requests: int = 0  # requests the correction could not bring to the target
+    oracle_queries: int = 0
+    oracle_seconds: list[float] = field(default_factory=list)
+    explainable_cached_tokens: int = 0  # cache hits perfect caching of this run can explain
 
 
 @dataclass(slots=True)
@@ -85,6 +135,7 @@ class Recorder:
     request_events: JsonlFile | None = None
     in_flight: int = 0
     peak_in_flight: int = 0
+    fidelity: FidelityFigures = field(default_factory=FidelityFigures)
     latencies_ms: array = field(default_factory=lambda: array("d"))
     lag_ms: array = field(default_factory=lambda: array("d"))
     _cpu_start: float = 0.0
@@ -116,7 +167,6 @@ class Recorder:
         totals.total_input_tokens += prompt
         totals.total_output_tokens += completion
         totals.estimated_cached_input_tokens += min(figures.previous_prompt, prompt)
-        figures.previous_prompt = prompt
         self.latencies_ms.append(latency * 1000.0)
         figures.requests += 1
         figures.successful_requests += 1
@@ -138,6 +188,42 @@ class Recorder:
             load.output_tokens += completion
             load.cached_tokens += cached or 0
 
+    def request_fidelity(
+        self,
+        figures: AgentFigures,
+        turn: int,
+        target: int,
+        reply: Reply,
+        planned_output: int,
+        fresh: bool,
+        framing_initial: int,
+    ) -> int:
+        """Compare a successful request's usage with its targets; returns the prompt drift.
+
+        ``fresh`` marks a first or reset request: there perfect caching can only explain the
+        template's leading framing; otherwise the whole previous prompt plus its reply.
+        """
+        fidelity = self.fidelity
+        served = reply.prompt_tokens
+        drift = served - target
+        fidelity.prompt.add(drift)
+        by_turn = fidelity.prompt_by_turn.get(turn)
+        if by_turn is None:
+            by_turn = fidelity.prompt_by_turn[turn] = DriftFigures()
+        by_turn.add(drift)
+        output_drift = reply.completion_tokens - planned_output
+        fidelity.output.add(output_drift)
+        if drift == 0:
+            figures.prompt_exact += 1
+        if output_drift == 0:
+            figures.output_exact += 1
+        if fresh:
+            explainable = min(max(framing_initial, 0), served)
+        else:
+            explainable = min(figures.previous_prompt + figures.previous_completion, served)
+        fidelity.explainable_cached_tokens += explainable
+        return drift
+
     def request_failed(
         self,
         figures: AgentFigures,
@@ -154,6 +240,11 @@ class Recorder:
         figures.error = error
         if rank is not None:
             self.ranks[rank].requests += 1
+
+    def request_done(self, figures: AgentFigures, reply: Reply) -> None:
+        """After the request's figures are recorded: it becomes the agent's previous one."""
+        figures.previous_prompt = reply.prompt_tokens
+        figures.previous_completion = reply.completion_tokens
 
     def tool_slept(self, seconds: float) -> None:
         self.totals.total_tool_call_latency_seconds += seconds

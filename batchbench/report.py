@@ -15,8 +15,8 @@ from batchbench import __version__
 from batchbench.config import RunConfig
 from batchbench.engine import EngineResult
 from batchbench.errors import BatchbenchError
-from batchbench.metrics import RunTotals, percentiles
-from batchbench.recording import ClientHealth, RankFigures
+from batchbench.metrics import RunTotals, percentile, percentiles
+from batchbench.recording import ClientHealth, DriftFigures, FidelityFigures, RankFigures
 from batchbench.sampling import describe_latency, short_float
 from batchbench.wire import StreamSamples
 from batchbench.workload import Workload
@@ -140,10 +140,36 @@ def banner_lines(config: RunConfig) -> list[str]:
         f"Ignore EOS: {_bool(config.ignore_eos)}",
         f"DP-rank perfect routing: {routing}",
         f"Per-agent user tagging: {'enabled' if config.user_tagging else 'disabled'}",
-        "==========================================",
-        "",
+        f"Content salt: {config.content_salt}",
     ]
+    if not config.dry_run:
+        lines.append(f"Prompt correction: {prompt_correction_text(config)}")
+    if config.calibration is not None:
+        calibration = config.calibration
+        verdict = "OK" if calibration["check_ok"] else "MISMATCH"
+        lines.append(
+            f"Calibrated overhead: initial {calibration['initial_overhead_tokens']} tokens; "
+            f"turn {calibration['turn_overhead_tokens']} tokens (check {verdict})"
+        )
+    lines += ["==========================================", ""]
     return lines
+
+
+def prompt_correction_text(config: RunConfig) -> str:
+    """One phrase: how the run keeps prompts on target."""
+    if not config.prompt_correction:
+        return "off (plan sizes sent unchanged)"
+    parts = ["on"]
+    if config.workload_mode != "trajectory_replay":
+        parts.append(f"framing initial {config.framing_initial}, turn {config.framing_turn} tokens")
+    parts.append(
+        f"replies counted in the {config.chat_template} template"
+        if config.chat_template
+        else "replies counted on their own"
+    )
+    if config.prompt_oracle == "server":
+        parts.append("sized by the server's count")
+    return "; ".join(parts)
 
 
 def dry_run_lines(workload: Workload, result: EngineResult) -> Iterable[str]:
@@ -181,7 +207,7 @@ def _rate(total: float, seconds: float) -> float:
 
 @dataclass
 class LiveFigures:
-    """What only a live run has: streaming samples, per-rank load, client health."""
+    """What only a live run has: streaming samples, per-rank load, client health, fidelity."""
 
     stream: StreamSamples = field(default_factory=StreamSamples)
     server_cached_tokens: int | None = None
@@ -189,6 +215,9 @@ class LiveFigures:
     health: ClientHealth | None = None
     interrupted_by: str | None = None
     streaming: bool = False
+    fidelity: FidelityFigures = field(default_factory=FidelityFigures)
+    framing: dict | None = None  # what the run learned of the server's framing
+    no_usage_failures: int = 0  # failed requests whose server sent no usage
 
 
 def _percentile_line(label: str, values) -> str:
@@ -260,10 +289,53 @@ def rank_imbalance(values: list[int]) -> float | None:
     return max(values) / mean if mean > 0 else None
 
 
+def drift_line(label: str, figures: DriftFigures, no_usage: bool) -> str:
+    """``<label>: <exact>/<n> exact (<pct>%), mean |drift| <x> tokens, max <y>``."""
+    if not figures.requests:
+        reason = "server sent no usage" if no_usage else "no successful request"
+        return f"{label}: not measurable ({reason})"
+    return (
+        f"{label}: {figures.exact}/{figures.requests} exact ({figures.exact_percent:.1f}%), "
+        f"mean |drift| {figures.mean_abs:.2f} tokens, max {figures.max_abs}"
+    )
+
+
+def fidelity_lines(live: LiveFigures) -> list[str]:
+    """Prompt and output fidelity, what correction could not do, and cache hits that this
+    run's own content cannot explain."""
+    fidelity = live.fidelity
+    no_usage = live.no_usage_failures > 0
+    lines = [
+        drift_line("Prompt fidelity", fidelity.prompt, no_usage),
+        drift_line("Output fidelity", fidelity.output, no_usage),
+    ]
+    if fidelity.limited_requests:
+        lines.append(
+            f"Prompt correction could not reach the target on {fidelity.limited_requests} "
+            "requests (the plan left no room; see correction_note in the request events)"
+        )
+    if fidelity.oracle_seconds:
+        ordered = sorted(fidelity.oracle_seconds)
+        lines.append(
+            f"Prompt oracle: {fidelity.oracle_queries} server counts, "
+            f"p50 {percentile(ordered, 0.5) * 1000.0:.2f}ms per request, "
+            f"total {sum(ordered):.2f}s"
+        )
+    cached = live.server_cached_tokens
+    if cached is not None and cached > fidelity.explainable_cached_tokens:
+        lines.append(
+            f"Warning: the server reported {cached} cached prompt tokens, more than perfect "
+            f"caching of this run can explain ({fidelity.explainable_cached_tokens}): it holds "
+            "prompts this run did not send, e.g. from an earlier run with the same "
+            "--content-salt; the cache figures overstate this workload"
+        )
+    return lines
+
+
 def live_lines(live: LiveFigures) -> list[str]:
-    """This package's additions after the COMPAT summary: server-reported cache hits, the
-    per-rank table (perfect routing) and the client-health line."""
-    lines = []
+    """This package's additions after the COMPAT summary: fidelity, server-reported cache
+    hits, the per-rank table (perfect routing) and the client-health line."""
+    lines = fidelity_lines(live)
     if live.server_cached_tokens is not None:
         lines.append(
             f"Server-reported cached input tokens (usage.prompt_tokens_details): "
@@ -340,7 +412,27 @@ LIVE_CSV_COLUMNS = (
     "peak_in_flight_requests",
     "batchbench_version",
 )
-ALL_CSV_COLUMNS = CSV_COLUMNS + EXTRA_CSV_COLUMNS + LIVE_CSV_COLUMNS
+# Prompt fidelity (after the columns above).
+FIDELITY_CSV_COLUMNS = (
+    "content_salt",
+    "prompt_correction",
+    "prompt_oracle",
+    "calibrated_initial_overhead_tokens",
+    "calibrated_turn_overhead_tokens",
+    "prompt_fidelity_requests",
+    "prompt_exact_requests",
+    "prompt_exact_percent",
+    "prompt_drift_mean_abs_tokens",
+    "prompt_drift_max_abs_tokens",
+    "output_exact_requests",
+    "output_exact_percent",
+    "output_drift_mean_abs_tokens",
+    "output_drift_max_abs_tokens",
+    "corrected_requests",
+    "correction_limited_requests",
+    "explainable_cached_input_tokens",
+)
+ALL_CSV_COLUMNS = CSV_COLUMNS + EXTRA_CSV_COLUMNS + LIVE_CSV_COLUMNS + FIDELITY_CSV_COLUMNS
 
 
 def summary_values(
@@ -418,6 +510,33 @@ def summary_values(
         health.peak_in_flight if health else None,
         __version__,
     ]
+    calibration = config.calibration or {}
+    fidelity = live.fidelity if live is not None else None
+    values += [
+        config.content_salt,
+        config.prompt_correction if live is not None else None,
+        config.prompt_oracle if live is not None else None,
+        calibration.get("initial_overhead_tokens"),
+        calibration.get("turn_overhead_tokens"),
+    ]
+    if fidelity is not None:
+        prompt, output = fidelity.prompt, fidelity.output
+        values += [
+            prompt.requests,
+            prompt.exact,
+            prompt.exact_percent,
+            prompt.mean_abs,
+            prompt.max_abs if prompt.requests else None,
+            output.exact,
+            output.exact_percent,
+            output.mean_abs,
+            output.max_abs if output.requests else None,
+            fidelity.corrected_requests,
+            fidelity.limited_requests,
+            fidelity.explainable_cached_tokens,
+        ]
+    else:
+        values += [None] * 12
     return dict(zip(ALL_CSV_COLUMNS, values, strict=True))
 
 
@@ -487,6 +606,11 @@ def summary_document(
             "dp_rank_perfect_routing_num": config.dp_ranks,
             "user_tagging": config.user_tagging,
             "seed": config.seed_given,
+            "content_salt": config.content_salt,
+            "prompt_correction": config.prompt_correction,
+            "prompt_oracle": config.prompt_oracle,
+            "chat_template": config.chat_template,
+            "calibration": config.calibration,
         },
         "metrics": values,
         "failures": [
@@ -495,10 +619,43 @@ def summary_document(
         ],
     }
     if live is not None:
+        document["fidelity"] = fidelity_document(live)
         document["ranks"] = [{"rank": i, **dataclasses.asdict(r)} for i, r in enumerate(live.ranks)]
         if live.health is not None:
             document["client_health"] = dataclasses.asdict(live.health)
     return document
+
+
+def _drift_document(figures: DriftFigures) -> dict:
+    return {
+        "requests": figures.requests,
+        "exact": figures.exact,
+        "exact_percent": figures.exact_percent,
+        "mean_abs_drift": figures.mean_abs,
+        "max_abs_drift": figures.max_abs if figures.requests else None,
+        "histogram": {str(k): v for k, v in sorted(figures.histogram.items())},
+    }
+
+
+def fidelity_document(live: LiveFigures) -> dict:
+    """The fidelity section of the results JSON: figures, drift histograms and drift by
+    turn index (0-based request number within its trajectory)."""
+    fidelity = live.fidelity
+    return {
+        "prompt": _drift_document(fidelity.prompt),
+        "output": _drift_document(fidelity.output),
+        "prompt_by_turn": {
+            str(turn): _drift_document(figures)
+            for turn, figures in sorted(fidelity.prompt_by_turn.items())
+        },
+        "corrected_requests": fidelity.corrected_requests,
+        "correction_limited_requests": fidelity.limited_requests,
+        "oracle_queries": fidelity.oracle_queries,
+        "oracle_seconds_total": sum(fidelity.oracle_seconds),
+        "explainable_cached_input_tokens": fidelity.explainable_cached_tokens,
+        "server_cached_input_tokens": live.server_cached_tokens,
+        "framing": live.framing,
+    }
 
 
 def write_json(path: str, document: dict) -> None:

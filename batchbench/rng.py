@@ -7,6 +7,8 @@ construction backs the text synthesizer (COMPAT §4.5, D1).
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 MASK64 = (1 << 64) - 1
@@ -18,6 +20,33 @@ _TWO_POW_53 = float(1 << 53)
 def mix_seed(root: int, agent_id: int, stream_id: int) -> int:
     """Seed of one (agent, field) stream: COMPAT §3.2's wrapping mix."""
     return (root + agent_id * GOLDEN_GAMMA + stream_id * STREAM_GAMMA) & MASK64
+
+
+def finalize64(value: int) -> int:
+    """The splitmix64 finalizer of one 64-bit value: a bijection that scatters nearby inputs."""
+    z = value & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+# Separates the salt's scrambling from every other use of the finalizer.
+_SALT_DOMAIN = 0x5A17_C0DE_5A17_C0DE
+
+
+def salt_value(salt: str) -> int:
+    """A content salt string as 64 bits (first 8 bytes of its SHA-256, little-endian)."""
+    return int.from_bytes(hashlib.sha256(salt.encode("utf-8")).digest()[:8], "little")
+
+
+def content_root(root_seed: int, salt: str) -> int:
+    """Root of every private text stream: the run's seed scrambled with its content salt.
+
+    Sizes keep using the bare root seed, so a new salt changes the bytes of every
+    trajectory's own text but none of its token counts; equal (seed, salt) give equal text.
+    Scrambling (instead of adding) keeps nearby salts from sharing streams between agents.
+    """
+    return finalize64(root_seed ^ finalize64(salt_value(salt) ^ _SALT_DOMAIN))
 
 
 def splitmix64(seed: int, count: int, start: int = 0) -> np.ndarray:

@@ -130,8 +130,24 @@ def user_message(content: str) -> bytes:
     return b'{"role":"user","content":' + _DUMPS(content) + b"}"
 
 
+# Digits of the agent id and of the invocation number inside a tool-call id.
+CALL_ID_AGENT_DIGITS = 8
+CALL_ID_INVOCATION_DIGITS = 6
+
+
 def tool_call_id(agent_id: int, invocation: int) -> str:
-    return f"call_batchbench_{agent_id}_{invocation}"
+    """``call_batchbench_<agent, 8 digits>_<invocation, 6 digits>``, zero-padded.
+
+    Templates that render call ids (in the assistant's tool call and in the tool message
+    answering it) would otherwise charge agent 10 one token more than agent 9: with a fixed
+    width every id costs the same number of tokens for every agent and turn, so the
+    framing overhead does not depend on who sends it. Ids stay unique; agents beyond
+    10^8 - 1 or invocations beyond 10^6 - 1 get wider (and dearer) ids.
+    """
+    return (
+        f"call_batchbench_{agent_id:0{CALL_ID_AGENT_DIGITS}d}"
+        f"_{invocation:0{CALL_ID_INVOCATION_DIGITS}d}"
+    )
 
 
 def tool_message(call_id: str, content: str) -> bytes:
@@ -157,9 +173,17 @@ def normalized_assistant(message: dict) -> dict:
     return normalized
 
 
-def assistant_with_tool_call(message: dict, call_id: str) -> bytes:
-    """§5.9: the normalized reply carrying the synthetic ``environment`` tool call."""
+_KEEP = object()
+
+
+def assistant_with_tool_call(message: dict, call_id: str, content=_KEEP) -> bytes:
+    """§5.9: the normalized reply carrying the synthetic ``environment`` tool call.
+
+    ``content`` replaces the reply's content (the driver sends it trimmed, the way the
+    prompt correction counted it)."""
     normalized = normalized_assistant(message)
+    if content is not _KEEP:
+        normalized["content"] = content
     normalized["tool_calls"] = [
         {
             "id": call_id,
@@ -197,6 +221,17 @@ class Conversation:
     def body(self, tail: bytes) -> bytes:
         """The complete body of this turn; retries send these same bytes."""
         return bytes(self._prefix) + tail
+
+    def tokenize_body(self, *pending: bytes) -> bytes:
+        """``{"model":…,"messages":[…, *pending],"add_generation_prompt":true}``: the body
+        that asks a server to count this conversation (plus messages not appended yet)
+        through its chat template, as the next chat request would render it."""
+        parts = [bytes(self._prefix)]
+        for message in pending:
+            parts.append(b"," if self.messages or len(parts) > 1 else b"")
+            parts.append(message)
+        parts.append(b'],"add_generation_prompt":true}')
+        return b"".join(parts)
 
     @property
     def size(self) -> int:

@@ -1,0 +1,200 @@
+"""How many prompt tokens a server will see: the framing model and reply accounting.
+
+A prompt is contents plus framing. Contents we synthesize count exactly (trim-stable,
+exact-length text); two things do not:
+
+* **Framing**: the chat template's markers, role headers and tool-call envelopes. It is
+  modelled as an initial overhead (first or reset request) plus a per-turn overhead, from
+  the flags, from ``--calibrate``, or learned from the server's ``usage.prompt_tokens`` as
+  the run goes (:class:`Framing`).
+* **The model's reply**, replayed in the next prompt: its text need not re-encode to its
+  ``completion_tokens``. :class:`ReplyCounter` counts it as it will be rendered: trimmed
+  (the driver sends it trimmed, so trimming and non-trimming templates see the same text)
+  and, when the server's chat template is known, inside the literal template text around
+  assistant content, so that a reply ending in "." followed by the template's "\\n\\n"
+  is charged as the server's tokenizer merges it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from batchbench.tokenizer import LoadedTokenizer
+
+# Sentinels placed in a probe conversation to find the template text around contents:
+# plain letters, so no template trims or escapes them, and unlikely in any template.
+_ASSISTANT_SENTINEL = "Qzxassistantsentinelq"
+_TOOL_SENTINEL = "Qzxtoolsentinelq"
+_USER_SENTINEL = "Qzxusersentinelq"
+
+
+class RendersChat(Protocol):
+    """What the framing model needs of a chat template (``batchbench.chat_templates``)."""
+
+    markers: frozenset[str]
+
+    def render(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools=None
+    ) -> str: ...
+
+
+@dataclass(frozen=True)
+class ContentContext:
+    """The template text right before and after one message content, each up to the nearest
+    added token (added tokens split the text before pre-tokenization, so nothing beyond
+    them can merge with the content)."""
+
+    before: str = ""
+    after: str = ""
+
+
+def _probe_conversation(call_id: str) -> list[dict[str, Any]]:
+    return [
+        {"role": "user", "content": _USER_SENTINEL},
+        {
+            "role": "assistant",
+            "content": _ASSISTANT_SENTINEL,
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": "environment", "arguments": '{"request":"continue"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": _TOOL_SENTINEL},
+    ]
+
+
+def _around(text: str, sentinel: str, markers: frozenset[str]) -> ContentContext:
+    at = text.find(sentinel)
+    if at < 0:
+        return ContentContext()
+    end = at + len(sentinel)
+    start = 0
+    for marker in markers:
+        found = text.rfind(marker, 0, at)
+        if found >= 0:
+            start = max(start, found + len(marker))
+    stop = len(text)
+    for marker in markers:
+        found = text.find(marker, end)
+        if found >= 0:
+            stop = min(stop, found)
+    return ContentContext(text[start:at], text[end:stop])
+
+
+def content_contexts(template: RendersChat, call_id: str) -> dict[str, ContentContext]:
+    """The context of user, assistant and tool contents in a growth conversation rendered
+    by ``template`` (an empty context for a role whose content it does not render)."""
+    rendered = template.render(_probe_conversation(call_id), add_generation_prompt=True)
+    markers = frozenset(m for m in template.markers if m)
+    return {
+        "user": _around(rendered, _USER_SENTINEL, markers),
+        "assistant": _around(rendered, _ASSISTANT_SENTINEL, markers),
+        "tool": _around(rendered, _TOOL_SENTINEL, markers),
+    }
+
+
+def _anchor(loaded: LoadedTokenizer) -> str | None:
+    """An added token's text: counting after it measures a string where template content
+    sits (after a marker), which matters for Metaspace tokenizers that prepend "▁" only at
+    the very start of an input."""
+    added = loaded.tokenizer.get_added_tokens_decoder()
+    for token_id in sorted(added):
+        content = added[token_id].content
+        if content and not content.isspace():
+            return content
+    return None
+
+
+class ReplyCounter:
+    """Counts an assistant reply's content as the next prompt will render it."""
+
+    def __init__(self, loaded: LoadedTokenizer, context: ContentContext | None = None) -> None:
+        self._tokenizer = loaded.tokenizer
+        self._anchor = _anchor(loaded)
+        self.context = context or ContentContext()
+        self._fast = getattr(self._tokenizer, "encode_batch_fast", None)
+        self._framing = self._count(self.context.before) + self._count(self.context.after)
+
+    def _count(self, text: str) -> int:
+        if not text:
+            return 0
+        if self._anchor is None:
+            return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+        ids = self._tokenizer.encode(self._anchor + text, add_special_tokens=False).ids
+        return len(ids) - 1
+
+    def count(self, content: str | None) -> int:
+        """Tokens the (already trimmed) content adds to the prompt."""
+        if not content:
+            return 0
+        context = self.context
+        return self._count(context.before + content + context.after) - self._framing
+
+    def count_many(self, contents: list[str]) -> list[int]:
+        """``count`` of several contents in one batched encode (it releases the GIL, so a
+        worker thread can run it beside the event loop)."""
+        context = self.context
+        prefix = self._anchor or ""
+        texts = [prefix + context.before + text + context.after for text in contents]
+        encode = self._fast or self._tokenizer.encode_batch
+        encodings = encode(texts, add_special_tokens=False)
+        offset = self._framing + (1 if self._anchor is not None else 0)
+        return [
+            len(encoding.ids) - offset if text else 0
+            for encoding, text in zip(encodings, contents, strict=True)
+        ]
+
+
+def trimmed(content: Any) -> Any:
+    """A reply's content as the driver replays it: text without surrounding whitespace."""
+    return content.strip() if isinstance(content, str) else content
+
+
+class Framing:
+    """The run's framing estimates (initial and per-turn overhead), refined from usage.
+
+    Every trajectory of a run talks to the same template, so an overhead observed by one
+    (``observe_*``) serves all of them: the estimate is the most frequent observation,
+    falling back to the configured (flag or calibrated) value before the first one.
+    """
+
+    def __init__(self, initial: int, turn: int, learn: bool = True) -> None:
+        self.configured_initial = initial
+        self.configured_turn = turn
+        self.learn = learn
+        self._initial: Counter[int] = Counter()
+        self._turn: Counter[int] = Counter()
+
+    @property
+    def initial(self) -> int:
+        if self._initial:
+            return self._initial.most_common(1)[0][0]
+        return self.configured_initial
+
+    @property
+    def turn(self) -> int:
+        if self._turn:
+            return self._turn.most_common(1)[0][0]
+        return self.configured_turn
+
+    def observe_initial(self, value: int) -> None:
+        if self.learn:
+            self._initial[value] += 1
+
+    def observe_turn(self, value: int) -> None:
+        if self.learn:
+            self._turn[value] += 1
+
+    def learned(self) -> dict[str, Any]:
+        """What the run observed, for the results JSON."""
+        return {
+            "initial_overhead_tokens": self.initial,
+            "turn_overhead_tokens": self.turn,
+            "initial_observations": {str(k): v for k, v in sorted(self._initial.items())},
+            "turn_observations": {str(k): v for k, v in sorted(self._turn.items())},
+        }
