@@ -40,7 +40,12 @@ from stubserver import (
 import batchbench
 import batchbench.agent as agent_module
 from batchbench.agent import main
-from batchbench.report import CSV_COLUMNS, EXTRA_CSV_COLUMNS, LIVE_CSV_COLUMNS
+from batchbench.report import (
+    CSV_COLUMNS,
+    EXTRA_CSV_COLUMNS,
+    FIDELITY_CSV_COLUMNS,
+    LIVE_CSV_COLUMNS,
+)
 from batchbench.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,6 +73,8 @@ LIFECYCLE_EXTRA_FIELDS = [
     "cached_tokens",
     "ttft_p50_seconds",
     "error",
+    "prompt_exact_requests",
+    "output_exact_requests",
 ]
 REQUEST_EVENT_FIELDS = [
     "agent_id",
@@ -85,6 +92,13 @@ REQUEST_EVENT_FIELDS = [
     "attempts",
     "status",
     "error",
+    "prompt_drift",
+    "prompt_correction_tokens",
+    "correction_note",
+    "planned_output_tokens",
+    "output_drift",
+    "reply_rendered_tokens",
+    "oracle_seconds",
 ]
 # The spec's messages, quoted verbatim.
 NO_STREAM_USAGE = (
@@ -141,6 +155,8 @@ def one_request_plans(tmp_path: Path, ident: str = "t") -> Path:
 
 
 def argv(stub: StubServer, plans: Path, *extra: str) -> list[str]:
+    """The stub's usage figures are canned, so these protocol tests send the plan's sizes
+    unchanged (prompt correction is tested against the simulator, whose counts are real)."""
     return [
         "--host",
         stub.url,
@@ -149,6 +165,9 @@ def argv(stub: StubServer, plans: Path, *extra: str) -> list[str]:
         "--tokenizer-model",
         "deepseek-v3",
         "--no-progress",
+        "--no-prompt-correction",
+        "--content-salt",
+        "test",
         *extra,
     ]
 
@@ -200,7 +219,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def synthetic_call(agent: int, invocation: int) -> dict:
     return {
-        "id": f"call_batchbench_{agent}_{invocation}",
+        "id": f"call_batchbench_{agent:08d}_{invocation:06d}",
         "type": "function",
         "function": {"name": "environment", "arguments": '{"request":"continue"}'},
     }
@@ -316,9 +335,9 @@ def test_c18_c19_c21_growth_messages_bodies_and_retry_bytes(capsys, stub, tmp_pa
         "refusal": "no",
         "tool_calls": [synthetic_call(2, 3)],
     }
-    turn1 = [{"role": "tool", "tool_call_id": "call_batchbench_2_1", "content": tool1}]
-    turn2 = [{"role": "tool", "tool_call_id": "call_batchbench_2_2", "content": tool2}]
-    turn3 = [{"role": "tool", "tool_call_id": "call_batchbench_2_3", "content": tool3}]
+    turn1 = [{"role": "tool", "tool_call_id": "call_batchbench_00000002_000001", "content": tool1}]
+    turn2 = [{"role": "tool", "tool_call_id": "call_batchbench_00000002_000002", "content": tool2}]
+    turn3 = [{"role": "tool", "tool_call_id": "call_batchbench_00000002_000003", "content": tool3}]
     assert m2 == [*m1, assistant1, *turn1]
     assert m3 == [*m2, assistant2, *turn2]
     assert m4 == [*m3, assistant3, *turn3]
@@ -351,7 +370,7 @@ def test_c18_agent_zero_tool_call_and_connection_reuse(capsys, stub, tmp_path):
     run_agent(capsys, argv(stub, plans))
     bodies = [r.json() for r in stub.requests]
     assert bodies[1]["messages"][1]["tool_calls"] == [synthetic_call(0, 1)]
-    assert bodies[1]["messages"][2]["tool_call_id"] == "call_batchbench_0_1"
+    assert bodies[1]["messages"][2]["tool_call_id"] == "call_batchbench_00000000_000001"
     assert bodies[2]["messages"][3]["tool_calls"] == [synthetic_call(0, 2)]
     assert len({r.peer for r in stub.requests}) == 1
 
@@ -1096,7 +1115,7 @@ def test_reset_replaces_history_and_claims_no_cache(capsys, stub, tmp_path, tok)
         {"role": "user", "content": reset_prompt},
         {"role": "assistant", "content": "r3", "tool_calls": [synthetic_call(0, 3)]},
     ]
-    assert r4.messages[2]["tool_call_id"] == "call_batchbench_0_3"
+    assert r4.messages[2]["tool_call_id"] == "call_batchbench_00000000_000003"
     assert tok.count(r4.messages[2]["content"]) == 13 and len(r4.messages) == 3
     # The tag and routing key survive the reset (§3.5).
     assert len({(r.user, r.headers["x-smg-routing-key"]) for r in stub.requests}) == 1
@@ -1166,7 +1185,16 @@ def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
     assert text.count("\n") == 2 and text.endswith("\n") and "\r" not in text
     header, values = read_csv(results)
     assert header[:51] == list(CSV_COLUMNS)
-    assert header == [*CSV_COLUMNS, *EXTRA_CSV_COLUMNS, *LIVE_CSV_COLUMNS]
+    assert header == [*CSV_COLUMNS, *EXTRA_CSV_COLUMNS, *LIVE_CSV_COLUMNS, *FIDELITY_CSV_COLUMNS]
+    # The stub's canned usage is far from the plan: 24 -> 100 and 40 -> 150 prompt tokens,
+    # 4 -> 3 and 4 -> 7 output tokens; perfect caching explains min(100 + 3, 150) tokens.
+    assert run.line("Prompt fidelity: ") == (
+        "Prompt fidelity: 0/2 exact (0.0%), mean |drift| 93.00 tokens, max 110"
+    )
+    assert run.line("Output fidelity: ") == (
+        "Output fidelity: 0/2 exact (0.0%), mean |drift| 2.00 tokens, max 3"
+    )
+    assert not run.has("Warning: the server reported")
     expected = {
         "model": "Qwen/Qwen3-VL-235B-A22B-Instruct-FP8",
         "workload_mode": "trajectory_replay",
@@ -1201,6 +1229,21 @@ def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
         "server_cached_input_tokens": "100",
         "peak_in_flight_requests": "1",
         "batchbench_version": batchbench.__version__,
+        "content_salt": "test",
+        "prompt_correction": "false",
+        "prompt_oracle": "none",
+        "calibrated_initial_overhead_tokens": "",
+        "prompt_fidelity_requests": "2",
+        "prompt_exact_requests": "0",
+        "prompt_exact_percent": "0.0",
+        "prompt_drift_mean_abs_tokens": "93.0",
+        "prompt_drift_max_abs_tokens": "110",
+        "output_exact_requests": "0",
+        "output_drift_mean_abs_tokens": "2.0",
+        "output_drift_max_abs_tokens": "3",
+        "corrected_requests": "0",
+        "correction_limited_requests": "0",
+        "explainable_cached_input_tokens": "103",
     }
     assert {k: values[k] for k in expected} == expected
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", values["timestamp"])
@@ -1233,12 +1276,14 @@ def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
         "agent_id": 0, "trajectory_id": "ok", "routing_slot": 0, "completed": True,
         "requests": 2, "successful_requests": 2, "failed_requests": 0, "input_tokens": 250,
         "output_tokens": 10, "cached_tokens": 100, "ttft_p50_seconds": None, "error": None,
+        "prompt_exact_requests": 0, "output_exact_requests": 0,
     }  # fmt: skip
     assert {k: bad[k] for k in ["agent_id", "trajectory_id", "routing_slot", "completed", *LIFECYCLE_EXTRA_FIELDS]} == {
         "agent_id": 1, "trajectory_id": "bad", "routing_slot": 0, "completed": False,
         "requests": 1, "successful_requests": 0, "failed_requests": 1, "input_tokens": 0,
         "output_tokens": 0, "cached_tokens": None, "ttft_p50_seconds": None,
         "error": "request failed (400 Bad Request) bad request body",
+        "prompt_exact_requests": 0, "output_exact_requests": 0,
     }  # fmt: skip
 
     # Request events: one line per logical request.
@@ -1255,6 +1300,11 @@ def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
         (0, "ok", 2, 40, 150, 7, 100, 1, "ok", None),
         (1, "bad", 1, 24, None, None, None, 1, "failed", "request failed (400 Bad Request) bad request body"),
     ]  # fmt: skip
+    assert [
+        (r["prompt_drift"], r["prompt_correction_tokens"], r["correction_note"],
+         r["planned_output_tokens"], r["output_drift"], r["reply_rendered_tokens"])
+        for r in rows
+    ] == [(76, 0, None, 4, -1, None), (110, 0, None, 4, 3, None), (None, 0, None, 4, None, None)]  # fmt: skip
     assert all(r["routing_slot"] == 0 and r["dp_rank"] is None for r in rows)
     assert rows[0]["start_offset_seconds"] <= rows[1]["start_offset_seconds"]
     assert all(r["latency_seconds"] >= 0 for r in rows)

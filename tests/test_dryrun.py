@@ -11,7 +11,12 @@ import orjson
 import pytest
 
 from batchbench.agent import main
-from batchbench.report import CSV_COLUMNS, EXTRA_CSV_COLUMNS, LIVE_CSV_COLUMNS
+from batchbench.report import (
+    CSV_COLUMNS,
+    EXTRA_CSV_COLUMNS,
+    FIDELITY_CSV_COLUMNS,
+    LIVE_CSV_COLUMNS,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "trajectory-replay" / "plans.jsonl"
 README_ARGS = [
@@ -42,7 +47,7 @@ def test_readme_example_banner_lines_and_summary(capsys):
     lines, err = run(capsys, README_ARGS)
     assert err == ""
     digest = hashlib.sha256(EXAMPLE.read_bytes()).hexdigest()
-    assert lines[:15] == [
+    assert lines[:16] == [
         "=== Agent Loop Benchmark Configuration ===",
         "Endpoint: https://api.openai.com/v1/chat/completions",
         "Model: Qwen/Qwen3-VL-235B-A22B-Instruct-FP8",
@@ -57,10 +62,12 @@ def test_readme_example_banner_lines_and_summary(capsys):
         "Ignore EOS: false",
         "DP-rank perfect routing: disabled",
         "Per-agent user tagging: enabled",
+        lines[14],
         "==========================================",
     ]
     assert lines[4].startswith("Tokenizer file: ") and lines[4].endswith("tokenizer.json")
-    assert lines[15] == ""
+    assert re.fullmatch(r"Content salt: [0-9a-f]{16}", lines[14])  # random unless pinned
+    assert lines[16] == ""
     dry = [TIMED.sub("admitted_at_ms=T", line) for line in lines if line.startswith("[DRY-RUN]")]
     common = "[DRY-RUN] agent={} invocation={} input_content_tokens={} output_tokens={} environment_tokens={} tool_call_latency_ms={} trajectory_id={} routing_slot={} admitted_at_ms=T target_prompt_tokens={} reset_before={}"
     assert dry == [
@@ -150,7 +157,8 @@ def test_events_and_csv_in_dry_run(capsys, tmp_path):
     assert text.count("\n") == 2 and "\r" not in text
     header, row = list(csv.reader(text.splitlines()))
     assert header[:51] == list(CSV_COLUMNS)
-    assert header[51:61] == list(EXTRA_CSV_COLUMNS) and header[61:] == list(LIVE_CSV_COLUMNS)
+    assert header[51:61] == list(EXTRA_CSV_COLUMNS)
+    assert header[61:] == list(LIVE_CSV_COLUMNS) + list(FIDELITY_CSV_COLUMNS)
     values = dict(zip(header, row, strict=True))
     assert values["workload_mode"] == "trajectory_replay"
     assert values["agent_plans_sha256"] == hashlib.sha256(EXAMPLE.read_bytes()).hexdigest()

@@ -325,8 +325,8 @@ def test_conversation_append_reset_and_size():
     expected = (
         head
         + b',{"role":"assistant","content":"ok",'
-        + _synthetic_call_bytes("call_batchbench_0_1")
-        + b'},{"role":"tool","tool_call_id":"call_batchbench_0_1","content":"env"}'
+        + _synthetic_call_bytes("call_batchbench_00000000_000001")
+        + b'},{"role":"tool","tool_call_id":"call_batchbench_00000000_000001","content":"env"}'
         + b'],"max_tokens":5,"min_tokens":5,"user":"u"}'
     )
     body = conversation.body(tail)
@@ -337,8 +337,10 @@ def test_conversation_append_reset_and_size():
 
     document = orjson.loads(body)
     assert [m["role"] for m in document["messages"]] == ["user", "assistant", "tool"]
-    assert document["messages"][1]["tool_calls"] == [_synthetic_call("call_batchbench_0_1")]
-    assert document["messages"][2]["tool_call_id"] == "call_batchbench_0_1"
+    assert document["messages"][1]["tool_calls"] == [
+        _synthetic_call("call_batchbench_00000000_000001")
+    ]
+    assert document["messages"][2]["tool_call_id"] == "call_batchbench_00000000_000001"
 
     conversation.append(user_message("more"))
     assert conversation.messages == 4
@@ -384,16 +386,16 @@ def test_c18_reply_with_own_tool_calls_and_reasoning():
         ],
     }
     call = tool_call_id(0, 1)
-    assert call == "call_batchbench_0_1"
+    assert call == "call_batchbench_00000000_000001"
     serialized = assistant_with_tool_call(reply, call)
     assert serialized == (
         b'{"role":"assistant","content":"Let me look.","reasoning_content":"thinking",'
-        + _synthetic_call_bytes("call_batchbench_0_1")
+        + _synthetic_call_bytes(call)
         + b"}"
     )
     document = orjson.loads(serialized)
     assert len(document["tool_calls"]) == 1
-    assert document["tool_calls"][0]["id"] == "call_batchbench_0_1"
+    assert document["tool_calls"][0]["id"] == call
     assert document["tool_calls"][0]["function"]["name"] == "environment"
     assert document["tool_calls"][0]["function"]["arguments"] == '{"request":"continue"}'
     assert document["reasoning_content"] == "thinking"
@@ -402,12 +404,12 @@ def test_c18_reply_with_own_tool_calls_and_reasoning():
     assert reply["tool_calls"][0]["id"] == "call_model_abc"
 
     following = orjson.loads(tool_message(call, "env text"))
-    assert following["tool_call_id"] == "call_batchbench_0_1"
+    assert following["tool_call_id"] == call
 
 
 def test_c19_content_only_reply():
     call = tool_call_id(2, 3)
-    assert call == "call_batchbench_2_3"
+    assert call == "call_batchbench_00000002_000003"
     serialized = assistant_with_tool_call({"role": "assistant", "content": "Done."}, call)
     assert serialized == (
         b'{"role":"assistant","content":"Done.",' + _synthetic_call_bytes(call) + b"}"
