@@ -56,7 +56,7 @@ from batchbench.workload import Workload
 INLINE_TEXT_TOKENS = 4096
 # Replies up to this many characters are counted on the loop; longer ones on a worker
 # thread (the batched encode releases the GIL).
-INLINE_COUNT_CHARACTERS = 4096
+INLINE_COUNT_CHARACTERS = 1024
 # --prompt-oracle: server counts per request at most (the first, then resized ones).
 ORACLE_ROUNDS = 3
 READ_BUFFER_BYTES = 1 << 20
@@ -204,16 +204,15 @@ class HttpAgentBody:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.pool, make, agent, turn, tokens)
 
-    async def _rendered(self, content) -> int | None:
-        """The reply's content as the next prompt renders it (None: correction is off)."""
+    def _rendered(self, content):
+        """The reply's content as the next prompt renders it: its token count, or a future
+        of it for a long reply (counted on a worker thread during the tool delay)."""
         replies = self.fidelity.replies
-        if replies is None:
-            return None
-        if not isinstance(content, str) or len(content) <= INLINE_COUNT_CHARACTERS:
-            return replies.count(content if isinstance(content, str) else None)
-        loop = asyncio.get_running_loop()
-        counts = await loop.run_in_executor(self.pool, replies.count_many, [content])
-        return counts[0]
+        if not isinstance(content, str):
+            return 0
+        if len(content) <= INLINE_COUNT_CHARACTERS:
+            return replies.count(content)
+        return asyncio.get_running_loop().run_in_executor(self.pool, _count_one, replies, content)
 
     async def _oracle_sized(
         self,
@@ -363,18 +362,17 @@ class HttpAgentBody:
             recorder.request_done(figures, reply)
 
             content = reply.message.get("content")
+            counting = None
             if appends and correct:
                 content = trimmed(content)
-                counting = asyncio.ensure_future(self._rendered(content))
-            else:
-                counting = None
+                counting = self._rendered(content)
             delay = float(latency_ms[request]) / 1000.0
             whole = True
             if delay > 0:
                 began = time.perf_counter()
                 whole = await shutdown.sleep(delay)
                 recorder.tool_slept(time.perf_counter() - began if not whole else delay)
-            rendered = await counting if counting is not None else None
+            rendered = await counting if isinstance(counting, asyncio.Future) else counting
             event(request, reply, started, elapsed, attempts, "ok", None, rendered)
             if not whole:
                 return INTERRUPTED
@@ -528,6 +526,10 @@ class HttpAgentBody:
                 "oracle_seconds": oracle_seconds,
             }
         )
+
+
+def _count_one(replies: ReplyCounter, content: str) -> int:
+    return replies.count_many([content])[0]
 
 
 def _fresh_body(model: str) -> Callable[[str], bytes]:

@@ -132,8 +132,7 @@ class ReplyCounter:
         """Tokens the (already trimmed) content adds to the prompt."""
         if not content:
             return 0
-        context = self.context
-        return self._count(context.before + content + context.after) - self._framing
+        return self.count_many([content])[0]
 
     def count_many(self, contents: list[str]) -> list[int]:
         """``count`` of several contents in one batched encode (it releases the GIL, so a
@@ -150,6 +149,14 @@ class ReplyCounter:
         ]
 
 
+def _observe(counts: Counter[int], value: int, current: int) -> int:
+    """Count one observation; the new estimate (a value must outnumber the current one)."""
+    seen = counts[value] = counts[value] + 1
+    if len(counts) == 1 or (value != current and seen > counts[current]):
+        return value
+    return current
+
+
 def trimmed(content: Any) -> Any:
     """A reply's content as the driver replays it: text without surrounding whitespace."""
     return content.strip() if isinstance(content, str) else content
@@ -159,36 +166,37 @@ class Framing:
     """The run's framing estimates (initial and per-turn overhead), refined from usage.
 
     Every trajectory of a run talks to the same template, so an overhead observed by one
-    (``observe_*``) serves all of them: the estimate is the most frequent observation,
-    falling back to the configured (flag or calibrated) value before the first one.
+    (``observe_*``) serves all of them: the estimate is the most frequent observation
+    (the earliest seen among equals), falling back to the configured (flag or calibrated)
+    value before the first one.
     """
+
+    __slots__ = (
+        "_initial",
+        "_turn",
+        "configured_initial",
+        "configured_turn",
+        "initial",
+        "learn",
+        "turn",
+    )
 
     def __init__(self, initial: int, turn: int, learn: bool = True) -> None:
         self.configured_initial = initial
         self.configured_turn = turn
         self.learn = learn
+        self.initial = initial  # the current estimates, kept up to date by observe_*
+        self.turn = turn
         self._initial: Counter[int] = Counter()
         self._turn: Counter[int] = Counter()
 
-    @property
-    def initial(self) -> int:
-        if self._initial:
-            return self._initial.most_common(1)[0][0]
-        return self.configured_initial
-
-    @property
-    def turn(self) -> int:
-        if self._turn:
-            return self._turn.most_common(1)[0][0]
-        return self.configured_turn
-
     def observe_initial(self, value: int) -> None:
         if self.learn:
-            self._initial[value] += 1
+            self.initial = _observe(self._initial, value, self.initial)
 
     def observe_turn(self, value: int) -> None:
         if self.learn:
-            self._turn[value] += 1
+            self.turn = _observe(self._turn, value, self.turn)
 
     def learned(self) -> dict[str, Any]:
         """What the run observed, for the results JSON."""

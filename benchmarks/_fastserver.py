@@ -13,6 +13,11 @@ tokens do not match the request: the client under test only needs valid usage.
 
 Control lines on stdin (each answered with one line on stdout):
 
+``usage.prompt_tokens`` is the number of spaces in the request body: synthetic text has
+about one space per token and compact JSON none, so the count follows the prompt the
+way a real server's does (a constant would make a client that corrects its prompts
+towards ``usage`` chase a server that never moves).
+
 ``watch PID``   -> ``ok``; at the next request that arrives, read /proc/PID/stat and print
                  ``first CPU_SECONDS`` (user + system CPU of that process so far) before
                  answering the request: the client's CPU from its start to its first request.
@@ -53,6 +58,20 @@ def _response(status: str, content_type: bytes, body: bytes) -> bytes:
     return head + body
 
 
+PROMPT_MARK = b"987654321"  # placeholder for usage.prompt_tokens in the canned replies
+
+
+def split_at_mark(reply: bytes) -> tuple[bytes, bytes]:
+    """The canned bytes around the placeholder; a count padded to its width with spaces
+    (valid JSON whitespace) keeps every content-length right."""
+    before, after = reply.split(PROMPT_MARK, 1)
+    return before, after
+
+
+def fill(parts: tuple[bytes, bytes], prompt_tokens: int) -> bytes:
+    return parts[0] + str(prompt_tokens).encode().rjust(len(PROMPT_MARK)) + parts[1]
+
+
 def canned_json(completion_tokens: int) -> bytes:
     document = {
         "id": "chatcmpl-bench",
@@ -67,9 +86,8 @@ def canned_json(completion_tokens: int) -> bytes:
             }
         ],
         "usage": {
-            "prompt_tokens": 64,
+            "prompt_tokens": int(PROMPT_MARK),
             "completion_tokens": completion_tokens,
-            "total_tokens": 64 + completion_tokens,
         },
     }
     body = json.dumps(document, separators=(",", ":")).encode()
@@ -93,7 +111,7 @@ def canned_sse(chunks: int, writes: int = 1) -> list[bytes]:
         parts.append(
             event({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
         )
-    usage = {"prompt_tokens": 64, "completion_tokens": chunks, "total_tokens": 64 + chunks}
+    usage = {"prompt_tokens": int(PROMPT_MARK), "completion_tokens": chunks}
     parts.append(event({**base, "choices": [], "usage": usage}))
     parts.append(b"data: [DONE]\n\n")
     whole = _response("200 OK", b"text/event-stream", b"".join(parts))
@@ -115,9 +133,9 @@ CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 class State:
     def __init__(self, json_reply: bytes, sse_reply: list[bytes]) -> None:
-        self.json_reply = json_reply
-        self.sse_reply = sse_reply[0]
-        self.sse_rest = sse_reply[1:]
+        self.json_reply = split_at_mark(json_reply)
+        self.sse_first = sse_reply[:-1]  # the usage event is in the last piece
+        self.sse_last = split_at_mark(sse_reply[-1])
         self.count = 0
         self.watch_pid: int | None = None
         self.out = sys.stdout
@@ -186,22 +204,28 @@ class HttpProtocol(asyncio.Protocol):
             del buffer[: self.need]
             self.need = -1
             stream = b'"stream":true' in body or b'"stream": true' in body
+            prompt_tokens = body.count(b" ")
             state.count += 1
             if not stream:
-                self.transport.write(state.json_reply)
+                self.transport.write(fill(state.json_reply, prompt_tokens))
                 continue
-            self.transport.write(state.sse_reply)
-            if state.sse_rest:
-                # One piece per loop iteration, so the client sees separate reads.
-                asyncio.get_running_loop().call_soon(self._write_rest, 0)
+            last = fill(state.sse_last, prompt_tokens)
+            if not state.sse_first:
+                self.transport.write(last)
+                continue
+            # One piece per loop iteration, so the client sees separate reads.
+            self.transport.write(state.sse_first[0])
+            asyncio.get_running_loop().call_soon(self._write_rest, 1, last)
 
-    def _write_rest(self, index: int) -> None:
+    def _write_rest(self, index: int, last: bytes) -> None:
         if self.transport.is_closing():
             return
-        rest = self.state.sse_rest
-        self.transport.write(rest[index])
-        if index + 1 < len(rest):
-            asyncio.get_running_loop().call_soon(self._write_rest, index + 1)
+        first = self.state.sse_first
+        if index < len(first):
+            self.transport.write(first[index])
+            asyncio.get_running_loop().call_soon(self._write_rest, index + 1, last)
+        else:
+            self.transport.write(last)
 
 
 def _raise_nofile() -> None:
