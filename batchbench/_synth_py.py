@@ -77,32 +77,54 @@ class PieceAssembler:
     """Builds text by concatenating pieces chosen by :func:`draw_indices`.
 
     The pieces are proven (by ``batchbench.synth``) to give one token each however they
-    are joined, so ``text(n, seed)`` is exact without re-encoding.
+    are joined, so ``text(n, seed)`` is exact without re-encoding. Pieces start with a
+    space; a text that must survive trimming starts with a **head** instead: a proven
+    single-token word without leading whitespace.
+
+    Token k of ``text(n, seed)`` is drawn from the splitmix64 stream of ``seed`` at counter
+    k: with ``head=True`` token 0 is ``heads[index_0 mod-reduced by len(heads)]`` and tokens
+    1..n-1 are ``pieces[index_k reduced by len(pieces)]``; with ``head=False`` all n tokens
+    are pieces (for text appended right after another one).
     """
 
-    __slots__ = ("_count", "_pieces")
+    __slots__ = ("_count", "_heads", "_pieces")
 
-    def __init__(self, pieces: list[str]) -> None:
-        items = list(pieces)
+    def __init__(self, pieces: list[str], heads: list[str] | None = None) -> None:
+        items = _checked(pieces, "pieces")
         if not items:
             raise ValueError("PieceAssembler needs at least one piece")
-        if len(items) > MAX_BOUND:
+        head_items = _checked(heads, "heads") if heads is not None else []
+        if len(items) > MAX_BOUND or len(head_items) > MAX_BOUND:
             raise ValueError("PieceAssembler holds at most 2**32 pieces")
-        for piece in items:
-            if type(piece) is not str:
-                raise TypeError(f"pieces must be str, got {type(piece).__name__}")
         self._pieces = items
+        self._heads = head_items
         self._count = len(items)
 
     def __len__(self) -> int:
         return self._count
 
-    def text(self, n: int, seed: int) -> str:
-        """The concatenation of ``n`` pieces drawn from the stream of ``seed``."""
+    @property
+    def head_count(self) -> int:
+        return len(self._heads)
+
+    def text(self, n: int, seed: int, head: bool = True) -> str:
+        """The concatenation of ``n`` tokens drawn from the stream of ``seed``."""
         n = operator.index(n)
         if n < 0:
             raise ValueError(f"n must be non-negative, got {n}")
         if n == 0:
             return ""
+        if head and self._heads:
+            first = self._heads[int(draw_indices(seed, 1, len(self._heads))[0])]
+            indices = draw_indices(seed, n, self._count)[1:]
+            return first + "".join(map(self._pieces.__getitem__, indices.tolist()))
         indices = draw_indices(seed, n, self._count)
         return "".join(map(self._pieces.__getitem__, indices.tolist()))
+
+
+def _checked(items, what: str) -> list[str]:
+    values = list(items)
+    for value in values:
+        if type(value) is not str:
+            raise TypeError(f"{what} must be str, got {type(value).__name__}")
+    return values

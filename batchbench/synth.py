@@ -9,6 +9,12 @@ preparation, not assumed. Tokenizers where it fails or finds too few pieces (no
 pre-tokenizer, byte-level BPE without merges, normalizers that rewrite words) use the
 decode, re-encode and repair loop of §4.4, which is exact but costs several encodes a text.
 
+Every text is **trim-stable**: it has no leading or trailing whitespace, so chat templates
+that trim message content (Gemma, Llama-3, Qwen3.5, GLM) cannot change its count. The fast
+method starts each text with a **head**: a proven single-token word without a leading
+space ("river" rather than " river"), then n-1 fast pieces; the repair loop strips what it
+measures.
+
 Both methods are deterministic functions of (tokenizer file, n, seed) (§4.5, D1).
 """
 
@@ -58,6 +64,14 @@ PROOF_CHUNK = 8192
 # vocabulary cannot supply 64 words, so there an eighth of its usable ids (at least 2) is
 # enough; the repair loop would not give more varied text on it anyway.
 MIN_FAST_PIECES = 64
+
+# Heads: at most this many candidates are proven (a deterministic sample; variety only
+# matters for one token a text), each followed by this many random pieces, at the start
+# of a text and after each of these contexts (templates put content right after them).
+HEAD_CANDIDATES = 4096
+HEAD_FOLLOWERS = 3
+HEAD_CONTEXTS = ("", "\n", "\n\n")
+MIN_HEADS = 8
 
 # Fixed seeds keep preparation, and so the piece table and every text, deterministic.
 _PROOF_SEED = 0x5EED_0F_FA57_0000
@@ -140,6 +154,75 @@ def candidate_pieces(
         for piece, encoding in zip(candidates, encodings, strict=True)
         if len(encoding.ids) == 1 and encoding.ids[0] not in forbidden
     ]
+
+
+def candidate_heads(loaded: LoadedTokenizer, decoded: Sequence[str]) -> list[str]:
+    """Alphabetic words without leading whitespace that encode alone to one allowed id.
+
+    A byte-level decode " river" gives "river"; a Metaspace decode is already "river"
+    (its "▁" is restored by the pre-tokenizer at the start of a text)."""
+    words = []
+    for text in decoded:
+        word = text[1:] if text.startswith(" ") else text
+        if word.isalpha():
+            words.append(word)
+    candidates = sorted(dict.fromkeys(words))
+    if len(candidates) > HEAD_CANDIDATES:
+        keys = draw_indices(mix_seed(_PROOF_SEED, 2, 2), len(candidates), 1 << 32)
+        order = np.argsort(keys, kind="stable")[:HEAD_CANDIDATES]
+        candidates = [candidates[i] for i in sorted(order.tolist())]
+    if not candidates:
+        return []
+    forbidden = loaded.added_ids | loaded.special_ids
+    encodings = loaded.tokenizer.encode_batch(candidates, add_special_tokens=False)
+    return [
+        head
+        for head, encoding in zip(candidates, encodings, strict=True)
+        if len(encoding.ids) == 1 and encoding.ids[0] not in forbidden
+    ]
+
+
+def prove_heads(
+    loaded: LoadedTokenizer, heads: Sequence[str], pieces: Sequence[str], contexts=HEAD_CONTEXTS
+) -> list[str]:
+    """The heads that stay one aligned token before random pieces in every context.
+
+    For each head and context, the text context + head + followers must encode to the
+    context's own tokens plus exactly 1 + followers tokens, with one token spanning exactly
+    the head and no forbidden id: the head merges neither with what precedes nor with
+    what follows it.
+    """
+    if not heads:
+        return []
+    tokenizer = loaded.tokenizer
+    forbidden = loaded.added_ids | loaded.special_ids
+    context_counts = {
+        c: len(tokenizer.encode(c, add_special_tokens=False).ids) if c else 0 for c in contexts
+    }
+    draws = draw_indices(
+        mix_seed(_PROOF_SEED, 3, 3), len(heads) * len(contexts) * HEAD_FOLLOWERS, len(pieces)
+    ).tolist()
+    texts, spans = [], []
+    for h, head in enumerate(heads):
+        for c, context in enumerate(contexts):
+            at = (h * len(contexts) + c) * HEAD_FOLLOWERS
+            followers = "".join(pieces[i] for i in draws[at : at + HEAD_FOLLOWERS])
+            texts.append(context + head + followers)
+            spans.append((len(context), len(context) + len(head), context_counts[context]))
+    encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
+    good = np.ones(len(heads), dtype=bool)
+    for index, (encoding, (start, end, before)) in enumerate(zip(encodings, spans, strict=True)):
+        h = index // len(contexts)
+        if not good[h]:
+            continue
+        ids = encoding.ids
+        if (
+            len(ids) != before + 1 + HEAD_FOLLOWERS
+            or tuple(encoding.offsets[before]) != (start, end)
+            or not forbidden.isdisjoint(ids)
+        ):
+            good[h] = False
+    return [head for head, ok in zip(heads, good.tolist(), strict=True) if ok]
 
 
 def _misaligned(
@@ -265,12 +348,17 @@ class Synthesizer:
         pool: np.ndarray,
         forbidden: frozenset[int],
         prepare_seconds: float,
+        heads: list[str] | None = None,
     ) -> None:
-        """Use :meth:`prepare`; this only stores what it found."""
+        """Use :meth:`prepare`; this only stores what it found. The fast method needs both
+        pieces and heads; without either, texts come from the repair loop."""
         self.loaded = loaded
         self._tokenizer = loaded.tokenizer
+        if not pieces or not heads:
+            pieces = heads = None
         self._pieces = pieces
-        self._assembler = PieceAssembler(pieces) if pieces else None
+        self._heads = heads
+        self._assembler = PieceAssembler(pieces, heads) if pieces else None
         self._pool = pool
         self._forbidden = forbidden
         self.prepare_seconds = prepare_seconds
@@ -298,13 +386,13 @@ class Synthesizer:
         path = table_cache_path(loaded)
         table = _read_table(path) if path is not None else None
         if table is not None:
-            pieces, pool, forbidden = table
-            synth = cls(loaded, pieces, pool, forbidden, time.perf_counter() - started)
+            pieces, heads, pool, forbidden = table
+            synth = cls(loaded, pieces, pool, forbidden, time.perf_counter() - started, heads)
             synth.table_cached = True
             return synth
         synth = cls._prepare_table(loaded, started)
         if path is not None:
-            _write_table(path, synth._pieces, synth._pool, synth._forbidden)
+            _write_table(path, synth._pieces, synth._heads, synth._pool, synth._forbidden)
         return synth
 
     @classmethod
@@ -323,8 +411,9 @@ class Synthesizer:
             if pieces is not None and len(pieces) >= needed:
                 break
             pieces = None
+        heads = choose_heads(loaded, decoded, pieces) if pieces else None
         pool, forbidden = _repair_pool(loaded, usable, decoded)
-        return cls(loaded, pieces, pool, forbidden, time.perf_counter() - started)
+        return cls(loaded, pieces, pool, forbidden, time.perf_counter() - started, heads)
 
     @property
     def method(self) -> Method:
@@ -341,15 +430,31 @@ class Synthesizer:
         """The proven fast pieces, in table order."""
         return tuple(self._pieces or ())
 
-    def text(self, n: int, seed: int) -> str:
-        """Text that re-encodes to exactly ``n`` tokens, none special; ``""`` for 0."""
+    @property
+    def heads(self) -> tuple[str, ...]:
+        """The proven heads (first tokens without leading whitespace), in table order."""
+        return tuple(self._heads or ())
+
+    @property
+    def head_count(self) -> int:
+        return len(self._heads) if self._heads else 0
+
+    def text(self, n: int, seed: int, head: bool = True) -> str:
+        """Text that re-encodes to exactly ``n`` tokens, none special; ``""`` for 0.
+
+        With ``head`` (the default) the text is trim-stable: no leading or trailing
+        whitespace. ``head=False`` gives, with the fast method, text that starts with a
+        space-prefixed piece, so it can be appended right after another text without
+        changing either count (a reply streamed in chunks); the repair loop's texts are
+        always trim-stable and cannot be joined that way.
+        """
         n = operator.index(n)
         if n < 0:
             raise ValueError(f"token count must be non-negative, got {n}")
         if n == 0:
             return ""
         if self._assembler is not None:
-            return self._assembler.text(n, seed)
+            return self._assembler.text(n, seed, head)
         return self.repair_text(n, seed)
 
     def repair_text(self, n: int, seed: int) -> str:
@@ -365,9 +470,9 @@ class Synthesizer:
         if n == 0:
             return ""
         draws = _Draws(self._tokenizer, self._pool, seed)
-        text = draws.decode(n)
+        text = draws.decode(n).strip()
         last_count: int | None = None
-        for _ in range(REPAIR_ATTEMPTS):
+        for attempt in range(REPAIR_ATTEMPTS):
             encoding = self._encode(text)
             last_count = len(encoding.ids)
             if not text or not self._clean(encoding.ids):
@@ -380,8 +485,12 @@ class Synthesizer:
                     return cut
                 text = cut if cut is not None else self._resample(draws, n, text)
             else:
-                extra = draws.decode(max(n - last_count, 1))
-                grown = text + extra if text[-1].isspace() else text + " " + extra
+                # §4.4 joins with a space; a trimmed text cannot end with one, so every
+                # other extension joins directly (else one more token than a byte-level
+                # vocabulary needs could never be cut back to a trim-stable text).
+                extra = draws.decode(max(n - last_count, 1)).strip()
+                joiner = " " if attempt % 2 == 0 else ""
+                grown = text + joiner + extra if extra else text
                 text = grown if len(grown) > len(text) else self._resample(draws, n, text)
         raise SynthesisError(failure_message(n, last_count))
 
@@ -392,9 +501,9 @@ class Synthesizer:
         return self._forbidden.isdisjoint(ids)
 
     def _resample(self, draws: _Draws, n: int, previous: str) -> str:
-        """A fresh decode of ``n`` ids that differs from ``previous``."""
+        """A fresh decode of ``n`` ids, stripped, that differs from ``previous``."""
         for _ in range(IDENTICAL_RESAMPLES):
-            candidate = draws.decode(n)
+            candidate = draws.decode(n).strip()
             if candidate != previous:
                 return candidate
         raise SynthesisError(SAME_CANDIDATE)
@@ -409,7 +518,9 @@ class Synthesizer:
             if end == previous or end <= 0 or end >= len(text):
                 continue
             previous = end
-            cut = text[:end]
+            cut = text[:end].rstrip()
+            if not cut:
+                continue
             ids = self._encode(cut).ids
             if len(ids) == n and self._clean(ids):
                 return cut, True
@@ -419,6 +530,19 @@ class Synthesizer:
             if tried == TRIM_BOUNDARIES:
                 break
         return shorter, False
+
+
+def choose_heads(
+    loaded: LoadedTokenizer, decoded: Sequence[str], pieces: Sequence[str]
+) -> list[str] | None:
+    """Heads proven at the start of a text and after newlines; when too few survive the
+    newline contexts, those proven at the start alone; None when there are none."""
+    candidates = candidate_heads(loaded, decoded)
+    strong = prove_heads(loaded, candidates, pieces)
+    if len(strong) >= min(MIN_HEADS, len(candidates)) and strong:
+        return strong
+    plain = prove_heads(loaded, candidates, pieces, contexts=("",))
+    return plain or None
 
 
 def _repair_pool(
@@ -460,7 +584,7 @@ def _cache_key(loaded: LoadedTokenizer) -> tuple | None:
 # bytes and this module's algorithm, so its result is kept per (file digest, package version,
 # format) and start-up costs a file read instead of about a second and a half of proofs.
 
-TABLE_FORMAT = 1
+TABLE_FORMAT = 2
 NO_TABLE_CACHE_ENV = "BATCHBENCH_NO_TABLE_CACHE"
 CACHE_DIR_ENV = "BATCHBENCH_CACHE_DIR"
 
@@ -499,22 +623,26 @@ def _read_table(path: str):
     try:
         with open(path, "rb") as handle:
             document = orjson.loads(handle.read())
+        if document.get("format") != TABLE_FORMAT:
+            return None
         pieces = document["pieces"]
+        heads = document["heads"]
         pool = np.asarray(document["pool"], dtype=np.int64)
         forbidden = frozenset(int(i) for i in document["forbidden"])
-        if document.get("format") != TABLE_FORMAT or (pieces is not None and not pieces):
+        if (pieces is not None and not pieces) or (heads is not None and not heads):
             return None
     except (OSError, ValueError, KeyError, TypeError):
         return None  # missing or unreadable: prepare it again
-    return pieces, pool, forbidden
+    return pieces, heads, pool, forbidden
 
 
-def _write_table(path: str, pieces, pool: np.ndarray, forbidden: frozenset[int]) -> None:
+def _write_table(path: str, pieces, heads, pool: np.ndarray, forbidden: frozenset[int]) -> None:
     """Write atomically (temporary file, then rename); a cache that cannot be written is
     skipped silently, since it only saves time."""
     document = {
         "format": TABLE_FORMAT,
         "pieces": list(pieces) if pieces else None,
+        "heads": list(heads) if heads else None,
         "pool": pool.tolist(),
         "forbidden": sorted(forbidden),
     }

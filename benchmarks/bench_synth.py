@@ -63,13 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     if synth.method != "fast":
         print(f"DeepSeek-V3 unexpectedly uses the {synth.method} method", file=sys.stderr)
         return 1
-    pieces = list(synth.pieces)
+    pieces, heads = list(synth.pieces), list(synth.heads)
 
     methods: dict[str, Callable[[int, int], str]] = {}
     native = _impl.native_module("synth")
     if native is not None:
-        methods["native assembler"] = native.PieceAssembler(pieces).text
-    methods["python twin"] = _synth_py.PieceAssembler(pieces).text
+        methods["native assembler"] = native.PieceAssembler(pieces, heads).text
+    methods["python twin"] = _synth_py.PieceAssembler(pieces, heads).text
     methods["repair loop (§4.4)"] = synth.repair_text
 
     batches = {name: calibrate(make, args.tokens) for name, make in methods.items()}
@@ -87,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<20} {rate:>14,.0f} {rate / baseline:>9.3g}x {rate / twin:>7.3g}x")
     if native is None:
         print("native assembler: not built (python setup.py build_ext --inplace)")
-    print(f"fast pieces: {synth.piece_count}, table preparation: {synth.prepare_seconds:.2f} s")
+    print(
+        f"fast pieces: {synth.piece_count}, heads: {synth.head_count}, "
+        f"table preparation: {synth.prepare_seconds:.2f} s"
+    )
     # A file-backed tokenizer uses the on-disk table cache: the first build stores it.
     on_disk = LoadedTokenizer.wrap(Tokenizer.from_file(str(path)), "deepseek-v3", str(path))
     Synthesizer._build(on_disk)

@@ -105,39 +105,48 @@ cdef class PieceAssembler:
     """Builds text by concatenating pieces chosen by :func:`draw_indices`.
 
     The pieces are proven (by ``batchbench.synth``) to give one token each however they
-    are joined, so ``text(n, seed)`` is exact without re-encoding.
+    are joined, so ``text(n, seed)`` is exact without re-encoding. With ``head=True`` the
+    first token is one of ``heads`` (single-token words without leading whitespace, so the
+    text survives trimming); the twin documents the index derivation.
     """
 
-    cdef bytes _data            # every piece's UTF-8, back to back
-    cdef Py_ssize_t *_offsets   # piece i is _data[_offsets[i]:_offsets[i + 1]]
-    cdef unsigned char *_ascii  # 1 when piece i is pure ASCII
-    cdef Py_ssize_t _count
+    cdef bytes _data            # every piece's UTF-8, then every head's, back to back
+    cdef Py_ssize_t *_offsets   # entry i is _data[_offsets[i]:_offsets[i + 1]]
+    cdef unsigned char *_ascii  # 1 when entry i is pure ASCII
+    cdef Py_ssize_t _count      # pieces; heads follow them in the table
+    cdef Py_ssize_t _heads
 
-    def __cinit__(self, pieces):
+    def __cinit__(self, pieces, heads=None):
         items = list(pieces)
+        head_items = list(heads) if heads is not None else []
         cdef Py_ssize_t count = len(items)
+        cdef Py_ssize_t head_count = len(head_items)
         if count == 0:
             raise ValueError("PieceAssembler needs at least one piece")
-        if count > MAX_BOUND:
+        if count > MAX_BOUND or head_count > MAX_BOUND:
             raise ValueError("PieceAssembler holds at most 2**32 pieces")
         encoded = []
-        for piece in items:
-            if type(piece) is not str:
-                raise TypeError(f"pieces must be str, got {type(piece).__name__}")
-            encoded.append((<str>piece).encode("utf-8"))
-        self._offsets = <Py_ssize_t *>PyMem_Malloc((count + 1) * sizeof(Py_ssize_t))
-        self._ascii = <unsigned char *>PyMem_Malloc(count * sizeof(unsigned char))
+        for what, group in (("pieces", items), ("heads", head_items)):
+            for piece in group:
+                if type(piece) is not str:
+                    raise TypeError(f"{what} must be str, got {type(piece).__name__}")
+                encoded.append((<str>piece).encode("utf-8"))
+        cdef Py_ssize_t total = count + head_count
+        self._offsets = <Py_ssize_t *>PyMem_Malloc((total + 1) * sizeof(Py_ssize_t))
+        self._ascii = <unsigned char *>PyMem_Malloc(total * sizeof(unsigned char))
         if self._offsets == NULL or self._ascii == NULL:
             raise MemoryError()
         cdef Py_ssize_t i
         cdef Py_ssize_t position = 0
-        for i in range(count):
+        everything = items + head_items
+        for i in range(total):
             self._offsets[i] = position
             position += PyBytes_GET_SIZE(encoded[i])
-            self._ascii[i] = (<str>items[i]).isascii()
-        self._offsets[count] = position
+            self._ascii[i] = (<str>everything[i]).isascii()
+        self._offsets[total] = position
         self._data = b"".join(encoded)
         self._count = count
+        self._heads = head_count
 
     def __dealloc__(self):
         PyMem_Free(self._offsets)
@@ -146,8 +155,12 @@ cdef class PieceAssembler:
     def __len__(self):
         return self._count
 
-    def text(self, n, seed):
-        """The concatenation of ``n`` pieces drawn from the stream of ``seed``."""
+    @property
+    def head_count(self):
+        return self._heads
+
+    def text(self, n, seed, head=True):
+        """The concatenation of ``n`` tokens drawn from the stream of ``seed``."""
         n = operator.index(n)
         if n < 0:
             raise ValueError(f"n must be non-negative, got {n}")
@@ -156,6 +169,7 @@ cdef class PieceAssembler:
         cdef Py_ssize_t count = n
         cdef uint64_t s = _seed64(seed)
         cdef uint64_t bound = <uint64_t>self._count
+        cdef bint with_head = bool(head) and self._heads > 0
         cdef uint32_t *chosen = <uint32_t *>PyMem_Malloc(count * sizeof(uint32_t))
         if chosen == NULL:
             raise MemoryError()
@@ -166,11 +180,18 @@ cdef class PieceAssembler:
         cdef unsigned char all_ascii = 1
         cdef Py_ssize_t k
         cdef uint32_t j
+        cdef Py_ssize_t first = 0
         cdef char *out
         cdef char *buffer = NULL
         try:
             with nogil:
-                for k in range(count):
+                if with_head:
+                    j = <uint32_t>(self._count + _index(s, 0, <uint64_t>self._heads))
+                    chosen[0] = j
+                    total += offsets[j + 1] - offsets[j]
+                    all_ascii &= ascii[j]
+                    first = 1
+                for k in range(first, count):
                     j = <uint32_t>_index(s, <uint64_t>k, bound)
                     chosen[k] = j
                     total += offsets[j + 1] - offsets[j]
@@ -191,4 +212,3 @@ cdef class PieceAssembler:
         finally:
             PyMem_Free(chosen)
             PyMem_Free(buffer)
-

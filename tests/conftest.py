@@ -24,6 +24,10 @@ PACKAGED_TOKENIZERS = {
     "llama3.1": "deepseek-r1-distill-llama-8b",  # the Llama-3.1 tokenizer, as shipped there
     "glm4": "glm-4",
     "minimax": "minimax",
+    "qwen3.5": "qwen-3.5",
+    "glm4.7": "glm-4.7-flash",
+    "minimax-m3": "minimax-m3",
+    "jiutian": "jiutian-139moe-chat",  # Unigram with a Metaspace pre-tokenizer
 }
 
 

@@ -130,13 +130,32 @@ def test_assembler_rejects_bad_input(impl):
         impl.PieceAssembler([" a"]).text(-2, 0)
 
 
+def test_assembler_starts_with_a_head_unless_told_not_to(impl):
+    pieces, heads = [" river", " lake", " stone"], ["Alpha", "Beta"]
+    assembler = impl.PieceAssembler(pieces, heads)
+    assert assembler.head_count == 2 and len(assembler) == 3
+    for seed in (0, 1, 99, MASK64):
+        for n in (1, 2, 17, 300):
+            index = reference_indices(seed, n, len(pieces))
+            first = heads[reference_indices(seed, 1, len(heads))[0]]
+            expected = first + "".join(pieces[i] for i in index[1:])
+            assert assembler.text(n, seed) == expected == assembler.text(n, seed, head=True)
+            assert assembler.text(n, seed, head=False) == "".join(pieces[i] for i in index)
+    # Without heads every token is a piece, head or not.
+    plain = impl.PieceAssembler(pieces)
+    assert plain.head_count == 0 and plain.text(5, 3) == plain.text(5, 3, head=False)
+    with pytest.raises(TypeError, match=r"^heads must be str, got int$"):
+        impl.PieceAssembler(pieces, ["ok", 3])
+
+
 def test_native_and_twin_give_identical_bytes():
     native = _impl.native_module("synth")
     if native is None:
         pytest.skip("native extension not built")
     twin = _synth_py
     pieces = [f" w{i}" for i in range(5000)] + [" été", " 中文", " 😀x", " Ω"]
-    native_asm, twin_asm = native.PieceAssembler(pieces), twin.PieceAssembler(pieces)
+    heads = [f"h{i}" for i in range(300)] + ["Ωmega", "中文"]
+    native_asm, twin_asm = native.PieceAssembler(pieces, heads), twin.PieceAssembler(pieces, heads)
     ascii_native, ascii_twin = (
         native.PieceAssembler(pieces[:5000]),
         twin.PieceAssembler(pieces[:5000]),
@@ -147,6 +166,7 @@ def test_native_and_twin_give_identical_bytes():
                 native.draw_indices(seed, n, 5004), twin.draw_indices(seed, n, 5004)
             )
             assert native_asm.text(n, seed).encode() == twin_asm.text(n, seed).encode()
+            assert native_asm.text(n, seed, False) == twin_asm.text(n, seed, False)
             assert ascii_native.text(n, seed).encode() == ascii_twin.text(n, seed).encode()
         assert native.mix_seed(seed, 3, 9) == twin.mix_seed(seed, 3, 9)
 
@@ -221,12 +241,42 @@ def deletes_everything() -> LoadedTokenizer:
     return wrap(tok, "deletes-everything")
 
 
+def gemma_style() -> LoadedTokenizer:
+    """Like Gemma's: BPE over the whole text (no pre-tokenizer), spaces normalized to "▁",
+    byte fallback; trained here on a fixed corpus, so it is the same on every run."""
+    from tokenizers import trainers
+
+    words = [w + s for w in WORDS for s in ("", "s", "ed", "ing")]
+    corpus = [
+        " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(12)) + "\n" for i in range(400)
+    ]
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token=None))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    specials = ["<pad>", "<eos>", "<bos>"]
+    alphabet = [f"<0x{b:02X}>" for b in range(256)]
+    trainer = trainers.BpeTrainer(
+        vocab_size=600, special_tokens=specials + alphabet, show_progress=False
+    )
+    # Trained with "▁" starting each word, as SentencePiece trains: no token ends in "▁".
+    tok.pre_tokenizer = pre_tokenizers.Split("▁", behavior="merged_with_next")
+    tok.train_from_iterator(corpus, trainer)
+    # Then used as Gemma's file is: a split on " ", which normalization has already
+    # turned into "▁", so merges run over the whole text.
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    tok.add_special_tokens(specials)
+    return wrap(tok, "gemma-style")
+
+
 BUILT = {
     "c9": c9_wordlevel,
     "c10": c10_bytelevel,
     "wordpiece": wordpiece,
     "unigram": metaspace_unigram,
     "bpe-no-pretokenizer": bpe_without_pretokenizer,
+    "gemma-style": gemma_style,
 }
 EXPECTED_METHOD = {
     "deepseek": "fast",
@@ -238,8 +288,16 @@ EXPECTED_METHOD = {
     "unigram": "fast",
     "c10": "repair",
     "bpe-no-pretokenizer": "repair",
+    "gemma-style": "fast",
+    "qwen3.5": "fast",
+    "glm4.7": "fast",
+    "minimax": "fast",
+    "minimax-m3": "fast",
+    "jiutian": "fast",
 }
 LARGE = ("deepseek", "qwen3", "llama3.1", "glm4")
+# Real vocabularies the trim-stability property is checked on (LARGE as well).
+TRIMMED = ("qwen3.5", "glm4.7", "minimax", "minimax-m3", "jiutian")
 
 
 @pytest.fixture(scope="module")
@@ -271,11 +329,13 @@ def assert_exact(loaded: LoadedTokenizer, text: str, n: int) -> None:
     assert len(ids) == n
     assert not (loaded.special_ids | loaded.added_ids).intersection(ids)
     assert CONTROL.search(text) is None
+    # Trim-stable: templates that trim content see the same text, hence the same count.
+    assert text == text.strip()
 
 
 # --- Synthesizer ----------------------------------------------------------------------------
 
-ALL_NAMES = [*LARGE, *BUILT]
+ALL_NAMES = [*LARGE, *BUILT, *TRIMMED]
 
 
 @pytest.mark.parametrize("name", ALL_NAMES)
@@ -286,8 +346,11 @@ def test_method_is_the_expected_one(tokenizers_by_name, name):
         assert synth.piece_count == len(synth.pieces) >= 2
         assert all(p[0] == " " and p[1:].isalpha() for p in synth.pieces)
         assert len(set(synth.pieces)) == synth.piece_count
+        assert synth.head_count == len(synth.heads) >= 1
+        assert all(h.isalpha() for h in synth.heads)  # no whitespace to trim
     else:
         assert synth.piece_count == 0 and synth.pieces == ()
+        assert synth.head_count == 0 and synth.heads == ()
     assert synth.prepare_seconds > 0
 
 
@@ -318,6 +381,41 @@ def test_random_targets_are_exact(tokenizers_by_name, name):
         assert_exact(loaded, synth.text(n, seed), n)
 
     check()
+
+
+@pytest.mark.parametrize("name", [*LARGE, *TRIMMED, "gemma-style", "unigram", "wordpiece"])
+def test_trim_stable_on_both_implementations(tokenizers_by_name, name):
+    """Every text has no surrounding whitespace and counts n as is and after strip(), for
+    n from 1 to a few thousand, whichever assembler (compiled or twin) builds it."""
+    loaded, synth = tokenizers_by_name(name)
+    assert synth.method == "fast"
+    assemblers = [
+        p.values[0].PieceAssembler(list(synth.pieces), list(synth.heads))
+        for p in implementations("synth")
+    ]
+    encode = loaded.tokenizer.encode_batch
+
+    @settings(max_examples=6 if name in LARGE else 10, deadline=None)
+    @given(n=st.one_of(st.integers(1, 40), st.integers(1, 3000)), seed=SEEDS)
+    def check(n, seed):
+        texts = [assembler.text(n, seed) for assembler in assemblers]
+        assert all(text == synth.text(n, seed) for text in texts)
+        text = texts[0]
+        assert text == text.strip() and not text[0].isspace()
+        plain, stripped = encode([text, text.strip()], add_special_tokens=False)
+        assert len(plain.ids) == len(stripped.ids) == n
+
+    check()
+
+
+@pytest.mark.parametrize("name", ["deepseek", "qwen3.5", "gemma-style"])
+def test_heads_stay_one_token_after_a_newline(tokenizers_by_name, name):
+    """Templates put content right after "\n"; the head must not merge with it."""
+    loaded, synth = tokenizers_by_name(name)
+    newline = len(loaded.tokenizer.encode("\n", add_special_tokens=False).ids)
+    for seed in range(40):
+        text = synth.text(12, seed)
+        assert loaded.count("\n" + text) == newline + 12
 
 
 @pytest.mark.parametrize("name", ["deepseek", "c9", "c10"])
