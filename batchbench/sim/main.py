@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from batchbench.chat_templates import TEMPLATE_CHOICES
 from batchbench.errors import BatchbenchError
 from batchbench.sim.faults import Fault, FaultPlan
 from batchbench.sim.overheads import measure_overheads
@@ -21,9 +22,10 @@ DESCRIPTION = """\
 An OpenAI-compatible serving simulator with data-parallel ranks, per-rank prefix caches,
 continuous batching and deterministic fault injection. It counts prompt tokens exactly
 (the prompt rendered with a chat template and the given tokenizer) and replies with
-synthetic text of exactly the completion length, so a benchmark can check its token
-shapes end to end without a GPU. Once it listens it prints one line,
-"batchbench sim listening on http://HOST:PORT", and serves until SIGINT or SIGTERM."""
+completion_tokens tokens of model-like text (or, with --reply-text exact, text of exactly
+that many tokens), so a benchmark can check its token shapes end to end without a GPU.
+Once it listens it prints one line, "batchbench sim listening on http://HOST:PORT", and
+serves until SIGINT or SIGTERM."""
 
 EPILOG = """\
 routing (first that applies): x-smg-target-worker: <rank>; x-data-parallel-rank: <rank>;
@@ -112,11 +114,24 @@ def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
     )
     server.add_argument(
         "--chat-template",
-        choices=("chatml", "tokenizer"),
+        choices=TEMPLATE_CHOICES,
         default="chatml",
-        help="prompt template: chatml (counted per message, fast on long histories) or the "
-        "tokenizer's own chat_template via jinja2 (whole prompt each request) "
-        "(default %(default)s)",
+        help="prompt template: chatml (content as sent, tool calls without ids), gemma "
+        "(Gemma-3 style: content trimmed, tool calls not rendered, tool results as user "
+        "turns), llama3 (Llama-3 style: content trimmed, tool calls and tool results "
+        "rendered with their call ids) - all three counted per message, fast on long "
+        "histories - or tokenizer: the model's own template (chat_template.jinja or "
+        "tokenizer_config.json beside the tokenizer file) via jinja2, whole prompt each "
+        "request, tool-call arguments parsed into objects as vLLM does (default %(default)s)",
+    )
+    server.add_argument(
+        "--reply-text",
+        choices=("model", "exact"),
+        default="model",
+        help="model: replies are random token ids decoded as a model's would be, so like a "
+        "real model's they need not re-encode to completion_tokens (some start with "
+        "whitespace or end with a newline); exact: synthetic text that re-encodes to exactly "
+        "completion_tokens, trim-stable (default %(default)s)",
     )
     server.add_argument(
         "--model-name",
@@ -303,6 +318,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         model_name=args.model_name,
         dp_ranks=args.dp_ranks,
         chat_template=args.chat_template,
+        reply_text=args.reply_text,
         default_max_tokens=args.default_max_tokens,
         max_model_len=args.max_model_len,
         stream_chunk_tokens=args.stream_chunk_tokens,

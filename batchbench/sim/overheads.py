@@ -17,6 +17,7 @@ from batchbench.errors import BatchbenchError
 from batchbench.sim.template import load_counter
 from batchbench.synth import Synthesizer
 from batchbench.tokenizer import LoadedTokenizer
+from batchbench.wire import tool_call_id
 
 PROBE_TURNS = 4
 PROBE_SIZES = ((37, 11, 23), (500, 64, 128), (3, 1, 1))
@@ -24,7 +25,7 @@ PROBE_AGENTS = (0, 7, 1234)
 
 
 def _assistant(text: str, agent: int, invocation: int) -> dict[str, Any]:
-    call = f"call_batchbench_{agent}_{invocation}"
+    call = tool_call_id(agent, invocation)
     return {
         "role": "assistant",
         "content": text,
@@ -58,7 +59,7 @@ def measure_overheads(loaded: LoadedTokenizer, template: str) -> tuple[int, int]
                 messages.append(
                     {
                         "role": "tool",
-                        "tool_call_id": f"call_batchbench_{agent}_{invocation}",
+                        "tool_call_id": tool_call_id(agent, invocation),
                         "content": synth.text(environment, seed * 1000 + invocation),
                     }
                 )

@@ -13,10 +13,14 @@ the same reply in every run.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+import numpy as np
 
 from batchbench.synth import Synthesizer, draw_indices
+from batchbench.tokenizer import LoadedTokenizer
 
 REPLY_SEED_SALT = b"batchbench-sim-reply"
 
@@ -95,7 +99,12 @@ class ReplyText:
         if tokens % per_chunk:
             sizes.append(tokens % per_chunk)
         if self._synth.method == "fast":
-            return [self._synth.text(size, seed + index) for index, size in enumerate(sizes)]
+            # Only the first chunk starts with a head; the others start with a spaced
+            # piece, so the chunks join without changing any count.
+            return [
+                self._synth.text(size, seed + index, head=index == 0)
+                for index, size in enumerate(sizes)
+            ]
         text = self._synth.text(tokens, seed)
         offsets = self._tokenizer.encode(text, add_special_tokens=False).offsets
         out, start, position = [], 0, 0
@@ -108,3 +117,91 @@ class ReplyText:
         # A character can span several byte-level tokens: a cut inside it moves to its
         # end and can leave an empty piece, which the server paces but does not send.
         return out
+
+
+class Replies(Protocol):
+    """Reply text of a given token count: whole, or cut into chunks for streaming."""
+
+    def whole(self, tokens: int, seed: int) -> str: ...
+
+    def chunks(self, tokens: int, seed: int, per_chunk: int) -> list[str]: ...
+
+
+# Characters a model's token may hold besides printable text.
+_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ufffd]")
+# Streams that decide a reply's shape, mixed into its seed.
+_LEADING, _TRAILING, _IDS = 0x1EAD, 0x7A11, 0x1D5
+
+
+class ModelReplyText:
+    """Replies as a model's would be: token ids decoded to text, not text of a count.
+
+    A reply of k tokens is k ids drawn from the vocabulary (none special or added, none
+    whose text holds a control character or an undecodable byte); its text is each id's
+    string as it decodes inside a sequence, joined. ``completion_tokens`` is k, but the
+    text need not re-encode to k tokens: neighbouring sub-words merge, as a real model's
+    sampled tokens often do. A quarter of the replies start with a whitespace token and a
+    quarter end with a newline, as models' replies do; chat templates that trim drop them.
+    Everything is seeded by the request, so a request gets the same reply in every run.
+    """
+
+    def __init__(self, loaded: LoadedTokenizer) -> None:
+        tokenizer = loaded.tokenizer
+        excluded = loaded.added_ids | loaded.special_ids
+        ids = [i for i in range(loaded.base_vocab_size) if i not in excluded]
+        anchor = self._anchor(loaded, ids)
+        prefix = tokenizer.decode([anchor], skip_special_tokens=False)
+        inside = tokenizer.decode_batch([[anchor, i] for i in ids], skip_special_tokens=False)
+        alone = tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
+        words, spaces, newlines, firsts = [], [], [], []
+        for token_id, pair, single in zip(ids, inside, alone, strict=True):
+            if not pair.startswith(prefix):
+                continue
+            text = pair[len(prefix) :]
+            if not text or _UNPRINTABLE.search(text):
+                continue
+            if text.isspace():
+                (newlines if "\n" in text else spaces).append((token_id, text))
+            elif single and not _UNPRINTABLE.search(single):
+                words.append(text)
+                firsts.append(single)
+        if not words:
+            raise ValueError(f"{loaded.spec} has no token that decodes to printable text")
+        self._words = np.array(words, dtype=object)
+        self._firsts = np.array(firsts, dtype=object)
+        self._spaces = [text for _, text in spaces] or [" "]
+        self._newlines = [text for _, text in newlines] or ["\n"]
+
+    @staticmethod
+    def _anchor(loaded: LoadedTokenizer, ids: list[int]) -> int:
+        """A plain alphabetic token to decode others after (so their leading spaces stay)."""
+        for token_id in ids:
+            text = loaded.tokenizer.decode([token_id], skip_special_tokens=False)
+            if text.isalpha() and text.isascii():
+                return token_id
+        return ids[0]
+
+    def _strings(self, tokens: int, seed: int) -> list[str]:
+        """The reply's tokens as strings, in order."""
+        if tokens <= 0:
+            return []
+        picks = draw_indices(seed ^ _IDS, tokens, len(self._words)).tolist()
+        strings = [self._firsts[picks[0]], *self._words[picks[1:]].tolist()]
+        leading = int(draw_indices(seed ^ _LEADING, 1, 4)[0]) == 0
+        trailing = int(draw_indices(seed ^ _TRAILING, 1, 4)[0]) == 0
+        if leading:
+            whitespace = self._spaces + self._newlines
+            strings[0] = whitespace[int(draw_indices(seed, 1, len(whitespace))[0])]
+            if tokens > 1:
+                strings[1] = self._words[picks[1]]
+        if trailing and tokens > 1:
+            strings[-1] = self._newlines[int(draw_indices(seed ^ 1, 1, len(self._newlines))[0])]
+        return strings
+
+    def whole(self, tokens: int, seed: int) -> str:
+        return "".join(self._strings(tokens, seed))
+
+    def chunks(self, tokens: int, seed: int, per_chunk: int) -> list[str]:
+        """The same text as ``whole``, cut after every ``per_chunk`` tokens."""
+        strings = self._strings(tokens, seed)
+        return ["".join(strings[i : i + per_chunk]) for i in range(0, len(strings), per_chunk)]

@@ -1,7 +1,8 @@
 """The simulator's HTTP server: OpenAI-compatible chat completions on aiohttp + uvloop.
 
 Endpoints: ``POST /v1/chat/completions`` (JSON or SSE), ``GET /v1/models``,
-``GET /health``, ``POST /tokenize`` and ``GET /metrics`` (Prometheus text).
+``GET /health``, ``POST /tokenize`` (vLLM's and llama.cpp's forms), ``POST /apply-template``
+(llama.cpp's) and ``GET /metrics`` (Prometheus text).
 """
 
 from __future__ import annotations
@@ -19,10 +20,17 @@ from aiohttp import web
 
 from batchbench import __version__
 from batchbench.sim.faults import FAULT_ORDER, Fault, FaultPlan
-from batchbench.sim.replies import OutputPlan, ReplyText, RequestError, plan_output
+from batchbench.sim.replies import (
+    ModelReplyText,
+    OutputPlan,
+    Replies,
+    ReplyText,
+    RequestError,
+    plan_output,
+)
 from batchbench.sim.routing import RoutingError, choose_rank
 from batchbench.sim.serving import Rank, ServingModel
-from batchbench.sim.template import ChatMLCounter, JinjaCounter, TemplateError, load_counter
+from batchbench.sim.template import JinjaCounter, SegmentCounter, TemplateError, load_counter
 from batchbench.synth import Synthesizer
 from batchbench.tokenizer import LoadedTokenizer
 
@@ -41,6 +49,7 @@ class SimConfig:
     model_name: str = "batchbench-sim"
     dp_ranks: int = 1
     chat_template: str = "chatml"
+    reply_text: str = "model"  # "model": token ids decoded; "exact": text of exactly n tokens
     default_max_tokens: int = 256
     max_model_len: int = 262_144
     stream_chunk_tokens: int = 1
@@ -71,10 +80,14 @@ class SimServer:
     def __init__(self, config: SimConfig, loaded: LoadedTokenizer) -> None:
         self.config = config
         self.loaded = loaded
-        self.counter: ChatMLCounter | JinjaCounter = load_counter(
+        self.counter: SegmentCounter | JinjaCounter = load_counter(
             loaded, config.chat_template, config.serving.block_tokens
         )
-        self.replies = ReplyText(Synthesizer.prepare(loaded))
+        self.replies: Replies = (
+            ModelReplyText(loaded)
+            if config.reply_text == "model"
+            else ReplyText(Synthesizer.prepare(loaded))
+        )
         self.ranks = [Rank(i, config.serving) for i in range(config.dp_ranks)]
         self.faults = config.faults
         self.fault_counts = dict.fromkeys(Fault, 0)
@@ -93,6 +106,7 @@ class SimServer:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/apply-template", self.apply_template)
         app.router.add_get("/metrics", self.metrics)
         return app
 
@@ -146,8 +160,20 @@ class SimServer:
                     body["prompt"],
                 )
                 ids = encoding.ids
+            elif isinstance(body.get("content"), str):
+                # llama.cpp's form: {"content", "add_special"} -> {"tokens"}; with
+                # add_special the template's leading marker (BOS) is added, as llama.cpp
+                # adds the BOS that /apply-template leaves out.
+                text = body["content"]
+                prefix = getattr(self.counter.template, "prefix", "")
+                if body.get("add_special") is True and prefix and not text.startswith(prefix):
+                    text = prefix + text
+                encoding = await loop.run_in_executor(
+                    None, partial(self.counter.tokenizer.encode, add_special_tokens=False), text
+                )
+                return web.Response(body=orjson.dumps({"tokens": encoding.ids}), content_type=JSON)
             else:
-                return _error(400, "tokenize needs messages or a prompt string")
+                return _error(400, "tokenize needs messages, a prompt or a content string")
         except (RequestError, TemplateError) as exc:
             return _error(400, str(exc))
         limit = self.config.max_model_len
@@ -155,6 +181,25 @@ class SimServer:
             body=orjson.dumps({"count": len(ids), "max_model_len": limit, "tokens": ids}),
             content_type=JSON,
         )
+
+    async def apply_template(self, request: web.Request) -> web.Response:
+        """llama.cpp-style ``/apply-template``: the rendered prompt (with the generation
+        prompt, without the template's leading BOS marker, which ``/tokenize`` with
+        ``add_special`` adds back)."""
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            return _error(400, "request body is not valid JSON")
+        if not isinstance(body, dict):
+            return _error(400, "request body must be a JSON object")
+        try:
+            text = self.counter.render(_messages(body), True, body.get("tools"))
+        except (RequestError, TemplateError) as exc:
+            return _error(400, str(exc))
+        prefix = getattr(self.counter.template, "prefix", "")
+        if prefix and text.startswith(prefix):
+            text = text[len(prefix) :]
+        return web.Response(body=orjson.dumps({"prompt": text}), content_type=JSON)
 
     # --- chat completions ----------------------------------------------------------------
 
