@@ -329,7 +329,11 @@ class _Draws:
         self._next = 0
 
     def decode(self, count: int) -> str:
-        seed = mix_seed(self._seed, self._next, _REPAIR_STREAM)
+        # The mixed seed is scrambled (two splitmix64 outputs make the draw seed): without
+        # that, draw k of decode j would be draw k-1 of decode j+1, every decode a shifted
+        # window of one sequence, and a tiny vocabulary could loop on the same candidates.
+        high, low = draw_indices(mix_seed(self._seed, self._next, _REPAIR_STREAM), 2, 1 << 32)
+        seed = (int(high) << 32) | int(low)
         self._next += 1
         ids = self._pool[draw_indices(seed, count, self._pool.size)]
         return _CONTROL.sub(" ", self._tokenizer.decode(ids.tolist(), skip_special_tokens=False))
@@ -472,7 +476,8 @@ class Synthesizer:
         draws = _Draws(self._tokenizer, self._pool, seed)
         text = draws.decode(n).strip()
         last_count: int | None = None
-        for attempt in range(REPAIR_ATTEMPTS):
+        extensions = 0
+        for _ in range(REPAIR_ATTEMPTS):
             encoding = self._encode(text)
             last_count = len(encoding.ids)
             if not text or not self._clean(encoding.ids):
@@ -489,7 +494,8 @@ class Synthesizer:
                 # other extension joins directly (else one more token than a byte-level
                 # vocabulary needs could never be cut back to a trim-stable text).
                 extra = draws.decode(max(n - last_count, 1)).strip()
-                joiner = " " if attempt % 2 == 0 else ""
+                extensions += 1
+                joiner = " " if extensions % 2 else ""
                 grown = text + joiner + extra if extra else text
                 text = grown if len(grown) > len(text) else self._resample(draws, n, text)
         raise SynthesisError(failure_message(n, last_count))

@@ -119,8 +119,7 @@ def test_resized_moves_content_by_the_server_count():
     low = sizer.resized(first, counted=300)
     assert (low.tokens, low.note) == (
         1,
-        "the server counts 300 tokens with 95 of content; the 100-token target needs -105; "
-        "sent 1",
+        "the server counts 300 tokens with 95 of content; the 100-token target needs -105; sent 1",
     )
     after = sizer.appended(0, served=100, rendered=20)
     assert sizer.resized(after, counted=148) == Sizing(22, 150, 2)
@@ -246,8 +245,11 @@ def test_oracle_speaks_llama_cpp_apply_template_and_tokenize():
 
 
 def test_oracle_refuses_a_server_that_counts_nothing():
-    with StubServer(handler=lambda recorded: Reply(404, "no")) as stub, pytest.raises(
-        OracleError, match=r"counts no conversations \(neither vLLM's POST /tokenize"
+    with (
+        StubServer(handler=lambda recorded: Reply(404, "no")) as stub,
+        pytest.raises(
+            OracleError, match=r"counts no conversations \(neither vLLM's POST /tokenize"
+        ),
     ):
         run(_oracle(stub.url))
 
@@ -284,10 +286,13 @@ def test_calibration_on_the_simulator_finds_its_chatml_overheads(deepseek, strea
 
 def test_calibration_without_usage_is_a_clear_error(deepseek):
     synth = Synthesizer.prepare(deepseek)
-    with StubServer(handler=lambda r: chat_completion(usage=None)) as stub, pytest.raises(
-        CalibrationError,
-        match=r"^calibration needs usage\.prompt_tokens in every response, and .* sent none "
-        r"\(response missing usage field\)$",
+    with (
+        StubServer(handler=lambda r: chat_completion(usage=None)) as stub,
+        pytest.raises(
+            CalibrationError,
+            match=r"^calibration needs usage\.prompt_tokens in every response, and .* sent none "
+            r"\(response missing usage field\)$",
+        ),
     ):
         run(_calibrate(stub.url, synth, ReplyCounter(deepseek)))
 

@@ -1,7 +1,8 @@
 """``batchbench sim`` over HTTP: a real aiohttp server on loopback, a real client.
 
-Each test builds ``SimServer(SimConfig(...), deepseek)``, serves it with ``web.AppRunner``
-and ``TCPSite`` on 127.0.0.1 port 0 (as ``batchbench sim`` does) inside the test's own
+Each test builds ``SimServer(SimConfig(...), deepseek)`` (with exact-length replies, so counts
+are predictable), serves it with ``web.AppRunner`` and ``TCPSite`` on 127.0.0.1 port 0
+(as ``batchbench sim`` does) inside the test's own
 event loop, and talks to it with ``aiohttp.ClientSession``. Modelled time is off
 (``speed=0``) unless a test says otherwise.
 """
@@ -175,7 +176,9 @@ def test_non_streamed_reply_exact_usage(deepseek, counter):
             free = await response.json()
         return first, second, free, await metrics(client)
 
-    first, second, free, samples = serve(deepseek, SimConfig(serving=INSTANT), body)
+    first, second, free, samples = serve(
+        deepseek, SimConfig(reply_text="exact", serving=INSTANT), body
+    )
     assert prompt == 25
     assert first["object"] == "chat.completion"
     assert first["model"] == "batchbench-sim"
@@ -288,7 +291,7 @@ def test_growth_conversation_reuses_its_prefix_on_one_rank(deepseek, counter, sy
     async def body(client, server):
         return await interleave(client, synth, [(1, {}, None)]), await metrics(client)
 
-    (turns,), samples = serve(deepseek, SimConfig(serving=INSTANT), body)
+    (turns,), samples = serve(deepseek, SimConfig(reply_text="exact", serving=INSTANT), body)
     expected = expected_usage(counter, turns)
     assert usages(turns) == expected
     prompts = [p for p, _ in expected]
@@ -306,7 +309,7 @@ def test_growth_conversation_reuses_the_whole_previous_prompt(deepseek, counter,
     async def body(client, server):
         return await interleave(client, synth, [(1, {}, None)])
 
-    (turns,) = serve(deepseek, SimConfig(serving=INSTANT), body)
+    (turns,) = serve(deepseek, SimConfig(reply_text="exact", serving=INSTANT), body)
     previous = [counter.count(messages).prompt_tokens for messages, _ in turns]
     # A real paged KV cache holds every token of turn k's prompt ("<|im_start|>assistant\n"
     # included), and turn k+1 starts with exactly those tokens.
@@ -326,7 +329,7 @@ def test_growth_reuse_with_target_worker_on_four_ranks(deepseek, counter, synth)
         )
         return runs, await metrics(client)
 
-    config = SimConfig(dp_ranks=4, serving=INSTANT)
+    config = SimConfig(reply_text="exact", dp_ranks=4, serving=INSTANT)
     (one, two, three), samples = serve(deepseek, config, body)
     assert (
         usages(one) == expected_usage(counter, one) == [(66, 0), (147, 64), (211, 144), (329, 208)]
@@ -348,7 +351,9 @@ def test_growth_without_routing_headers_spreads_round_robin(deepseek, counter, s
         runs = await interleave(client, synth, [(1, {}, None), (2, {}, {"user": "agent-42"})])
         return runs, await metrics(client)
 
-    (one, two), samples = serve(deepseek, SimConfig(dp_ranks=4, serving=INSTANT), body)
+    (one, two), samples = serve(
+        deepseek, SimConfig(reply_text="exact", dp_ranks=4, serving=INSTANT), body
+    )
     prompts = [counter.count(messages).prompt_tokens for messages, _ in one]
     assert prompts == [66, 147, 211, 329]
     expected = [(66, 0), (147, 0), (211, 66 // 16 * 16), (329, 147 // 16 * 16)]
@@ -375,7 +380,9 @@ def test_growth_with_routing_key_sticks_to_its_consistent_rank(deepseek, counter
         )
         return runs, await metrics(client)
 
-    runs, samples = serve(deepseek, SimConfig(dp_ranks=4, serving=INSTANT), body)
+    runs, samples = serve(
+        deepseek, SimConfig(reply_text="exact", dp_ranks=4, serving=INSTANT), body
+    )
     for turns in runs:
         assert usages(turns) == expected_usage(counter, turns)
     assert usages(runs[0]) == [(66, 0), (147, 64), (211, 144), (329, 208)]
@@ -390,9 +397,15 @@ def test_cache_capacity_zero_and_block_size(deepseek, counter, synth):
     async def body(client, server):
         return await interleave(client, synth, [(1, {}, None)])
 
-    (turns,) = serve(deepseek, SimConfig(serving=ServingModel(speed=0, kv_cache_tokens=0)), body)
+    (turns,) = serve(
+        deepseek,
+        SimConfig(reply_text="exact", serving=ServingModel(speed=0, kv_cache_tokens=0)),
+        body,
+    )
     assert usages(turns) == [(66, 0), (147, 0), (211, 0), (329, 0)]
-    (turns,) = serve(deepseek, SimConfig(serving=ServingModel(speed=0, block_tokens=1)), body)
+    (turns,) = serve(
+        deepseek, SimConfig(reply_text="exact", serving=ServingModel(speed=0, block_tokens=1)), body
+    )
     ends = [counter.count(m).prompt_tokens for m, _ in turns]
     assert usages(turns) == [(66, 0), (147, ends[0]), (211, ends[1]), (329, ends[2])]
     assert ends[:3] == [66, 147, 211]
@@ -433,7 +446,9 @@ def test_streaming_one_token_per_chunk(deepseek, counter):
         without = await stream(client, request)
         return with_usage, without, await metrics(client)
 
-    with_usage, without, samples = serve(deepseek, SimConfig(serving=INSTANT), body)
+    with_usage, without, samples = serve(
+        deepseek, SimConfig(reply_text="exact", serving=INSTANT), body
+    )
     role, content, usage, done = split_stream(with_usage)
     assert done
     assert role["object"] == "chat.completion.chunk"
@@ -464,7 +479,9 @@ def test_streaming_three_tokens_per_chunk(deepseek):
         request = {"messages": user("Three at a time."), "max_tokens": 10, "ignore_eos": True}
         return await stream(client, {**request, "stream_options": {"include_usage": True}})
 
-    raw = serve(deepseek, SimConfig(stream_chunk_tokens=3, serving=INSTANT), body)
+    raw = serve(
+        deepseek, SimConfig(reply_text="exact", stream_chunk_tokens=3, serving=INSTANT), body
+    )
     _, content, usage, done = split_stream(raw)
     assert done
     texts = [c["choices"][0]["delta"]["content"] for c in content]
@@ -478,7 +495,9 @@ def test_streaming_three_tokens_per_chunk(deepseek):
 
 
 def fault_config(kind: Fault, **plan: Any) -> SimConfig:
-    return SimConfig(serving=INSTANT, faults=FaultPlan(seed=5, rates={kind: 1.0}, **plan))
+    return SimConfig(
+        reply_text="exact", serving=INSTANT, faults=FaultPlan(seed=5, rates={kind: 1.0}, **plan)
+    )
 
 
 REQUEST = {"messages": user("Fault me."), "max_tokens": 8, "min_tokens": 8}
@@ -615,7 +634,9 @@ def test_fault_latency_spike(deepseek):
             reply = await response.json()
         return time.perf_counter() - started, reply, await metrics(client)
 
-    config = SimConfig(serving=INSTANT, faults=FaultPlan(spike_rate=1.0, spike_ms=200.0))
+    config = SimConfig(
+        reply_text="exact", serving=INSTANT, faults=FaultPlan(spike_rate=1.0, spike_ms=200.0)
+    )
     elapsed, reply, samples = serve(deepseek, config, body)
     assert elapsed >= 0.2
     assert reply["usage"]["completion_tokens"] == 8
@@ -654,7 +675,9 @@ def test_models_health_and_tokenize(deepseek, counter):
                 out[name] = (response.status, await response.json())
         return out
 
-    out = serve(deepseek, SimConfig(model_name="sim-model", serving=INSTANT), body)
+    out = serve(
+        deepseek, SimConfig(reply_text="exact", model_name="sim-model", serving=INSTANT), body
+    )
     (model,) = out["models"]["data"]
     assert out["models"]["object"] == "list"
     assert model == {
@@ -678,7 +701,7 @@ def test_models_health_and_tokenize(deepseek, counter):
     assert prompt["tokens"] == [im_start, *rest]
     assert prompt["count"] == len(prompt["tokens"]) == 1 + len(rest)
     assert out["bad_json"] == (400, error("request body is not valid JSON"))
-    assert out["neither"] == (400, error("tokenize needs messages or a prompt string"))
+    assert out["neither"] == (400, error("tokenize needs messages, a prompt or a content string"))
     assert out["bad_message"] == (400, error("each message needs a non-empty string role"))
     assert out["empty"] == (400, error("messages must be a non-empty list"))
 
@@ -707,7 +730,9 @@ def test_metrics_totals_per_rank(deepseek, counter, synth):
             assert response.status == 400
         return sent, await metrics(client)
 
-    sent, samples = serve(deepseek, SimConfig(dp_ranks=2, serving=INSTANT), body)
+    sent, samples = serve(
+        deepseek, SimConfig(reply_text="exact", dp_ranks=2, serving=INSTANT), body
+    )
     total = {
         field: [sum(u[field] for u in sent[r]) for r in (0, 1)]
         for field in ("prompt_tokens", "completion_tokens")
@@ -769,7 +794,9 @@ def test_bad_requests_are_400(deepseek):
                 seen.append((response.status, await response.json()))
         return seen, await metrics(client)
 
-    seen, samples = serve(deepseek, SimConfig(dp_ranks=2, serving=INSTANT), body)
+    seen, samples = serve(
+        deepseek, SimConfig(reply_text="exact", dp_ranks=2, serving=INSTANT), body
+    )
     assert seen == [(400, error(message)) for _, _, message in cases]
     assert samples[("batchbench_sim_rejected_total", "")] == len(cases)
     assert per_rank(samples, "requests_total", 2) == [0, 0]
@@ -812,7 +839,7 @@ def test_batch_cap_queues_the_second_request(deepseek):
             await asyncio.sleep(0.01)
         return [task.result() for task in tasks], polled, await metrics(client)
 
-    results, polled, samples = serve(deepseek, SimConfig(serving=TIMED), body)
+    results, polled, samples = serve(deepseek, SimConfig(reply_text="exact", serving=TIMED), body)
     first, second = sorted(elapsed for elapsed, _ in results)
     assert first >= 0.1 - 0.005
     assert second >= 0.2 - 0.005
@@ -838,7 +865,7 @@ def test_streamed_tokens_are_paced_by_decode_steps(deepseek):
                     arrivals.append(time.perf_counter() - started)
         return arrivals
 
-    arrivals = serve(deepseek, SimConfig(serving=TIMED), body)
+    arrivals = serve(deepseek, SimConfig(reply_text="exact", serving=TIMED), body)
     assert len(arrivals) == 5
     # Lower bounds hold however slow the machine; the spread only needs the client to
     # have read the first chunk within 40 ms of its arrival.
@@ -859,7 +886,7 @@ def test_least_loaded_spreads_concurrent_requests(deepseek):
         done = await asyncio.gather(post(), post(), post())
         return done, await metrics(client)
 
-    done, samples = serve(deepseek, SimConfig(dp_ranks=2, serving=TIMED), body)
+    done, samples = serve(deepseek, SimConfig(reply_text="exact", dp_ranks=2, serving=TIMED), body)
     assert done == [10, 10, 10]
     # Requests 1 and 2 land on ranks 0 and 1; the third sees loads (1, 1) and takes rank 0.
     assert per_rank(samples, "requests_total", 2) == [2, 1]
@@ -897,7 +924,7 @@ def test_tools_are_prompt_content(deepseek, counter):
         return out
 
     plain, plain_count, with_tools, tools_count, bad = serve(
-        deepseek, SimConfig(serving=INSTANT), body
+        deepseek, SimConfig(reply_text="exact", serving=INSTANT), body
     )
     assert plain == plain_count == counter.count(messages).prompt_tokens
     reference = len(counter.encode_ids(messages, tools=TOOLS))
@@ -921,7 +948,9 @@ def test_context_length_limit_is_a_400(deepseek, counter):
                 out.append((response.status, await response.json()))
         return out
 
-    (ok, _), (status, error) = serve(deepseek, SimConfig(serving=INSTANT, max_model_len=100), body)
+    (ok, _), (status, error) = serve(
+        deepseek, SimConfig(reply_text="exact", serving=INSTANT, max_model_len=100), body
+    )
     assert ok == 200 and status == 400
     assert error["error"]["message"] == (
         "This model's maximum context length is 100 tokens. However, you requested 101 "
@@ -935,7 +964,12 @@ def test_a_floor_alone_raises_the_default_cap(deepseek):
         async with client.post(CHAT, json=request) as response:
             return (await response.json())["usage"]["completion_tokens"]
 
-    assert serve(deepseek, SimConfig(serving=INSTANT, default_max_tokens=256), body) == 300
+    assert (
+        serve(
+            deepseek, SimConfig(reply_text="exact", serving=INSTANT, default_max_tokens=256), body
+        )
+        == 300
+    )
 
 
 def test_chunked_prefill_spreads_a_long_prompt_over_steps():
@@ -986,7 +1020,7 @@ def test_a_client_that_goes_away_frees_its_slot(deepseek):
         await asyncio.sleep(0.3)
         return await metrics(client)
 
-    samples = serve(deepseek, SimConfig(serving=slow), body)
+    samples = serve(deepseek, SimConfig(reply_text="exact", serving=slow), body)
     assert per_rank(samples, "running", 1) == [0]
     assert per_rank(samples, "queue_depth", 1) == [0]
     assert per_rank(samples, "in_flight", 1) == [0]
@@ -1010,7 +1044,7 @@ def test_a_prompt_joins_the_cache_only_after_its_prefill(deepseek, synth):
         together = await asyncio.gather(post(), post())
         return together, await post()
 
-    together, later = serve(deepseek, SimConfig(serving=model), body)
+    together, later = serve(deepseek, SimConfig(reply_text="exact", serving=model), body)
     prompt = later["prompt_tokens"]
     assert [u["prompt_tokens_details"]["cached_tokens"] for u in together] == [0, 0]
     assert later["prompt_tokens_details"]["cached_tokens"] == (prompt - 1) // 16 * 16
