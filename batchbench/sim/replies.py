@@ -168,7 +168,9 @@ class ModelReplyText:
         if not words:
             raise ValueError(f"{loaded.spec} has no token that decodes to printable text")
         self._words = np.array(words, dtype=object)
-        self._firsts = np.array(firsts, dtype=object)
+        # A model's first token rarely starts with a space: the first token comes from
+        # the ids whose text, first in a sequence, starts with a visible character.
+        self._firsts = np.array([f for f in firsts if not f[0].isspace()] or firsts, dtype=object)
         self._spaces = [text for _, text in spaces] or [" "]
         self._newlines = [text for _, text in newlines] or ["\n"]
 
@@ -186,7 +188,8 @@ class ModelReplyText:
         if tokens <= 0:
             return []
         picks = draw_indices(seed ^ _IDS, tokens, len(self._words)).tolist()
-        strings = [self._firsts[picks[0]], *self._words[picks[1:]].tolist()]
+        first = int(draw_indices(seed ^ _IDS, 1, len(self._firsts))[0])
+        strings = [self._firsts[first], *self._words[picks[1:]].tolist()]
         leading = int(draw_indices(seed ^ _LEADING, 1, 4)[0]) == 0
         trailing = int(draw_indices(seed ^ _TRAILING, 1, 4)[0]) == 0
         if leading:
