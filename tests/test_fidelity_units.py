@@ -316,5 +316,28 @@ def test_calibrate_command_prints_flags_and_json(tmp_path: Path, capsys):
     assert document["initial_overhead_tokens"] == 9
     assert document["turn_overhead_tokens"] == 35
     assert document["check_ok"] is True and document["chat_template"] == "chatml"
-    assert cli(["calibrate", "--host", "ftp://x", "--tokenizer-model", "deepseek-v3"]) == 2
+    assert cli(["calibrate", "--host", "http://", "--tokenizer-model", "deepseek-v3"]) == 2
     assert cli(["calibrate", "--sim-args", "x"]) == 2
+
+
+# --- reports -------------------------------------------------------------------------------
+
+
+def test_fidelity_is_not_measurable_when_the_server_sends_no_usage(tmp_path, capsys):
+    from batchbench.agent import main
+
+    plans = tmp_path / "p.jsonl"
+    plans.write_text(
+        '{"schema_version":1,"trajectory_id":"t","requests":[{"prompt_tokens":40,"output_tokens":4}]}\n'
+    )
+    with StubServer(handler=lambda r: chat_completion(usage=None)) as stub:
+        status = main(
+            [
+                "--host", stub.url, "--agent-plans-jsonl", str(plans), "--tokenizer-model",
+                "deepseek-v3", "--no-progress", "--retry-delay-ms", "0",
+            ]
+        )  # fmt: skip
+    out = capsys.readouterr().out.splitlines()
+    assert status == 0
+    assert "Prompt fidelity: not measurable (server sent no usage)" in out
+    assert "Output fidelity: not measurable (server sent no usage)" in out
