@@ -325,6 +325,7 @@ class HttpAgentBody:
                 self._text_later(factory.environment, agent, turn, env_planned) if appends else None
             )
             reset_pending = None
+            next_planned = 0
             if following_reset:
                 next_planned = int(workload.input_content_tokens[turns[turn + 1]])
                 reset_pending = self._text_later(
@@ -366,38 +367,30 @@ class HttpAgentBody:
             if appends and correct:
                 content = trimmed(content)
                 counting = self._rendered(content)
-            delay = float(latency_ms[request]) / 1000.0
-            whole = True
-            if delay > 0:
-                began = time.perf_counter()
-                whole = await shutdown.sleep(delay)
-                recorder.tool_slept(time.perf_counter() - began if not whole else delay)
-            rendered = await counting if isinstance(counting, asyncio.Future) else counting
-            event(request, reply, started, elapsed, attempts, "ok", None, rendered)
-            if not whole:
-                return INTERRUPTED
-            if turn == last:
-                break
-            oracle_seconds = None
-            if following_reset:
-                sizing = sizer.fresh(turn + 1)
-                text = await self._text(
-                    reset_pending, next_planned, factory.reset_prompt, agent, turn + 1,
-                    sizing.tokens,
-                )  # fmt: skip
-                if fidelity.oracle is not None:
-                    text, sizing, oracle_seconds = await self._oracle_sized(
-                        sizer, sizing, _fresh_body(settings.body.model),
-                        partial(factory.reset_prompt, agent, turn + 1), text,
+
+            async def next_turn(
+                turn=turn, served=served, reply=reply, content=content, counting=counting,
+                following_reset=following_reset, reset_pending=reset_pending,
+                next_planned=next_planned, env_pending=env_pending, env_planned=env_planned,
+            ):  # fmt: skip
+                """Size and build the next request (its tool result or its fresh prompt)."""
+                counted = await counting if isinstance(counting, asyncio.Future) else counting
+                if following_reset:
+                    sizing = sizer.fresh(turn + 1)
+                    text = await self._text(
+                        reset_pending, next_planned, factory.reset_prompt, agent, turn + 1,
+                        sizing.tokens,
                     )  # fmt: skip
-                conversation.reset(text)
-                figures.previous_prompt = 0
-                figures.previous_completion = 0
-                fresh = True
-                previous = None
-            else:
-                sizing = sizer.appended(turn, served, rendered)
-                call = tool_call_id(agent, invocation)
+                    seconds = None
+                    if fidelity.oracle is not None:
+                        text, sizing, seconds = await self._oracle_sized(
+                            sizer, sizing, _fresh_body(settings.body.model),
+                            partial(factory.reset_prompt, agent, turn + 1), text,
+                        )  # fmt: skip
+                    conversation.reset(text)
+                    return sizing, seconds, None
+                sizing = sizer.appended(turn, served, counted)
+                call = tool_call_id(agent, turn + 1)
                 env_text = await self._text(
                     env_pending, env_planned, factory.environment, agent, turn, sizing.tokens
                 )
@@ -406,18 +399,44 @@ class HttpAgentBody:
                     if correct
                     else assistant_with_tool_call(reply.message, call)
                 )
+                seconds = None
                 if fidelity.oracle is not None:
 
-                    def build(candidate: str, assistant=assistant, call=call) -> bytes:
+                    def build(candidate: str) -> bytes:
                         return conversation.tokenize_body(assistant, tool_message(call, candidate))
 
-                    env_text, sizing, oracle_seconds = await self._oracle_sized(
-                        sizer, sizing, build,
-                        partial(factory.environment, agent, turn), env_text,
-                    )  # fmt: skip
+                    env_text, sizing, seconds = await self._oracle_sized(
+                        sizer, sizing, build, partial(factory.environment, agent, turn), env_text
+                    )
                 conversation.append(assistant, tool_message(call, env_text))
-                fresh = False
-                previous = (served, rendered or 0, sizing.tokens)
+                return sizing, seconds, (served, counted or 0, sizing.tokens)
+
+            delay = float(latency_ms[request]) / 1000.0
+            # With a tool delay (or server counts to wait for), the next request is built
+            # while the delay runs.
+            building = None
+            if turn < last and (delay > 0 or fidelity.oracle is not None):
+                building = asyncio.ensure_future(next_turn())
+            whole = True
+            if delay > 0:
+                began = time.perf_counter()
+                whole = await shutdown.sleep(delay)
+                recorder.tool_slept(time.perf_counter() - began if not whole else delay)
+            rendered = await counting if isinstance(counting, asyncio.Future) else counting
+            event(request, reply, started, elapsed, attempts, "ok", None, rendered)
+            if not whole:
+                if building is not None:
+                    building.cancel()
+                return INTERRUPTED
+            if turn == last:
+                break
+            sizing, oracle_seconds, previous = (
+                await building if building is not None else await next_turn()
+            )
+            fresh = previous is None
+            if fresh:
+                figures.previous_prompt = 0
+                figures.previous_completion = 0
             if sizing.correction:
                 recorder.fidelity.corrected_requests += 1
             if sizing.note is not None:
