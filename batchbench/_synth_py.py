@@ -49,6 +49,19 @@ def _check(n: int, bound: int) -> tuple[int, int]:
     return n, bound
 
 
+def _splitmix(seed: int, k: int) -> int:
+    """Output k of the splitmix64 stream of ``seed``, with Python ints (one draw)."""
+    z = ((operator.index(seed) & MASK64) + (k + 1) * GOLDEN_GAMMA) & MASK64
+    z = ((z ^ (z >> 30)) * MIX1) & MASK64
+    z = ((z ^ (z >> 27)) * MIX2) & MASK64
+    return z ^ (z >> 31)
+
+
+def _reduce(z: int, bound: int) -> int:
+    """Multiply-shift range reduction of a 64-bit draw to ``[0, bound)``."""
+    return ((z >> 32) * bound) >> 32
+
+
 def draw_indices(seed: int, n: int, bound: int) -> np.ndarray:
     """``n`` indices in ``[0, bound)`` from the splitmix64 stream of ``seed`` (int64 array).
 
@@ -81,10 +94,12 @@ class PieceAssembler:
     space; a text that must survive trimming starts with a **head** instead: a proven
     single-token word without leading whitespace.
 
-    Token k of ``text(n, seed)`` is drawn from the splitmix64 stream of ``seed`` at counter
-    k: with ``head=True`` token 0 is ``heads[index_0 mod-reduced by len(heads)]`` and tokens
-    1..n-1 are ``pieces[index_k reduced by len(pieces)]``; with ``head=False`` all n tokens
-    are pieces (for text appended right after another one).
+    Token k of ``text(n, seed)`` comes from output z_k of the splitmix64 stream of ``seed``
+    (the one :func:`draw_indices` uses), reduced as it reduces, r(z, b) = ((z >> 32) * b)
+    >> 32. With ``head=True`` token 0 is ``heads[r(z_0, len(heads))]`` and token k >= 1 is
+    ``pieces[r(z_k, len(pieces))]``, so tokens 1..n-1 are those of ``head=False``; with
+    ``head=False`` (for text appended right after another one) every token is a piece.
+    An assembler without heads gives pieces only.
     """
 
     __slots__ = ("_count", "_heads", "_pieces")
@@ -94,8 +109,8 @@ class PieceAssembler:
         if not items:
             raise ValueError("PieceAssembler needs at least one piece")
         head_items = _checked(heads, "heads") if heads is not None else []
-        if len(items) > MAX_BOUND or len(head_items) > MAX_BOUND:
-            raise ValueError("PieceAssembler holds at most 2**32 pieces")
+        if len(items) + len(head_items) > MAX_BOUND:  # the compiled table's indices are uint32
+            raise ValueError("PieceAssembler holds at most 2**32 pieces and heads")
         self._pieces = items
         self._heads = head_items
         self._count = len(items)
@@ -114,12 +129,11 @@ class PieceAssembler:
             raise ValueError(f"n must be non-negative, got {n}")
         if n == 0:
             return ""
+        words = list(map(self._pieces.__getitem__, draw_indices(seed, n, self._count).tolist()))
         if head and self._heads:
-            first = self._heads[int(draw_indices(seed, 1, len(self._heads))[0])]
-            indices = draw_indices(seed, n, self._count)[1:]
-            return first + "".join(map(self._pieces.__getitem__, indices.tolist()))
-        indices = draw_indices(seed, n, self._count)
-        return "".join(map(self._pieces.__getitem__, indices.tolist()))
+            # Index 0 of the same stream, reduced by len(heads) instead of len(pieces).
+            words[0] = self._heads[_reduce(_splitmix(seed, 0), len(self._heads))]
+        return "".join(words)
 
 
 def _checked(items, what: str) -> list[str]:

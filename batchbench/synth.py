@@ -66,10 +66,12 @@ PROOF_CHUNK = 8192
 MIN_FAST_PIECES = 64
 
 # Heads: at most this many candidates are proven (a deterministic sample; variety only
-# matters for one token a text), each followed by this many random pieces, at the start
-# of a text and after each of these contexts (templates put content right after them).
-HEAD_CANDIDATES = 4096
+# matters for one token a text), each followed by this many random pieces in at least this
+# many trials, at the start of a text and after each of these contexts (templates put
+# content right after them).
+HEAD_CANDIDATES = 2048
 HEAD_FOLLOWERS = 3
+HEAD_TRIALS = 3
 HEAD_CONTEXTS = ("", "\n", "\n\n")
 MIN_HEADS = 8
 
@@ -161,12 +163,9 @@ def candidate_heads(loaded: LoadedTokenizer, decoded: Sequence[str]) -> list[str
 
     A byte-level decode " river" gives "river"; a Metaspace decode is already "river"
     (its "▁" is restored by the pre-tokenizer at the start of a text)."""
-    words = []
-    for text in decoded:
-        word = text[1:] if text.startswith(" ") else text
-        if word.isalpha():
-            words.append(word)
-    candidates = sorted(dict.fromkeys(words))
+    words = (text[1:] if text.startswith(" ") else text for text in decoded)
+    # In id order (deterministic per file); sorting 100k words would only cost time.
+    candidates = [word for word in dict.fromkeys(words) if word.isalpha()]
     if len(candidates) > HEAD_CANDIDATES:
         keys = draw_indices(mix_seed(_PROOF_SEED, 2, 2), len(candidates), 1 << 32)
         order = np.argsort(keys, kind="stable")[:HEAD_CANDIDATES]
@@ -187,39 +186,44 @@ def prove_heads(
 ) -> list[str]:
     """The heads that stay one aligned token before random pieces in every context.
 
-    For each head and context, the text context + head + followers must encode to the
-    context's own tokens plus exactly 1 + followers tokens, with one token spanning exactly
-    the head and no forbidden id: the head merges neither with what precedes nor with
-    what follows it.
+    For each head, context and trial, the text context + head + followers must encode to
+    the context's own tokens plus exactly 1 + followers tokens, the first of them spanning
+    exactly the head, none of them forbidden: the head merges neither with what precedes
+    nor with what follows it. Each head meets at least ``HEAD_TRIALS`` follower draws in
+    all, at least one per context. (The context's own tokens may be forbidden: a
+    vocabulary without a newline token maps it to unknown, which the head cannot help.)
     """
     if not heads:
         return []
     tokenizer = loaded.tokenizer
     forbidden = loaded.added_ids | loaded.special_ids
+    trials = max(1, -(-HEAD_TRIALS // len(contexts)))
     context_counts = {
         c: len(tokenizer.encode(c, add_special_tokens=False).ids) if c else 0 for c in contexts
     }
+    per_head = len(contexts) * trials
     draws = draw_indices(
-        mix_seed(_PROOF_SEED, 3, 3), len(heads) * len(contexts) * HEAD_FOLLOWERS, len(pieces)
+        mix_seed(_PROOF_SEED, 3, 3), len(heads) * per_head * HEAD_FOLLOWERS, len(pieces)
     ).tolist()
     texts, spans = [], []
     for h, head in enumerate(heads):
         for c, context in enumerate(contexts):
-            at = (h * len(contexts) + c) * HEAD_FOLLOWERS
-            followers = "".join(pieces[i] for i in draws[at : at + HEAD_FOLLOWERS])
-            texts.append(context + head + followers)
-            spans.append((len(context), len(context) + len(head), context_counts[context]))
+            for t in range(trials):
+                at = (h * per_head + c * trials + t) * HEAD_FOLLOWERS
+                followers = "".join(pieces[i] for i in draws[at : at + HEAD_FOLLOWERS])
+                texts.append(context + head + followers)
+                spans.append((len(context), len(context) + len(head), context_counts[context]))
     encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
     good = np.ones(len(heads), dtype=bool)
     for index, (encoding, (start, end, before)) in enumerate(zip(encodings, spans, strict=True)):
-        h = index // len(contexts)
+        h = index // per_head
         if not good[h]:
             continue
         ids = encoding.ids
         if (
             len(ids) != before + 1 + HEAD_FOLLOWERS
             or tuple(encoding.offsets[before]) != (start, end)
-            or not forbidden.isdisjoint(ids)
+            or not forbidden.isdisjoint(ids[before:])
         ):
             good[h] = False
     return [head for head, ok in zip(heads, good.tolist(), strict=True) if ok]
@@ -441,6 +445,7 @@ class Synthesizer:
 
     @property
     def head_count(self) -> int:
+        """Number of proven heads (0 when the repair loop is used)."""
         return len(self._heads) if self._heads else 0
 
     def text(self, n: int, seed: int, head: bool = True) -> str:
@@ -590,7 +595,7 @@ def _cache_key(loaded: LoadedTokenizer) -> tuple | None:
 # bytes and this module's algorithm, so its result is kept per (file digest, package version,
 # format) and start-up costs a file read instead of about a second and a half of proofs.
 
-TABLE_FORMAT = 2
+TABLE_FORMAT = 3  # bumped whenever the table a tokenizer file gets changes
 NO_TABLE_CACHE_ENV = "BATCHBENCH_NO_TABLE_CACHE"
 CACHE_DIR_ENV = "BATCHBENCH_CACHE_DIR"
 

@@ -123,8 +123,8 @@ cdef class PieceAssembler:
         cdef Py_ssize_t head_count = len(head_items)
         if count == 0:
             raise ValueError("PieceAssembler needs at least one piece")
-        if count > MAX_BOUND or head_count > MAX_BOUND:
-            raise ValueError("PieceAssembler holds at most 2**32 pieces")
+        if count + head_count > MAX_BOUND:  # table indices are uint32
+            raise ValueError("PieceAssembler holds at most 2**32 pieces and heads")
         encoded = []
         for what, group in (("pieces", items), ("heads", head_items)):
             for piece in group:

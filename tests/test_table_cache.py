@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 
+import orjson
 import pytest
 from tokenizers import Tokenizer
 
-from batchbench.synth import NO_TABLE_CACHE_ENV, Synthesizer, table_cache_path
+from batchbench.synth import NO_TABLE_CACHE_ENV, TABLE_FORMAT, Synthesizer, table_cache_path
 from batchbench.tokenizer import LoadedTokenizer, builtin_tokenizer_path
 
 
@@ -27,11 +28,17 @@ def test_a_cached_table_equals_a_prepared_one(deepseek_file):
     cached = Synthesizer._build(deepseek_file)
     assert cached.table_cached
     assert cached.pieces == fresh.pieces and cached.method == fresh.method == "fast"
+    assert cached.heads == fresh.heads and cached.head_count > 1000
+    with open(path, "rb") as handle:
+        document = orjson.loads(handle.read())
+    assert document["format"] == TABLE_FORMAT == 3
+    assert document["heads"] == list(fresh.heads) and document["pieces"] == list(fresh.pieces)
     assert list(cached._pool) == list(fresh._pool) and cached._forbidden == fresh._forbidden
     for n, seed in ((1, 3), (64, 7), (2857, 11)):
         text = cached.text(n, seed)
-        assert text == fresh.text(n, seed)
+        assert text == fresh.text(n, seed) and text == text.strip()
         assert deepseek_file.count(text) == n
+        assert cached.text(n, seed, head=False) == fresh.text(n, seed, head=False)
     assert cached.repair_text(40, 5) == fresh.repair_text(40, 5)
 
 
@@ -43,6 +50,22 @@ def test_a_damaged_cache_file_is_prepared_again(deepseek_file):
     again = Synthesizer._build(deepseek_file)
     assert not again.table_cached and again.pieces == fresh.pieces
     assert Synthesizer._build(deepseek_file).table_cached  # rewritten whole
+
+
+def test_a_table_of_an_older_format_is_prepared_again(deepseek_file):
+    """A format-2 file holds heads from an older proof: even at this format's path it is
+    ignored and replaced."""
+    fresh = Synthesizer._build(deepseek_file)
+    path = table_cache_path(deepseek_file)
+    with open(path, "wb") as handle:
+        handle.write(
+            orjson.dumps(
+                {"format": 2, "pieces": [" a"], "heads": ["a"], "pool": [1], "forbidden": []}
+            )
+        )
+    again = Synthesizer._build(deepseek_file)
+    assert not again.table_cached and again.heads == fresh.heads
+    assert Synthesizer._build(deepseek_file).table_cached
 
 
 def test_the_cache_can_be_switched_off(deepseek_file, monkeypatch):
