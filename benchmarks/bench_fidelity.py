@@ -52,7 +52,7 @@ def write_manifest(path: Path, trajectories: int, max_turns: int, seed: int = 20
                 if rng.random() < 0.4:
                     request["delay_after_ms"] = rng.randrange(1, 60)
                 requests.append(request)
-                prompt += output + rng.randrange(20, 160)
+                prompt += output + rng.randrange(80, 240)
             total += len(requests)
             document = {
                 "schema_version": 1,
