@@ -1,6 +1,6 @@
 """``python -m batchbench``: the same commands as the ``batchbench`` console script."""
 
-from batchbench.cli import main
+from batchbench.cli.main import main
 
 if __name__ == "__main__":
     main()

@@ -1,8 +1,16 @@
-"""Chooses between a compiled module and its pure-Python twin, the aio-libs way."""
+"""Which hot-path implementation is active: compiled (``batchbench._native``) or its twin.
+
+Each module that has a compiled version imports it the aio-libs way, statically::
+
+    if NO_EXTENSIONS: from batchbench.text import _synth_py as _synth
+    else: try the compiled ``batchbench._native._synth``, falling back to the twin
+
+``BATCHBENCH_NO_EXTENSIONS=1`` forces the pure-Python twins. The helpers below name the
+implementations for ``--version``, tests and benchmarks.
+"""
 
 from __future__ import annotations
 
-import importlib
 import os
 from types import ModuleType
 
@@ -14,26 +22,36 @@ def extensions_disabled() -> bool:
     return os.environ.get("BATCHBENCH_NO_EXTENSIONS", "") not in ("", "0")
 
 
+NO_EXTENSIONS = extensions_disabled()
+
+
 def native_module(name: str) -> ModuleType | None:
-    """The compiled ``batchbench._native._<name>``, or None when it is not built."""
+    """The compiled module for ``name`` (``synth`` or ``admission``), or None unbuilt."""
     try:
-        return importlib.import_module(f"batchbench._native._{name}")
+        if name == "synth":
+            from batchbench._native import _synth
+
+            return _synth
+        if name == "admission":
+            from batchbench._native import _admission
+
+            return _admission
     except ImportError:
         return None
+    raise ValueError(f"no compiled module named {name!r}")
 
 
 def twin_module(name: str) -> ModuleType:
-    """The pure-Python ``batchbench._<name>_py``, which always exists."""
-    return importlib.import_module(f"batchbench._{name}_py")
+    """The pure-Python twin for ``name``."""
+    if name == "synth":
+        from batchbench.text import _synth_py
 
+        return _synth_py
+    if name == "admission":
+        from batchbench.run import _admission_py
 
-def load(name: str) -> ModuleType:
-    """The module the package uses for ``name``: native unless disabled or missing."""
-    if not extensions_disabled():
-        module = native_module(name)
-        if module is not None:
-            return module
-    return twin_module(name)
+        return _admission_py
+    raise ValueError(f"no twin named {name!r}")
 
 
 def active_implementation() -> str:

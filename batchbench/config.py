@@ -1,10 +1,10 @@
-"""The resolved configuration of one run, built from the command line by ``batchbench.agent``."""
+"""The resolved configuration of one run, built at the command-line edge."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchbench.workload import SampledShape
+from batchbench.plan.workload import SampledShape
 
 
 @dataclass

@@ -8,6 +8,7 @@ construction backs the text synthesizer (COMPAT §4.5, D1).
 from __future__ import annotations
 
 import hashlib
+import operator
 
 import numpy as np
 
@@ -18,8 +19,14 @@ _TWO_POW_53 = float(1 << 53)
 
 
 def mix_seed(root: int, agent_id: int, stream_id: int) -> int:
-    """Seed of one (agent, field) stream: COMPAT §3.2's wrapping mix."""
-    return (root + agent_id * GOLDEN_GAMMA + stream_id * STREAM_GAMMA) & MASK64
+    """Seed of one (agent, field) stream: root + agent·0x9E3779B97F4A7C15 +
+    stream·0xD1B54A32D192ED03, wrapping at 2^64. The one home of seed mixing: sampling,
+    text synthesis, the simulator's replies and its fault draws all derive seeds here."""
+    return (
+        operator.index(root)
+        + operator.index(agent_id) * GOLDEN_GAMMA
+        + operator.index(stream_id) * STREAM_GAMMA
+    ) & MASK64
 
 
 def finalize64(value: int) -> int:

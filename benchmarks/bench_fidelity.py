@@ -26,7 +26,7 @@ import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from batchbench.agent import run_console
+from batchbench.cli.agent import run_console
 
 # Requests per trajectory, cycled: 16 trajectories make 68 requests.
 TURNS = (3, 4, 5, 6, 2, 7, 4, 3, 5, 4, 6, 3, 5, 4, 3, 4)

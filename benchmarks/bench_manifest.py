@@ -21,8 +21,8 @@ import tracemalloc
 
 import orjson
 
-from batchbench import manifest as manifest_module
-from batchbench.manifest import Manifest, load_manifest
+from batchbench.plan import manifest as manifest_module
+from batchbench.plan.manifest import Manifest, load_manifest
 
 RUNS = 3
 BUDGET_BYTES_PER_REQUEST = 64

@@ -38,7 +38,7 @@ def start_sim(extra: list[str]) -> tuple[subprocess.Popen, str]:
     command = [
         sys.executable,
         "-c",
-        "import sys; from batchbench.cli import run; sys.exit(run(sys.argv[1:]))",
+        "import sys; from batchbench.cli.main import run; sys.exit(run(sys.argv[1:]))",
     ]
     process = subprocess.Popen(
         [*command, "sim", "--port", "0", "--speed", "0", *extra],

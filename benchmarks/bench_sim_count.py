@@ -19,8 +19,8 @@ import time
 import orjson
 
 from batchbench.sim.template import ChatMLCounter
-from batchbench.synth import Synthesizer
-from batchbench.tokenizer import load_tokenizer
+from batchbench.text.synth import Synthesizer
+from batchbench.text.tokenizer import load_tokenizer
 
 
 def main(argv: list[str] | None = None) -> int:

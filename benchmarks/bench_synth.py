@@ -21,9 +21,10 @@ from collections.abc import Callable
 import numpy as np
 from tokenizers import Tokenizer
 
-from batchbench import _impl, _synth_py
-from batchbench.synth import Synthesizer, choose_heads, decode_each, eligible_ids
-from batchbench.tokenizer import LoadedTokenizer, builtin_tokenizer_path
+from batchbench import _impl
+from batchbench.text import _synth_py
+from batchbench.text.synth import Synthesizer, choose_heads, decode_each, eligible_ids
+from batchbench.text.tokenizer import LoadedTokenizer, builtin_tokenizer_path
 
 BATCH_SECONDS = 0.2  # each timed batch runs at least this long
 

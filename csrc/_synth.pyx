@@ -53,15 +53,6 @@ cdef inline uint64_t _seed64(object seed) except? 0:
     return <uint64_t>(operator.index(seed) & MASK64)
 
 
-def mix_seed(root, agent_id, stream_id):
-    """Seed of one (agent, field) stream, the wrapping mix of COMPAT §3.2."""
-    return (
-        operator.index(root)
-        + operator.index(agent_id) * GOLDEN_GAMMA
-        + operator.index(stream_id) * STREAM_GAMMA
-    ) & MASK64
-
-
 cdef tuple _check(object n, object bound):
     n = operator.index(n)
     bound = operator.index(bound)

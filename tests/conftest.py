@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from batchbench import _impl
-from batchbench.tokenizer import LoadedTokenizer, builtin_tokenizer_path
+from batchbench.text.tokenizer import LoadedTokenizer, builtin_tokenizer_path
 
 # Synthesis tables are cached on disk; tests (and the simulators they start) keep theirs in
 # a directory of their own instead of the user's cache.

@@ -1,7 +1,7 @@
 """A scriptable OpenAI-style stub server for driver tests: real aiohttp on 127.0.0.1.
 
 The server runs in a background thread with its own event loop, so a test can call
-``batchbench.agent.main`` (which runs its own uvloop loop in the main thread) or start
+``batchbench.cli.agent.main`` (which runs its own uvloop loop in the main thread) or start
 the agent as a subprocess, and both talk to it over loopback. Every request is recorded
 (method, path, headers, raw body bytes, arrival time on ``time.perf_counter``).
 

@@ -19,8 +19,9 @@ from conftest import implementations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchbench import _impl, admission
-from batchbench.admission import ClosedLoopAdmission, simulate_closed_loop
+from batchbench import _impl
+from batchbench.run import admission
+from batchbench.run.admission import ClosedLoopAdmission, simulate_closed_loop
 
 IMPLS = implementations("admission")
 impl = pytest.mark.parametrize("mod", IMPLS)
@@ -28,7 +29,7 @@ impl = pytest.mark.parametrize("mod", IMPLS)
 
 @contextmanager
 def using(mod: ModuleType) -> Iterator[None]:
-    """Run ``batchbench.admission`` on ``mod``'s ring and allocator for the block."""
+    """Run ``batchbench.run.admission`` on ``mod``'s ring and allocator for the block."""
     saved = admission.FifoRing, admission.SlotAllocator
     admission.FifoRing, admission.SlotAllocator = mod.FifoRing, mod.SlotAllocator
     try:
@@ -434,7 +435,8 @@ def test_closed_loop_properties(mod, n_plans, max_active, data):
 
 
 def test_admission_uses_the_selected_implementation():
-    chosen = _impl.load("admission")
+    native = None if _impl.extensions_disabled() else _impl.native_module("admission")
+    chosen = native or _impl.twin_module("admission")
     assert admission.FifoRing is chosen.FifoRing
     assert admission.SlotAllocator is chosen.SlotAllocator
     assert admission.SlotPool is admission.SlotAllocator
@@ -453,8 +455,8 @@ def test_native_and_twin_expose_the_same_api():
 
 def test_no_extensions_environment_selects_the_twin():
     env = {**os.environ, "BATCHBENCH_NO_EXTENSIONS": "1"}
-    code = "from batchbench import admission; print(admission.FifoRing.__module__)"
+    code = "from batchbench.run import admission; print(admission.FifoRing.__module__)"
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
-    assert out.stdout.strip() == "batchbench._admission_py"
+    assert out.stdout.strip() == "batchbench.run._admission_py"

@@ -1,4 +1,4 @@
-"""Chat templates (``batchbench.chat_templates``) and the simulator's awkward parts: the
+"""Chat templates (``batchbench.text.chat_templates``) and the simulator's awkward parts: the
 built-ins render exactly what they document and count additively; real model templates
 render growth conversations once tool-call arguments are objects; model-like replies do
 not re-encode to their completion tokens; llama.cpp's template endpoints."""
@@ -17,16 +17,16 @@ import pytest
 from aiohttp import web
 from tokenizers import Tokenizer
 
-from batchbench.chat_templates import TemplateError, for_template, load_chat_template
-from batchbench.framing import content_contexts
+from batchbench.run.wire import tool_call_id
 from batchbench.sim.overheads import measure_overheads
 from batchbench.sim.replies import ModelReplyText
 from batchbench.sim.server import SimConfig, SimServer
 from batchbench.sim.serving import ServingModel
 from batchbench.sim.template import load_counter
-from batchbench.synth import Synthesizer
-from batchbench.tokenizer import LoadedTokenizer
-from batchbench.wire import tool_call_id
+from batchbench.text.chat_templates import TemplateError, for_template, load_chat_template
+from batchbench.text.framing import content_contexts
+from batchbench.text.synth import Synthesizer
+from batchbench.text.tokenizer import LoadedTokenizer
 
 CALL = tool_call_id(7, 3)
 

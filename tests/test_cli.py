@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from batchbench.agent import main, resolve_endpoint, run_console
-from batchbench.agent_args import parse_agent_args, shape_dests, shape_flags_given
+from batchbench.cli.agent import main, resolve_endpoint, run_console
+from batchbench.cli.agent_args import parse_agent_args, shape_dests, shape_flags_given
 from batchbench.errors import BatchbenchError, UsageError
 
 
@@ -117,7 +117,7 @@ def test_c62_admission_and_time_scale():
         'argument --time-scale: "fast" is not a valid number'
     )
     assert "invalid value" in usage_error(["--agent-plans-jsonl", "p", "--admission", "sometimes"])
-    from batchbench.agent import make_config  # noqa: F401 - the default is applied there
+    from batchbench.cli.agent import make_config  # noqa: F401 - the default is applied there
 
     assert parse_agent_args(["--agent-plans-jsonl", "p"]).admission is None
 

@@ -7,12 +7,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from batchbench.agent import generation_workers
-from batchbench.content import ContentFactory
+from batchbench.cli.agent import generation_workers
 from batchbench.errors import SynthesisError
-from batchbench.sampling import FixedSpec
-from batchbench.synth import Synthesizer
-from batchbench.workload import SampledShape, Workload, compile_sampled
+from batchbench.plan.sampling import FixedSpec
+from batchbench.plan.workload import SampledShape, Workload, compile_sampled
+from batchbench.text.content import ContentFactory
+from batchbench.text.synth import Synthesizer
 
 
 @pytest.fixture(scope="module")

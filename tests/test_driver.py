@@ -1,7 +1,7 @@
 """The HTTP driver end to end against a real aiohttp stub server on 127.0.0.1
 (COMPAT §5, §6; C18-C30, C46, C47, C87-C94).
 
-Most tests call ``batchbench.agent.main`` in-process (it runs its own uvloop loop in this
+Most tests call ``batchbench.cli.agent.main`` in-process (it runs its own uvloop loop in this
 thread; the stub runs on another thread's loop). The interruption tests run the console
 entry point as a subprocess and signal it. Nothing talks to anything but loopback.
 """
@@ -38,15 +38,15 @@ from stubserver import (
 )
 
 import batchbench
-import batchbench.agent as agent_module
-from batchbench.agent import main
-from batchbench.report import (
+import batchbench.cli.agent as agent_module
+from batchbench.cli.agent import main
+from batchbench.results.report import (
     CSV_COLUMNS,
     EXTRA_CSV_COLUMNS,
     FIDELITY_CSV_COLUMNS,
     LIVE_CSV_COLUMNS,
 )
-from batchbench.tokenizer import load_tokenizer
+from batchbench.text.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 ENDPOINT_PATH = "/v1/chat/completions"
@@ -1349,7 +1349,7 @@ def spawn_agent(stub: StubServer, plans: Path, *extra: str) -> subprocess.Popen:
     command = [
         sys.executable,
         "-c",
-        "from batchbench.agent import console_main; console_main()",
+        "from batchbench.cli.agent import console_main; console_main()",
         *argv(stub, plans, *extra),
     ]
     return subprocess.Popen(

@@ -10,8 +10,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from batchbench.agent import main
-from batchbench.report import (
+from batchbench.cli.agent import main
+from batchbench.results.report import (
     CSV_COLUMNS,
     EXTRA_CSV_COLUMNS,
     FIDELITY_CSV_COLUMNS,

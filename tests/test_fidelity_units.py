@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 from stubserver import Reply, StubServer, chat_completion
 
-from batchbench.calibrate import Calibration, CalibrationError, calibrate
-from batchbench.content import ContentFactory
-from batchbench.framing import ContentContext, Framing, ReplyCounter, content_contexts, trimmed
-from batchbench.oracle import OracleError, PromptOracle, server_root
+from batchbench.plan.workload import Workload
 from batchbench.rng import content_root
-from batchbench.simlaunch import SimProcess, sim_command
-from batchbench.sizing import Sizing, TrajectorySizer
-from batchbench.synth import Synthesizer
-from batchbench.wire import BodyOptions, Conversation
-from batchbench.workload import Workload
+from batchbench.run.calibrate import Calibration, CalibrationError, calibrate
+from batchbench.run.oracle import OracleError, PromptOracle, server_root
+from batchbench.run.simlaunch import SimProcess, sim_command
+from batchbench.run.sizing import Sizing, TrajectorySizer
+from batchbench.run.wire import BodyOptions, Conversation
+from batchbench.text.content import ContentFactory
+from batchbench.text.framing import ContentContext, Framing, ReplyCounter, content_contexts, trimmed
+from batchbench.text.synth import Synthesizer
 
 
 def replay(prompts: list[int], outputs: list[int], resets=(), initial=0, turn=0) -> Workload:
@@ -309,7 +309,7 @@ def test_calibration_does_not_retry_a_client_error(deepseek):
 
 
 def test_calibrate_command_prints_flags_and_json(tmp_path: Path, capsys):
-    from batchbench.cli import run as cli
+    from batchbench.cli.main import run as cli
 
     assert cli(["calibrate", "--sim", "--sim-args", "--speed 0", "--json"]) == 0
     document = json.loads(capsys.readouterr().out)
@@ -324,7 +324,7 @@ def test_calibrate_command_prints_flags_and_json(tmp_path: Path, capsys):
 
 
 def test_fidelity_is_not_measurable_when_the_server_sends_no_usage(tmp_path, capsys):
-    from batchbench.agent import main
+    from batchbench.cli.agent import main
 
     plans = tmp_path / "p.jsonl"
     plans.write_text(

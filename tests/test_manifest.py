@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchbench import manifest as manifest_module
 from batchbench.errors import BatchbenchError, ManifestError
-from batchbench.manifest import Manifest, hash_manifest, load_manifest, parse_manifest
+from batchbench.plan import manifest as manifest_module
+from batchbench.plan.manifest import Manifest, hash_manifest, load_manifest, parse_manifest
 
 CONTEXT = "invalid trajectory plan at plans.jsonl"
 

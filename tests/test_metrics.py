@@ -1,6 +1,6 @@
 """Percentiles and the cache estimate (COMPAT §6.8; C20, C69)."""
 
-from batchbench.metrics import cached_prefix_estimate, percentiles
+from batchbench.results.metrics import cached_prefix_estimate, percentiles
 
 
 def test_c69_percentiles_round_half_away_from_zero():

@@ -7,10 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from batchbench.agent_args import parse_agent_args, resolve_shape
+from batchbench.cli.agent_args import parse_agent_args, resolve_shape
 from batchbench.errors import UsageError
-from batchbench.rng import mix_seed, splitmix64, standard_normal
-from batchbench.sampling import (
+from batchbench.plan.sampling import (
     FamilyFlags,
     FixedSpec,
     LogNormalSpec,
@@ -21,7 +20,8 @@ from batchbench.sampling import (
     sample_sizes,
     short_float,
 )
-from batchbench.workload import SampledShape, compile_sampled
+from batchbench.plan.workload import SampledShape, compile_sampled
+from batchbench.rng import mix_seed, splitmix64, standard_normal
 
 
 def shape_of(*argv: str) -> SampledShape:

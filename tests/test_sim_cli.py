@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 import batchbench
-from batchbench.sim.main import run as run_sim
+from batchbench.cli.sim import run as run_sim
 
 # Works whether batchbench is installed (CI) or imported from the checkout (PYTHONPATH):
 # the child runs in the directory holding the package this process imported, with it on
 # PYTHONPATH, so both import the same batchbench ("-c" puts the cwd first on sys.path).
-RUN = "import sys; from batchbench.cli import run; sys.exit(run(sys.argv[1:]))"
+RUN = "import sys; from batchbench.cli.main import run; sys.exit(run(sys.argv[1:]))"
 PACKAGE_ROOT = str(Path(batchbench.__file__).resolve().parent.parent)
 
 

@@ -17,11 +17,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from batchbench.agent import main
+from batchbench.cli.agent import main
+from batchbench.run.simlaunch import SimProcess, sim_command
+from batchbench.run.wire import NO_STREAM_USAGE
 from batchbench.sim.overheads import measure_overheads
-from batchbench.simlaunch import SimProcess, sim_command
-from batchbench.tokenizer import load_tokenizer
-from batchbench.wire import NO_STREAM_USAGE
+from batchbench.text.tokenizer import load_tokenizer
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "trajectory-replay" / "plans.jsonl"
 BLOCK = 16

@@ -28,8 +28,8 @@ from batchbench.sim.routing import consistent_rank
 from batchbench.sim.server import MALFORMED_BODY, SimConfig, SimServer
 from batchbench.sim.serving import ServingModel
 from batchbench.sim.template import ChatMLCounter
-from batchbench.synth import Synthesizer
-from batchbench.tokenizer import LoadedTokenizer
+from batchbench.text.synth import Synthesizer
+from batchbench.text.tokenizer import LoadedTokenizer
 
 CHAT = "/v1/chat/completions"
 INSTANT = ServingModel(speed=0)

@@ -31,8 +31,8 @@ from batchbench.sim.template import (
     load_counter,
     render_chatml,
 )
-from batchbench.synth import Synthesizer
-from batchbench.tokenizer import LoadedTokenizer
+from batchbench.text.synth import Synthesizer
+from batchbench.text.tokenizer import LoadedTokenizer
 
 ARGS = '{"request":"continue"}'
 

@@ -8,8 +8,8 @@ import orjson
 import pytest
 from tokenizers import Tokenizer
 
-from batchbench.synth import NO_TABLE_CACHE_ENV, TABLE_FORMAT, Synthesizer, table_cache_path
-from batchbench.tokenizer import LoadedTokenizer, builtin_tokenizer_path
+from batchbench.text.synth import NO_TABLE_CACHE_ENV, TABLE_FORMAT, Synthesizer, table_cache_path
+from batchbench.text.tokenizer import LoadedTokenizer, builtin_tokenizer_path
 
 
 @pytest.fixture

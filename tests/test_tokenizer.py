@@ -9,7 +9,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from batchbench.errors import TokenizerError
-from batchbench.tokenizer import builtin_tokenizer_path, describe_builtins, load_tokenizer
+from batchbench.text.tokenizer import builtin_tokenizer_path, describe_builtins, load_tokenizer
 
 
 def write_word_level(path, truncate: bool = False) -> None:

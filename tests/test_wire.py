@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchbench.wire import (
+from batchbench.run.wire import (
     BodyOptions,
     Conversation,
     Reply,

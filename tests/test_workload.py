@@ -6,8 +6,8 @@ import orjson
 import pytest
 
 from batchbench.errors import ManifestError, PlanError
-from batchbench.manifest import parse_manifest
-from batchbench.workload import compile_manifest
+from batchbench.plan.manifest import parse_manifest
+from batchbench.plan.workload import compile_manifest
 
 
 def manifest_of(*trajectories, source: str = "plans.jsonl"):

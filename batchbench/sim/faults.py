@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from batchbench._synth_py import MASK64, mix_seed
+from batchbench.rng import MASK64, mix_seed
 
 _FAULT_STREAM = 0xFA017
 _SPIKE_STREAM = 0x5B1CE

@@ -14,10 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from batchbench.errors import BatchbenchError
+from batchbench.run.wire import tool_call_id
 from batchbench.sim.template import load_counter
-from batchbench.synth import Synthesizer
-from batchbench.tokenizer import LoadedTokenizer
-from batchbench.wire import tool_call_id
+from batchbench.text.synth import Synthesizer
+from batchbench.text.tokenizer import LoadedTokenizer
 
 PROBE_TURNS = 4
 PROBE_SIZES = ((37, 11, 23), (500, 64, 128), (3, 1, 1))

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from batchbench.synth import Synthesizer, draw_indices
-from batchbench.tokenizer import LoadedTokenizer
+from batchbench.text.synth import Synthesizer, draw_indices
+from batchbench.text.tokenizer import LoadedTokenizer
 
 REPLY_SEED_SALT = b"batchbench-sim-reply"
 

@@ -31,8 +31,8 @@ from batchbench.sim.replies import (
 from batchbench.sim.routing import RoutingError, choose_rank
 from batchbench.sim.serving import Rank, ServingModel
 from batchbench.sim.template import JinjaCounter, SegmentCounter, TemplateError, load_counter
-from batchbench.synth import Synthesizer
-from batchbench.tokenizer import LoadedTokenizer
+from batchbench.text.synth import Synthesizer
+from batchbench.text.tokenizer import LoadedTokenizer
 
 JSON = "application/json"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -42,7 +42,7 @@ MAX_REQUEST_BYTES = 1 << 30  # whole conversations are posted each turn; allow l
 
 @dataclass
 class SimConfig:
-    """Everything ``batchbench sim`` was asked for (units and help: ``batchbench.sim.main``)."""
+    """Everything ``batchbench sim`` was asked for (units and help: ``batchbench.cli.sim``)."""
 
     host: str = "127.0.0.1"
     port: int = 8000

@@ -1,6 +1,6 @@
 """Prompt token counting for the simulator: a chat template rendered and counted exactly.
 
-The built-in templates (``batchbench.chat_templates``: ``chatml``, ``gemma``, ``llama3``)
+The built-in templates (``batchbench.text.chat_templates``: ``chatml``, ``gemma``, ``llama3``)
 render each message as its own segment starting with a marker token. The markers are
 special tokens of the counting tokenizer (added to a copy of the loaded tokenizer when it
 lacks them, as every model of that family has them). Added tokens split the text before
@@ -24,7 +24,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Tokenizer
 
-from batchbench.chat_templates import (
+from batchbench.text.chat_templates import (
     BUILTINS,
     BuiltinTemplate,
     ChatMLTemplate,
@@ -33,7 +33,7 @@ from batchbench.chat_templates import (
     content_text,
     load_chat_template,
 )
-from batchbench.tokenizer import LoadedTokenizer
+from batchbench.text.tokenizer import LoadedTokenizer
 
 __all__ = [
     "ChatMLCounter",

@@ -10,13 +10,13 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from batchbench.chat_templates import TEMPLATE_CHOICES
 from batchbench.errors import BatchbenchError
 from batchbench.sim.faults import Fault, FaultPlan
 from batchbench.sim.overheads import measure_overheads
 from batchbench.sim.server import SimConfig, SimServer
 from batchbench.sim.serving import ServingModel
-from batchbench.tokenizer import DEFAULT_BUILTIN, load_tokenizer
+from batchbench.text.chat_templates import TEMPLATE_CHOICES
+from batchbench.text.tokenizer import DEFAULT_BUILTIN, load_tokenizer
 
 DESCRIPTION = """\
 An OpenAI-compatible serving simulator with data-parallel ranks, per-rank prefix caches,

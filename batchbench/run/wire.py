@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from batchbench.metrics import percentile
+from batchbench.results.metrics import percentile
 
 _DUMPS = orjson.dumps
 _LOADS = orjson.loads

@@ -1,7 +1,7 @@
 """Chat templates: how a server turns a conversation into the prompt text it tokenizes.
 
 The simulator renders and counts prompts with these; the client uses them to know the
-template text around a message content (``batchbench.framing``), so it can count the
+template text around a message content (``batchbench.text.framing``), so it can count the
 model's replies as the next prompt will render them.
 
 Built-in templates (per-message, so a growing conversation is counted incrementally):
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from batchbench.errors import BatchbenchError
-from batchbench.tokenizer import LoadedTokenizer
+from batchbench.text.tokenizer import LoadedTokenizer
 
 BUILTIN_TEMPLATES = ("chatml", "gemma", "llama3")
 TEMPLATE_CHOICES = (*BUILTIN_TEMPLATES, "tokenizer")

@@ -23,9 +23,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from batchbench.errors import BatchbenchError
-from batchbench.framing import ReplyCounter
-from batchbench.synth import Synthesizer
-from batchbench.wire import (
+from batchbench.run.wire import (
     BodyOptions,
     Conversation,
     Reply,
@@ -38,6 +36,8 @@ from batchbench.wire import (
     tool_call_id,
     tool_message,
 )
+from batchbench.text.framing import ReplyCounter
+from batchbench.text.synth import Synthesizer
 
 # (user, reply, tool) tokens of the three solving probes.
 PROBE_SIZES = ((37, 11, 23), (64, 24, 48), (120, 8, 160))

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 from batchbench import __version__
 from batchbench.errors import UsageError
-from batchbench.sampling import FamilyFlags, resolve_latency_spec, resolve_size_spec
-from batchbench.workload import SampledShape
+from batchbench.plan.sampling import FamilyFlags, resolve_latency_spec, resolve_size_spec
+from batchbench.plan.workload import SampledShape
 
 DEFAULT_MODEL = "Qwen/Qwen3-VL-235B-A22B-Instruct-FP8"
 
@@ -167,7 +167,7 @@ def add_chat_template_flag(group) -> None:
 
 
 def add_fidelity_flags(group) -> None:
-    """Flags of the closed-loop prompt correction (see ``batchbench.sizing``)."""
+    """Flags of the closed-loop prompt correction (see ``batchbench.run.sizing``)."""
     group.add_argument(
         "--calibrate",
         action="store_true",

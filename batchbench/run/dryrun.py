@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import Executor
 
-from batchbench.content import ContentFactory
-from batchbench.workload import Workload
+from batchbench.plan.workload import Workload
+from batchbench.text.content import ContentFactory
 
 
 class DryRunBody:

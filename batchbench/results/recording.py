@@ -14,9 +14,9 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchbench.events import JsonlFile
-from batchbench.metrics import RunTotals, percentile
-from batchbench.wire import Reply, StreamSamples, median_seconds
+from batchbench.results.events import JsonlFile
+from batchbench.results.metrics import RunTotals, percentile
+from batchbench.run.wire import Reply, StreamSamples, median_seconds
 
 LAG_INTERVAL_SECONDS = 0.010
 

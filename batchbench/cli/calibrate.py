@@ -8,23 +8,23 @@ from collections.abc import Sequence
 
 import orjson
 
-from batchbench.agent import (
+from batchbench.cli.agent import (
     SIM_DEFAULT_TOKENIZER,
     reply_context_template,
     resolve_endpoint,
     run_calibration,
 )
-from batchbench.agent_args import (
+from batchbench.cli.agent_args import (
     AgentArgumentParser,
     _positive_uint,
     add_chat_template_flag,
     add_target_flags,
 )
 from batchbench.errors import BatchbenchError, UsageError
-from batchbench.framing import ReplyCounter
-from batchbench.simlaunch import SimProcess, sim_command
-from batchbench.synth import Synthesizer
-from batchbench.tokenizer import load_tokenizer
+from batchbench.run.simlaunch import SimProcess, sim_command
+from batchbench.text.framing import ReplyCounter
+from batchbench.text.synth import Synthesizer
+from batchbench.text.tokenizer import load_tokenizer
 
 DESCRIPTION = """\
 Send a few probe conversations built exactly as batchbench-agent builds its requests (a

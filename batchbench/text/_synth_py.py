@@ -29,15 +29,6 @@ _MIX1 = np.uint64(MIX1)
 _MIX2 = np.uint64(MIX2)
 
 
-def mix_seed(root: int, agent_id: int, stream_id: int) -> int:
-    """Seed of one (agent, field) stream, the wrapping mix of COMPAT §3.2."""
-    return (
-        operator.index(root)
-        + operator.index(agent_id) * GOLDEN_GAMMA
-        + operator.index(stream_id) * STREAM_GAMMA
-    ) & MASK64
-
-
 def _check(n: int, bound: int) -> tuple[int, int]:
     """Validate like the compiled module so both raise the same errors."""
     n = operator.index(n)
@@ -89,7 +80,7 @@ def draw_indices(seed: int, n: int, bound: int) -> np.ndarray:
 class PieceAssembler:
     """Builds text by concatenating pieces chosen by :func:`draw_indices`.
 
-    The pieces are proven (by ``batchbench.synth``) to give one token each however they
+    The pieces are proven (by ``batchbench.text.synth``) to give one token each however they
     are joined, so ``text(n, seed)`` is exact without re-encoding. Pieces start with a
     space; a text that must survive trimming starts with a **head** instead: a proven
     single-token word without leading whitespace.

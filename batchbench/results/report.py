@@ -13,13 +13,13 @@ import orjson
 
 from batchbench import __version__
 from batchbench.config import RunConfig
-from batchbench.engine import EngineResult
 from batchbench.errors import BatchbenchError
-from batchbench.metrics import RunTotals, percentile, percentiles
-from batchbench.recording import ClientHealth, DriftFigures, FidelityFigures, RankFigures
-from batchbench.sampling import describe_latency, short_float
-from batchbench.wire import StreamSamples
-from batchbench.workload import Workload
+from batchbench.plan.sampling import describe_latency, short_float
+from batchbench.plan.workload import Workload
+from batchbench.results.metrics import RunTotals, percentile, percentiles
+from batchbench.results.recording import ClientHealth, DriftFigures, FidelityFigures, RankFigures
+from batchbench.run.engine import EngineResult
+from batchbench.run.wire import StreamSamples
 
 CSV_COLUMNS = (
     "timestamp",

@@ -14,8 +14,8 @@ from typing import Any
 
 import orjson
 
-from batchbench.engine import TrajectoryRecord
 from batchbench.errors import BatchbenchError
+from batchbench.run.engine import TrajectoryRecord
 
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
 REQUEST_FLUSH_SECONDS = 0.25

@@ -38,11 +38,18 @@ from tokenizers import Encoding, Tokenizer
 
 from batchbench import __version__, _impl
 from batchbench.errors import SynthesisError
-from batchbench.tokenizer import LoadedTokenizer
+from batchbench.rng import mix_seed
+from batchbench.text.tokenizer import LoadedTokenizer
 
-_synth = _impl.load("synth")
+if _impl.NO_EXTENSIONS:
+    from batchbench.text import _synth_py as _synth
+else:
+    try:
+        from batchbench._native import _synth
+    except ImportError:  # not built: the twin gives the same bytes
+        from batchbench.text import _synth_py as _synth
+
 draw_indices = _synth.draw_indices
-mix_seed = _synth.mix_seed
 PieceAssembler = _synth.PieceAssembler
 
 Method = Literal["fast", "repair"]

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchbench.framing import Framing
-from batchbench.workload import Workload
+from batchbench.plan.workload import Workload
+from batchbench.text.framing import Framing
 
 
 @dataclass(slots=True)

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from batchbench.admission import ClosedLoopAdmission, SlotPool
-from batchbench.shutdown import Shutdown
+from batchbench.run.admission import ClosedLoopAdmission, SlotPool
+from batchbench.run.shutdown import Shutdown
 
 OPEN_LOOP_LOOKAHEAD = 256
 

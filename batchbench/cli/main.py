@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from batchbench.agent import run_console
-from batchbench.agent_args import version_text
-from batchbench.tokenizer import describe_builtins
+from batchbench.cli.agent import run_console
+from batchbench.cli.agent_args import version_text
+from batchbench.text.tokenizer import describe_builtins
 
 USAGE = """usage: batchbench <command> [options]
 
@@ -36,11 +36,11 @@ def run(argv: Sequence[str]) -> int:
     if command == "agent":
         return run_console(rest, "batchbench agent")
     if command == "sim":
-        from batchbench.sim.main import run as run_sim
+        from batchbench.cli.sim import run as run_sim
 
         return run_sim(rest)
     if command == "calibrate":
-        from batchbench.calibrate_cli import run as run_calibrate
+        from batchbench.cli.calibrate import run as run_calibrate
 
         return run_calibrate(rest)
     if command == "tokenizers":

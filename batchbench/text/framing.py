@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from batchbench.tokenizer import LoadedTokenizer
+from batchbench.text.tokenizer import LoadedTokenizer
 
 # Sentinels placed in a probe conversation to find the template text around contents:
 # plain letters, so no template trims or escapes them, and unlikely in any template.
@@ -31,7 +31,7 @@ _USER_SENTINEL = "Qzxusersentinelq"
 
 
 class RendersChat(Protocol):
-    """What the framing model needs of a chat template (``batchbench.chat_templates``)."""
+    """What the framing model needs of a chat template (``batchbench.text.chat_templates``)."""
 
     markers: frozenset[str]
 

@@ -6,7 +6,7 @@ import asyncio
 import sys
 import time
 
-from batchbench.recording import Recorder
+from batchbench.results.recording import Recorder
 
 REFRESH_SECONDS = 0.5
 

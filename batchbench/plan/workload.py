@@ -2,7 +2,7 @@
 
 The result is columnar and text-free: a few numpy columns indexed by request, grouped
 per trajectory by ``request_offsets`` (CSR). Text is materialized later, per admitted
-trajectory, by ``batchbench.content``.
+trajectory, by ``batchbench.text.content``.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from batchbench.errors import PlanError
+from batchbench.plan.sampling import SizeSpec, sample_sizes
 from batchbench.rng import mix_seed
-from batchbench.sampling import SizeSpec, sample_sizes
 
 # Sampling stream ids of COMPAT §3.2 (4 is unused).
 if TYPE_CHECKING:
-    from batchbench.manifest import Manifest
+    from batchbench.plan.manifest import Manifest
 
 STREAM_INPUT = 0
 STREAM_INVOCATIONS = 1

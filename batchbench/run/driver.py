@@ -19,15 +19,14 @@ from functools import partial
 
 import aiohttp
 
-from batchbench.content import ContentFactory
-from batchbench.engine import COMPLETED, FAILED, INTERRUPTED
 from batchbench.errors import BatchbenchError
-from batchbench.framing import Framing, ReplyCounter, trimmed
-from batchbench.oracle import PromptOracle
-from batchbench.recording import Recorder
-from batchbench.shutdown import Shutdown
-from batchbench.sizing import Sizing, TrajectorySizer
-from batchbench.wire import (
+from batchbench.plan.workload import Workload
+from batchbench.results.recording import Recorder
+from batchbench.run.engine import COMPLETED, FAILED, INTERRUPTED
+from batchbench.run.oracle import PromptOracle
+from batchbench.run.shutdown import Shutdown
+from batchbench.run.sizing import Sizing, TrajectorySizer
+from batchbench.run.wire import (
     ROUTING_KEY_HEADER_ERROR,
     BodyOptions,
     Conversation,
@@ -49,7 +48,8 @@ from batchbench.wire import (
     verbose_request,
     verbose_response,
 )
-from batchbench.workload import Workload
+from batchbench.text.content import ContentFactory
+from batchbench.text.framing import Framing, ReplyCounter, trimmed
 
 # Texts up to this many tokens are assembled on the loop (microseconds with the fast
 # method); longer ones, and every text of the repair method, go to the worker pool.
@@ -126,7 +126,7 @@ def make_session(settings: DriverSettings, max_connections: int | None) -> aioht
 
 @dataclass(frozen=True)
 class Fidelity:
-    """How the driver keeps prompts on target (see ``batchbench.sizing``)."""
+    """How the driver keeps prompts on target (see ``batchbench.run.sizing``)."""
 
     framing: Framing
     replies: ReplyCounter | None = None  # None: replies replayed as received, not counted

@@ -8,9 +8,9 @@ to the plan; the driver passes another size when it corrects a prompt towards it
 from __future__ import annotations
 
 from batchbench.errors import SynthesisError
+from batchbench.plan.workload import Workload
 from batchbench.rng import content_root, mix_seed
-from batchbench.synth import Synthesizer
-from batchbench.workload import Workload
+from batchbench.text.synth import Synthesizer
 
 STREAM_INITIAL_TEXT = 0x1000_0000_0000_0000
 STREAM_RESET_TEXT = 0x2000_0000_0000_0000

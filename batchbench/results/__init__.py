@@ -1,0 +1,2 @@
+"""What happened: the recorder, metrics and percentiles, JSONL events, reports and the
+progress bar."""
