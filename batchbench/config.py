@@ -44,6 +44,7 @@ class RunConfig:
     calibration: dict | None = None  # ``Calibration.as_dict()`` when --calibrate ran
     framing_initial: int = 0  # overheads the run starts from (flags, calibration or 0)
     framing_turn: int = 0
+    framing_measured: bool = False  # from flags or calibration, not a default
 
     @property
     def effective_max_active(self) -> int:

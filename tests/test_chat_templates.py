@@ -220,6 +220,14 @@ def test_model_replies_are_seeded_token_strings(deepseek, model_replies):
     assert model_replies.whole(0, 1) == "" and model_replies.chunks(0, 1, 3) == []
 
 
+def test_a_model_reply_of_a_fixed_seed(deepseek, model_replies):
+    """24 ids whose strings, joined, re-encode to 25 tokens (sub-words merge and split)."""
+    text = model_replies.whole(24, 0)
+    assert text.startswith("电影院 autism量大 ")
+    assert deepseek.count(text) == 25
+    assert model_replies.chunks(24, 0, 24) == [text]
+
+
 def test_some_model_replies_carry_whitespace_at_their_ends(model_replies):
     texts = [model_replies.whole(16, seed) for seed in range(200)]
     leading = sum(1 for t in texts if t[0].isspace())
@@ -285,3 +293,181 @@ def test_llama_cpp_apply_template_and_tokenize_agree_with_chat_counts(deepseek, 
     prompt, tokenized, count, usage = serve(deepseek, config, body)
     assert tokenized == count == usage
     assert not prompt.startswith(("<bos>", "<|begin_of_text|>"))  # BOS comes from add_special
+
+
+def test_sim_model_reply_of_a_fixed_request(deepseek):
+    """The same request gets the same model-like reply: completion_tokens ids whose text
+    re-encodes to another count; streamed in 5-token chunks it is the same text."""
+    request = {
+        "messages": [{"role": "user", "content": "Describe the river."}],
+        "max_tokens": 24,
+        "min_tokens": 24,
+        "user": "agent-0",
+    }
+
+    async def body(client: aiohttp.ClientSession):
+        replies = []
+        for _ in range(2):
+            async with client.post("/v1/chat/completions", json=request) as response:
+                replies.append(await response.json())
+        stream = {**request, "stream": True}
+        parts = []
+        async with client.post("/v1/chat/completions", json=stream) as response:
+            async for line in response.content:
+                if line.startswith(b"data: {"):
+                    for choice in json.loads(line[6:])["choices"]:
+                        parts.append(choice["delta"].get("content") or "")
+        return replies, parts
+
+    config = SimConfig(stream_chunk_tokens=5, serving=ServingModel(speed=0))
+    (first, second), parts = serve(deepseek, config, body)
+    text = first["choices"][0]["message"]["content"]
+    assert second["choices"][0]["message"]["content"] == text
+    assert first["usage"]["completion_tokens"] == 24
+    assert deepseek.count(text) == 25
+    assert len([p for p in parts if p]) == 5 and "".join(parts) == text
+
+
+def test_sim_exact_replies_keep_exact_counts(deepseek):
+    async def body(client: aiohttp.ClientSession):
+        texts = []
+        for tag in range(8):
+            request = {
+                "messages": [{"role": "user", "content": "Describe the river."}],
+                "max_tokens": 24,
+                "min_tokens": 24,
+                "user": f"agent-{tag}",
+            }
+            async with client.post("/v1/chat/completions", json=request) as response:
+                texts.append((await response.json())["choices"][0]["message"]["content"])
+        return texts
+
+    config = SimConfig(reply_text="exact", serving=ServingModel(speed=0))
+    texts = serve(deepseek, config, body)
+    assert [deepseek.count(text) for text in texts] == [24] * 8
+    assert all(text == text.strip() for text in texts)
+
+
+# --- Jinja templates as vLLM renders them ---------------------------------------------------
+
+
+def test_templates_that_loop_over_content_get_text_parts(tmp_path, deepseek):
+    """vLLM's content formats: a template looping over a message's content gets lists of
+    text parts (tool results stay strings); others get strings, parts joined by "\\n",
+    null as ""; fields vLLM does not pass are dropped."""
+    parts = tmp_path / "parts.jinja"
+    parts.write_text(
+        "{% set history = messages[0:] %}{% for m in history %}"
+        "{% for p in m['content'] | selectattr('type', 'equalto', 'text') %}[{{ p.text }}]"
+        "{% endfor %}{% if m.content is string %}({{ m.content }}){% endif %}{% endfor %}"
+    )
+    plain = tmp_path / "plain.jinja"
+    plain.write_text(
+        "{% for m in messages %}<{{ m.content }}|{{ m.extra is defined }}>{% endfor %}"
+    )
+    conversation = [
+        {"role": "user", "content": "a", "extra": 1},
+        {"role": "assistant", "content": None},
+        {"role": "tool", "content": [{"type": "text", "text": "b"}, {"type": "text", "text": "c"}]},
+    ]
+    openai = load_chat_template(str(parts), deepseek)
+    assert openai.content_format == "openai"
+    assert openai.render(conversation) == "[a](b\nc)"
+    string = load_chat_template(str(plain), deepseek)
+    assert string.content_format == "string"
+    assert string.render(conversation) == "<a|False><|False><b\nc|False>"
+    with pytest.raises(TemplateError, match="message content parts must be text"):
+        string.render([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])
+
+
+def test_generation_tags_and_leading_bos(tmp_path, deepseek):
+    """transformers' {% generation %} tag renders its body; a template that starts its
+    prompts with the config's BOS has it as its prefix (llama.cpp's endpoints drop it)."""
+    (tmp_path / "chat_template.jinja").write_text(
+        "{{ bos_token }}{% for m in messages %}{% generation %}{{ m.content | trim }}"
+        "{% endgeneration %};{% endfor %}"
+    )
+    (tmp_path / "tokenizer_config.json").write_text('{"bos_token": {"content": "<s>"}}')
+    template = load_chat_template(str(tmp_path), deepseek)
+    assert template.render([{"role": "user", "content": " x "}]) == "<s>x;"
+    assert template.prefix == "<s>"
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
+    assert load_chat_template(str(tmp_path), deepseek).prefix == ""
+
+
+def test_overheads_do_not_count_whitespace_that_templates_trim(deepseek, monkeypatch):
+    """Synthesized text with a space in front (older synthesizers) is stripped and
+    recounted, so trimming templates measure the same framing."""
+    real = Synthesizer.prepare(deepseek)
+
+    class Spaced:
+        loaded = deepseek
+
+        def text(self, n: int, seed: int, head: bool = True) -> str:
+            return " " + real.text(n, seed)
+
+    monkeypatch.setattr(Synthesizer, "prepare", classmethod(lambda cls, loaded: Spaced()))
+    assert measure_overheads(deepseek, "gemma") == (9, 10)
+    assert measure_overheads(deepseek, "llama3") == (11, 61)
+    assert measure_overheads(deepseek, "chatml") == (9, 35)
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "template", "prefix"),
+    [("qwen-3.5", "qwen-3.5", ""), ("jiutian-139moe-chat", "jiutian-139moe-chat", "<s>")],
+)
+def test_tokenizer_template_endpoints_agree(tmp_path, tokenizer, template, prefix):
+    loaded = model_dir(tmp_path, tokenizer, template)
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hello there"},
+        {"role": "assistant", "content": "Sure.", "tool_calls": [call()]},
+        {"role": "tool", "tool_call_id": CALL, "content": "result text"},
+    ]
+
+    async def body(client: aiohttp.ClientSession):
+        async with client.post("/apply-template", json={"messages": messages}) as response:
+            prompt = (await response.json())["prompt"]
+        request = {"content": prompt, "add_special": True}
+        async with client.post("/tokenize", json=request) as response:
+            tokens = (await response.json())["tokens"]
+        async with client.post("/tokenize", json={"messages": messages}) as response:
+            count = (await response.json())["count"]
+        chat = {"messages": messages, "max_tokens": 1}
+        async with client.post("/v1/chat/completions", json=chat) as response:
+            usage = (await response.json())["usage"]["prompt_tokens"]
+        return prompt, len(tokens), count, usage
+
+    config = SimConfig(chat_template="tokenizer", serving=ServingModel(speed=0))
+    prompt, tokenized, count, usage = serve(loaded, config, body)
+    assert tokenized == count == usage
+    counter = load_counter(loaded, "tokenizer")
+    assert counter.template.prefix == prefix
+    assert prefix + prompt == counter.render(messages)
+
+
+def test_llama_cpp_tokenize_parse_special(deepseek):
+    """Without parse_special, marker text is encoded as text; add_special still adds the
+    template's BOS as its token."""
+
+    async def body(client: aiohttp.ClientSession):
+        out = []
+        for request in (
+            {"content": "<start_of_turn>user", "parse_special": True},
+            {"content": "<start_of_turn>user", "parse_special": False},
+            {"content": "<bos>x", "add_special": True, "parse_special": False},
+            {"content": "<bos>x", "add_special": True},
+        ):
+            async with client.post("/tokenize", json=request) as response:
+                out.append((await response.json())["tokens"])
+        return out
+
+    config = SimConfig(chat_template="gemma", serving=ServingModel(speed=0))
+    special, plain, bos_and_text, bos_once = serve(deepseek, config, body)
+    marked = load_counter(deepseek, "gemma").tokenizer
+    start, bos = marked.token_to_id("<start_of_turn>"), marked.token_to_id("<bos>")
+    assert special == [start, *deepseek.tokenizer.encode("user", add_special_tokens=False).ids]
+    assert plain == deepseek.tokenizer.encode("<start_of_turn>user", add_special_tokens=False).ids
+    assert len(plain) > len(special) == 2
+    assert bos_and_text == [bos, *deepseek.tokenizer.encode("<bos>x", add_special_tokens=False).ids]
+    assert bos_once == [bos, *deepseek.tokenizer.encode("x", add_special_tokens=False).ids]

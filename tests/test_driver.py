@@ -1187,7 +1187,8 @@ def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
     assert header[:51] == list(CSV_COLUMNS)
     assert header == [*CSV_COLUMNS, *EXTRA_CSV_COLUMNS, *LIVE_CSV_COLUMNS, *FIDELITY_CSV_COLUMNS]
     # The stub's canned usage is far from the plan: 24 -> 100 and 40 -> 150 prompt tokens,
-    # 4 -> 3 and 4 -> 7 output tokens; perfect caching explains min(100 + 3, 150) tokens.
+    # 4 -> 3 and 4 -> 7 output tokens. Perfect caching explains min(100 + 3, 150) tokens of
+    # the second request, and the whole 100 of the first one's retry (after a 503).
     assert run.line("Prompt fidelity: ") == (
         "Prompt fidelity: 0/2 exact (0.0%), mean |drift| 93.00 tokens, max 110"
     )
@@ -1243,7 +1244,7 @@ def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
         "output_drift_max_abs_tokens": "3",
         "corrected_requests": "0",
         "correction_limited_requests": "0",
-        "explainable_cached_input_tokens": "103",
+        "explainable_cached_input_tokens": "203",
     }
     assert {k: values[k] for k in expected} == expected
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", values["timestamp"])

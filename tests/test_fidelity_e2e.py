@@ -253,3 +253,29 @@ def test_rerun_with_the_same_salt_warns_about_cache_hits_it_cannot_explain(tmp_p
     assert warning not in first
     assert warning in second
     assert warning not in third
+
+
+def test_a_first_request_the_plan_leaves_no_room_for_is_counted_and_reported(tmp_path, capsys):
+    """Without overhead flags the run learns the 9-token framing from the first trajectory;
+    the second one's first prompt is 5 tokens, which the framing alone exceeds."""
+    plans = tmp_path / "small.jsonl"
+    plans.write_text(
+        '{"schema_version":1,"trajectory_id":"big","requests":'
+        '[{"prompt_tokens":80,"output_tokens":4},{"prompt_tokens":200,"output_tokens":4}]}\n'
+        '{"schema_version":1,"trajectory_id":"tiny","requests":'
+        '[{"prompt_tokens":5,"output_tokens":4},{"prompt_tokens":120,"output_tokens":4}]}\n'
+    )
+    status, summary, events, _ = run(
+        tmp_path,
+        "--agent-plans-jsonl", str(plans), "--tokenizer-model", "deepseek-v3",
+        "--max-active-agents", "1", "--sim-args", "--speed 0",
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert status == 0
+    tiny = [e for e in events if e["trajectory_id"] == "tiny"]
+    assert tiny[0]["correction_note"] == (
+        "the framing (9 tokens) leaves no room for content in a 5-token prompt; sent 1 token"
+    )
+    assert tiny[0]["prompt_drift"] == 5 and tiny[1]["prompt_drift"] == 0  # paid back
+    assert summary["fidelity"]["correction_limited_requests"] == 1
+    assert "Prompt correction could not reach the target on 1 requests" in out

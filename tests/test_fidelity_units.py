@@ -341,3 +341,90 @@ def test_fidelity_is_not_measurable_when_the_server_sends_no_usage(tmp_path, cap
     assert status == 0
     assert "Prompt fidelity: not measurable (server sent no usage)" in out
     assert "Output fidelity: not measurable (server sent no usage)" in out
+
+
+# --- review follow-ups ---------------------------------------------------------------------
+
+
+def test_reasoning_counts_where_the_template_renders_it(tmp_path):
+    import test_chat_templates as templates
+
+    from batchbench.text.chat_templates import load_chat_template
+    from batchbench.text.framing import ReplyAccounting
+    from batchbench.text.tokenizer import LoadedTokenizer
+
+    qwen = templates.model_dir(tmp_path, "qwen-3.5", "qwen-3.5")
+    contexts = content_contexts(load_chat_template("tokenizer", qwen), "call_1")
+    assert contexts["reasoning"].rendered  # Qwen3.5 renders reasoning after the last query
+    accounting = ReplyAccounting.build(qwen, contexts)
+    plain = accounting.count("Done.")
+    assert accounting.count("Done.", "Let me think about it.") > plain + 4
+    chatml = load_chat_template("chatml", qwen)
+    dropped = ReplyAccounting.build(qwen, content_contexts(chatml, "call_1"))
+    assert not content_contexts(chatml, "call_1")["reasoning"].rendered
+    assert dropped.count("Done.", "Let me think about it.") == dropped.count("Done.")
+    assert isinstance(qwen, LoadedTokenizer)
+
+
+def test_measured_framing_outweighs_one_odd_observation():
+    framing = Framing(9, 10, measured=True)
+    framing.observe_turn(14)
+    assert framing.turn == 10
+    framing.observe_turn(14)
+    framing.observe_turn(14)
+    assert framing.turn == 14
+    guessed = Framing(0, 0)
+    guessed.observe_turn(14)
+    assert guessed.turn == 14
+
+
+def test_calibration_retries_a_malformed_body(deepseek):
+    synth = Synthesizer.prepare(deepseek)
+    with SimProcess(sim_command("deepseek-v3", None, "--speed 0")) as sim:
+        real = sim.url
+        with StubServer() as stub:
+            import urllib.request
+
+            def forward(recorded):
+                if recorded.index == 0:
+                    return Reply(200, "{not json")
+                request = urllib.request.Request(
+                    real + recorded.path, data=recorded.body,
+                    headers={"content-type": "application/json"},
+                )  # fmt: skip
+                with urllib.request.urlopen(request) as response:
+                    return json.loads(response.read())
+
+            stub.handler = forward
+            calibration = run(_calibrate(stub.url, synth, ReplyCounter(deepseek)))
+    assert (calibration.initial, calibration.turn) == (9, 35) and calibration.check_ok
+
+
+def test_sim_rejects_a_template_file_and_two_templates(tmp_path, capsys):
+    from batchbench.agent import run_console
+
+    plans = tmp_path / "p.jsonl"
+    plans.write_text(
+        '{"schema_version":1,"trajectory_id":"t","requests":[{"prompt_tokens":40,"output_tokens":4}]}\n'
+    )
+    base = ["--agent-plans-jsonl", str(plans), "--sim"]
+    assert run_console([*base, "--chat-template", str(tmp_path / "t.jinja")], "x") == 2
+    assert "with --sim, --chat-template must be chatml, gemma, llama3 or tokenizer" in (
+        capsys.readouterr().err
+    )
+    both = [*base, "--chat-template", "gemma", "--sim-args", "--chat-template llama3"]
+    assert run_console(both, "x") == 2
+    assert run_console([*base[:2], "--dry-run", "--prompt-oracle", "server"], "x") == 2
+
+
+def test_unreadable_templates_and_cache_files_are_one_line_errors(tmp_path, deepseek):
+    from batchbench.text import synth as synth_module
+    from batchbench.text.chat_templates import TemplateError, load_chat_template
+
+    binary = tmp_path / "bin.jinja"
+    binary.write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(TemplateError, match=r"^cannot read .*bin\.jinja"):
+        load_chat_template(str(binary), deepseek)
+    cache = tmp_path / "table.json"
+    cache.write_text("[1, 2]")
+    assert synth_module._read_table(str(cache)) is None

@@ -114,6 +114,21 @@ def test_show_overheads_prints_three_lines():
     )
 
 
+@pytest.mark.parametrize(
+    ("template", "initial", "turn"), [("chatml", 9, 35), ("gemma", 9, 10), ("llama3", 11, 61)]
+)
+def test_show_overheads_of_each_builtin(template, initial, turn, capsys):
+    """deepseek-v3 (the default tokenizer). Checked by hand against the rendered text:
+    chatml's turn is the tool-call JSON without the id and the markers and role lines;
+    gemma renders no tool call; llama3 adds 61, the call id (11 tokens) twice among them."""
+    assert run_sim(["--show-overheads", "--chat-template", template]) == 0
+    assert capsys.readouterr().out == (
+        f"replay initial overhead: {initial} tokens\n"
+        f"replay turn overhead: {turn} tokens\n"
+        f"flags: --replay-initial-overhead-tokens {initial} --replay-turn-overhead-tokens {turn}\n"
+    )
+
+
 def test_serves_until_sigterm():
     process = subprocess.Popen(
         command("--port", "0", "--dp-ranks", "2", "--model-name", "cli-model"),

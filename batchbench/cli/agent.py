@@ -58,8 +58,9 @@ from batchbench.run.wire import (
     request_headers,
     tool_call_id,
 )
+from batchbench.text.chat_templates import load_chat_template
 from batchbench.text.content import ContentFactory
-from batchbench.text.framing import ContentContext, Framing, ReplyCounter, content_contexts
+from batchbench.text.framing import ContentContext, Framing, ReplyAccounting, content_contexts
 from batchbench.text.synth import Synthesizer
 from batchbench.text.tokenizer import LoadedTokenizer, load_tokenizer
 
@@ -298,14 +299,13 @@ async def _drive(
     factory: ContentFactory,
     pool,
     events,
-    replies: ReplyCounter,
+    replies: ReplyAccounting,
 ) -> LiveRun:
     settings = driver_settings(args, config)
     recorder = Recorder(dp_ranks=config.dp_ranks)
     if args.request_events_jsonl:
         recorder.request_events = JsonlFile(args.request_events_jsonl)
     shutdown = Shutdown(args.grace_seconds)
-    shutdown.install()
     progress = Progress(len(workload), recorder) if progress_wanted(args.no_progress) else None
     background = [asyncio.ensure_future(recorder.sample_lag())]
     if progress is not None:
@@ -329,7 +329,12 @@ async def _drive(
     session = make_session(settings, max_connections)
     try:
         fidelity = Fidelity(
-            Framing(config.framing_initial, config.framing_turn, learn=config.prompt_correction),
+            Framing(
+                config.framing_initial,
+                config.framing_turn,
+                learn=config.prompt_correction,
+                measured=config.framing_measured,
+            ),
             replies if config.prompt_correction else None,
         )
         if config.prompt_oracle == "server":
@@ -341,6 +346,7 @@ async def _drive(
         body = HttpAgentBody(
             settings, workload, factory, pool, session, recorder, shutdown, fidelity
         )
+        shutdown.install()  # after the oracle's detection, which Ctrl+C interrupts as usual
         if config.admission == "open-loop":
             offsets = [0.0] * len(workload)  # schema v1 has no start offsets
             run = run_open_loop(offsets, config.max_active_requested, body, sink, shutdown)
@@ -429,29 +435,27 @@ def sim_chat_template(args) -> str:
     return "chatml"
 
 
-def reply_context_template(args, loaded: LoadedTokenizer) -> tuple[str | None, ContentContext]:
+def reply_context_template(
+    args, loaded: LoadedTokenizer
+) -> tuple[str | None, dict[str, ContentContext] | None]:
     """The server's chat template when the client can know it, and the template text around
-    assistant contents in it (empty when unknown: replies are then counted on their own)."""
+    each part of a message in it (None when unknown: replies are counted on their own)."""
     spec = args.chat_template
     if args.sim:
         spec = sim_chat_template(args)
-    try:
-        from batchbench.text.chat_templates import load_chat_template
-    except ImportError:  # pragma: no cover - the module ships with the package
-        return None, ContentContext()
     if spec is None:
         if not template_beside(loaded):
-            return None, ContentContext()
+            return None, None
         spec = "tokenizer"
     try:
         template = load_chat_template(spec, loaded)
-        context = content_contexts(template, tool_call_id(0, 1))["assistant"]
+        contexts = content_contexts(template, tool_call_id(0, 1))
     except BatchbenchError as exc:
         if args.chat_template is None and not args.sim:
             print(f"warning: {exc}; replies are counted without their template", file=sys.stderr)
-            return None, ContentContext()
+            return None, None
         raise UsageError(f"--chat-template {spec}: {exc}") from None
-    return spec, context
+    return spec, contexts
 
 
 def template_beside(loaded: LoadedTokenizer) -> bool:
@@ -499,8 +503,8 @@ def _run(
 ) -> int:
     loaded = load_tokenizer(args.tokenizer_model or args.model)
     synth = Synthesizer.prepare(loaded)
-    template_name, context = reply_context_template(args, loaded)
-    replies = ReplyCounter(loaded, context)
+    template_name, contexts = reply_context_template(args, loaded)
+    replies = ReplyAccounting.build(loaded, contexts)
     calibration = None
     if args.calibrate:
         calibration = run_calibration(args, loaded, synth, replies)
@@ -524,6 +528,9 @@ def _run(
             "calibration": calibration.as_dict() if calibration is not None else None,
             "framing_initial": overheads[0],
             "framing_turn": overheads[1],
+            "framing_measured": calibration is not None
+            or args.replay_initial_overhead_tokens is not None
+            or args.replay_turn_overhead_tokens is not None,
         },
     )
     if calibration is not None and config.workload_mode == "trajectory_replay":

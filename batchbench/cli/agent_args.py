@@ -162,7 +162,8 @@ def add_chat_template_flag(group) -> None:
         "as the next prompt will render them: chatml, gemma, llama3 (the simulator's "
         "built-ins), `tokenizer` (the chat_template.jinja or tokenizer_config.json beside the "
         "tokenizer file), or a .jinja file (default: the template beside the tokenizer when "
-        "there is one; with --sim, the simulator's, and this flag is passed on to it)",
+        "there is one; with --sim, the simulator's: a built-in name or tokenizer given here "
+        "is passed on to it)",
     )
 
 
@@ -462,6 +463,16 @@ def check_companions(args: argparse.Namespace) -> None:
         raise UsageError("--sim cannot be combined with --dry-run; a dry-run sends nothing")
     if args.prompt_oracle == "server" and not args.prompt_correction:
         raise UsageError("--prompt-oracle server cannot be combined with --no-prompt-correction")
+    if args.prompt_oracle == "server" and args.dry_run:
+        raise UsageError("--prompt-oracle server cannot be combined with --dry-run")
+    if args.sim and args.chat_template is not None:
+        if args.chat_template not in ("chatml", "gemma", "llama3", "tokenizer"):
+            raise UsageError(
+                "with --sim, --chat-template must be chatml, gemma, llama3 or tokenizer "
+                "(the simulator's templates)"
+            )
+        if "--chat-template" in (args.sim_args or ""):
+            raise UsageError("give --chat-template once: as a flag or inside --sim-args, not both")
     if args.calibrate and args.dry_run:
         raise UsageError("--calibrate cannot be combined with --dry-run; a dry-run sends nothing")
 

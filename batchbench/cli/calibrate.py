@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -22,7 +23,7 @@ from batchbench.cli.agent_args import (
 )
 from batchbench.errors import BatchbenchError, UsageError
 from batchbench.run.simlaunch import SimProcess, sim_command
-from batchbench.text.framing import ReplyCounter
+from batchbench.text.framing import ReplyAccounting
 from batchbench.text.synth import Synthesizer
 from batchbench.text.tokenizer import load_tokenizer
 
@@ -86,6 +87,12 @@ def run(argv: Sequence[str], prog: str = "batchbench calibrate") -> int:
     except BatchbenchError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("Error: interrupted", file=sys.stderr)
+        return 130
 
 
 def _calibrate(args) -> int:
@@ -94,7 +101,7 @@ def _calibrate(args) -> int:
         args.tokenizer_model = args.tokenizer_model or SIM_DEFAULT_TOKENIZER
         extra = args.sim_args or ""
         if args.chat_template is not None:
-            extra = f"--chat-template {args.chat_template} {extra}"
+            extra = f"--chat-template {shlex.quote(args.chat_template)} {extra}"
         sim = SimProcess(sim_command(args.tokenizer_model, None, extra or None))
         sim.start()
         args.host = sim.url
@@ -104,8 +111,9 @@ def _calibrate(args) -> int:
         url = resolve_endpoint(args.host, args.endpoint)
         loaded = load_tokenizer(args.tokenizer_model or args.model)
         synth = Synthesizer.prepare(loaded)
-        template, context = reply_context_template(args, loaded)
-        calibration = run_calibration(args, loaded, synth, ReplyCounter(loaded, context))
+        template, contexts = reply_context_template(args, loaded)
+        replies = ReplyAccounting.build(loaded, contexts)
+        calibration = run_calibration(args, loaded, synth, replies)
     finally:
         if sim is not None:
             sim.stop()

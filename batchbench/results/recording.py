@@ -197,6 +197,7 @@ class Recorder:
         planned_output: int,
         fresh: bool,
         framing_initial: int,
+        attempts: int = 1,
     ) -> int:
         """Compare a successful request's usage with its targets; returns the prompt drift.
 
@@ -221,6 +222,9 @@ class Recorder:
             explainable = min(max(framing_initial, 0), served)
         else:
             explainable = min(figures.previous_prompt + figures.previous_completion, served)
+        # An attempt retried after the server had processed it leaves the whole prompt in
+        # the cache for the next attempt.
+        explainable += (attempts - 1) * served
         fidelity.explainable_cached_tokens += explainable
         return drift
 

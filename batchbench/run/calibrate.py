@@ -16,6 +16,7 @@ count.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ import aiohttp
 
 from batchbench.errors import BatchbenchError
 from batchbench.run.wire import (
+    MISSING_USAGE,
+    NO_STREAM_USAGE,
     BodyOptions,
     Conversation,
     Reply,
@@ -32,11 +35,13 @@ from batchbench.run.wire import (
     assistant_with_tool_call,
     body_tail,
     http_error_text,
+    is_retryable_status,
     parse_response,
+    parse_retry_after,
     tool_call_id,
     tool_message,
 )
-from batchbench.text.framing import ReplyCounter
+from batchbench.text.framing import ReplyAccounting
 from batchbench.text.synth import Synthesizer
 
 # (user, reply, tool) tokens of the three solving probes.
@@ -46,7 +51,8 @@ CHECK_USER = 50
 CHECK_TURNS = ((13, 40), (7, 9), (30, 70), (5, 21))
 PROBE_SEED = 0xCA11_B8A7_E000_0000
 PROBE_TAG = "batchbench-calibrate"
-ATTEMPTS = 3
+ATTEMPTS = 4
+BACKOFF_SECONDS = 0.25
 
 
 class CalibrationError(BatchbenchError):
@@ -117,7 +123,7 @@ class _Prober:
         headers: dict[str, str],
         options: BodyOptions,
         synth: Synthesizer,
-        replies: ReplyCounter,
+        replies: ReplyAccounting,
         user_tagging: bool,
     ) -> None:
         self.session = session
@@ -134,30 +140,37 @@ class _Prober:
         return self.synth.text(tokens, self.seed)
 
     async def served(self, conversation: Conversation) -> int:
-        """``usage.prompt_tokens`` of one probe request (transient failures retried)."""
+        """``usage.prompt_tokens`` of one probe request. Transport errors, retryable
+        statuses and unusable bodies are retried with backoff (``Retry-After`` honoured);
+        a server that keeps answering without usage cannot be calibrated."""
         body = conversation.body(body_tail(self.options, 1, self.tag))
         error = ""
-        for _ in range(ATTEMPTS):
+        for attempt in range(ATTEMPTS):
+            wait = None
             try:
                 return (await self._post(body)).prompt_tokens
             except ResponseError as exc:
-                raise CalibrationError(
-                    f"calibration needs usage.prompt_tokens in every response, and {self.url} "
-                    f"sent none ({exc})"
-                ) from None
+                if attempt == ATTEMPTS - 1 and str(exc) in (MISSING_USAGE, NO_STREAM_USAGE):
+                    raise CalibrationError(
+                        "calibration needs usage.prompt_tokens in every response, and "
+                        f"{self.url} sent none ({exc})"
+                    ) from None
+                error = str(exc)
             except _Status as exc:
                 if not exc.retryable:
                     raise CalibrationError(f"calibration probe failed: {exc}") from None
-                error = str(exc)
+                error, wait = str(exc), exc.retry_after
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 error = str(exc) or type(exc).__name__
+            if attempt < ATTEMPTS - 1:
+                await asyncio.sleep(min(max(wait or 0.0, BACKOFF_SECONDS * 2**attempt), 30.0))
         raise CalibrationError(f"calibration probe failed: {error}")
 
     async def _post(self, body: bytes) -> Reply:
         async with self.session.post(self.url, data=body, headers=self.headers) as response:
             status = response.status
             if not 200 <= status < 300:
-                raise _Status(status, await response.read())
+                raise _Status(status, await response.read(), response.headers.get("Retry-After"))
             if not self.options.stream:
                 return parse_response(await response.read())
             assembler = StreamAssembler()
@@ -177,9 +190,10 @@ class _Prober:
 
 
 class _Status(Exception):
-    def __init__(self, status: int, body: bytes) -> None:
+    def __init__(self, status: int, body: bytes, retry_after: str | None = None) -> None:
         super().__init__(http_error_text(status, body))
-        self.retryable = status in (408, 409, 429) or status >= 500
+        self.retryable = is_retryable_status(status)
+        self.retry_after = parse_retry_after(retry_after) if status in (429, 503) else None
 
 
 def _most_common(values: list[int]) -> int:
@@ -192,7 +206,7 @@ async def calibrate(
     headers: dict[str, str],
     options: BodyOptions,
     synth: Synthesizer,
-    replies: ReplyCounter,
+    replies: ReplyAccounting,
     user_tagging: bool = True,
 ) -> Calibration:
     """Solve the initial and per-turn overhead from probes; raises CalibrationError."""

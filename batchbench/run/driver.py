@@ -9,6 +9,7 @@ Texts for the next turn are generated while the request is in flight.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import resource
 import sys
 import time
@@ -49,7 +50,7 @@ from batchbench.run.wire import (
     verbose_response,
 )
 from batchbench.text.content import ContentFactory
-from batchbench.text.framing import Framing, ReplyCounter, trimmed
+from batchbench.text.framing import Framing, ReplyAccounting, trimmed
 
 # Texts up to this many tokens are assembled on the loop (microseconds with the fast
 # method); longer ones, and every text of the repair method, go to the worker pool.
@@ -129,7 +130,7 @@ class Fidelity:
     """How the driver keeps prompts on target (see ``batchbench.run.sizing``)."""
 
     framing: Framing
-    replies: ReplyCounter | None = None  # None: replies replayed as received, not counted
+    replies: ReplyAccounting | None = None  # None: replies replayed as received, not counted
     oracle: PromptOracle | None = None
 
     @property
@@ -204,15 +205,24 @@ class HttpAgentBody:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.pool, make, agent, turn, tokens)
 
-    def _rendered(self, content):
-        """The reply's content as the next prompt renders it: its token count, or a future
-        of it for a long reply (counted on a worker thread during the tool delay)."""
+    def _rendered(self, content, reasoning):
+        """The reply as the next prompt renders it (content and reasoning): its token count,
+        or a future of it for a long reply (counted on a worker thread during the delay)."""
         replies = self.fidelity.replies
-        if not isinstance(content, str):
-            return 0
-        if len(content) <= INLINE_COUNT_CHARACTERS:
-            return replies.count(content)
-        return asyncio.get_running_loop().run_in_executor(self.pool, _count_one, replies, content)
+        size = (len(content) if isinstance(content, str) else 0) + (
+            len(reasoning) if isinstance(reasoning, str) else 0
+        )
+        if size <= INLINE_COUNT_CHARACTERS:
+            return replies.count(content, reasoning)
+        return asyncio.get_running_loop().run_in_executor(
+            self.pool, replies.count, content, reasoning
+        )
+
+    async def _make(self, make: Callable[[int], str], tokens: int) -> str:
+        """A text of ``tokens``, assembled here when cheap, else on a worker thread."""
+        if self._cheap(tokens):
+            return make(tokens)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, make, tokens)
 
     async def _oracle_sized(
         self,
@@ -238,7 +248,7 @@ class HttpAgentBody:
                 sizing = resized
                 break
             sizing = resized
-            text = make(sizing.tokens)
+            text = await self._make(make, sizing.tokens)
         elapsed = time.perf_counter() - started
         self.recorder.fidelity.oracle_seconds.append(elapsed)
         self.recorder.fidelity.oracle_queries = oracle.queries
@@ -333,6 +343,10 @@ class HttpAgentBody:
                 )
             planned_output = int(output[request])
             body = conversation.body(body_tail(settings.body, planned_output, tag))
+            if sizing.correction:
+                recorder.fidelity.corrected_requests += 1
+            if sizing.note is not None:
+                recorder.fidelity.limited_requests += 1
 
             if tag_error:
                 reply, error, attempts, started, elapsed = None, ROUTING_KEY_HEADER_ERROR, 0, 0, 0
@@ -358,18 +372,21 @@ class HttpAgentBody:
                     framing.observe_turn(served - previous[0] - previous[1] - previous[2])
             recorder.request_succeeded(figures, rank, reply, elapsed)
             recorder.request_fidelity(
-                figures, turn, sizing.target, reply, planned_output, fresh, framing.initial
-            )
+                figures, turn, sizing.target, reply, planned_output, fresh, framing.initial,
+                attempts,
+            )  # fmt: skip
             recorder.request_done(figures, reply)
 
             content = reply.message.get("content")
+            reasoning = reply.message.get("reasoning_content")
             counting = None
             if appends and correct:
-                content = trimmed(content)
-                counting = self._rendered(content)
+                content, reasoning = trimmed(content), trimmed(reasoning)
+                counting = self._rendered(content, reasoning)
 
             async def next_turn(
-                turn=turn, served=served, reply=reply, content=content, counting=counting,
+                turn=turn, served=served, reply=reply, content=content, reasoning=reasoning,
+                counting=counting,
                 following_reset=following_reset, reset_pending=reset_pending,
                 next_planned=next_planned, env_pending=env_pending, env_planned=env_planned,
             ):  # fmt: skip
@@ -395,7 +412,7 @@ class HttpAgentBody:
                     env_pending, env_planned, factory.environment, agent, turn, sizing.tokens
                 )
                 assistant = (
-                    assistant_with_tool_call(reply.message, call, content)
+                    assistant_with_tool_call(reply.message, call, content, reasoning)
                     if correct
                     else assistant_with_tool_call(reply.message, call)
                 )
@@ -418,15 +435,23 @@ class HttpAgentBody:
             if turn < last and (delay > 0 or fidelity.oracle is not None):
                 building = asyncio.ensure_future(next_turn())
             whole = True
-            if delay > 0:
-                began = time.perf_counter()
-                whole = await shutdown.sleep(delay)
-                recorder.tool_slept(time.perf_counter() - began if not whole else delay)
-            rendered = await counting if isinstance(counting, asyncio.Future) else counting
+            rendered = counting if not isinstance(counting, asyncio.Future) else None
+            try:
+                if delay > 0:
+                    began = time.perf_counter()
+                    whole = await shutdown.sleep(delay)
+                    recorder.tool_slept(time.perf_counter() - began if not whole else delay)
+                if isinstance(counting, asyncio.Future):
+                    rendered = await counting
+            except asyncio.CancelledError:
+                # Cut off during the delay: the request itself succeeded and is reported;
+                # the next one, half built, is abandoned.
+                event(request, reply, started, elapsed, attempts, "ok", None, rendered)
+                await _abandon(building)
+                raise
             event(request, reply, started, elapsed, attempts, "ok", None, rendered)
             if not whole:
-                if building is not None:
-                    building.cancel()
+                await _abandon(building)
                 return INTERRUPTED
             if turn == last:
                 break
@@ -437,10 +462,6 @@ class HttpAgentBody:
             if fresh:
                 figures.previous_prompt = 0
                 figures.previous_completion = 0
-            if sizing.correction:
-                recorder.fidelity.corrected_requests += 1
-            if sizing.note is not None:
-                recorder.fidelity.limited_requests += 1
         return COMPLETED
 
     # -- one logical request ------------------------------------------------------------
@@ -547,8 +568,14 @@ class HttpAgentBody:
         )
 
 
-def _count_one(replies: ReplyCounter, content: str) -> int:
-    return replies.count_many([content])[0]
+async def _abandon(task: asyncio.Future | None) -> None:
+    """Cancel a half-built next request and collect its outcome, so no error of it goes
+    unretrieved."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
 
 
 def _fresh_body(model: str) -> Callable[[str], bytes]:

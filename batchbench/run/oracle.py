@@ -69,7 +69,10 @@ class PromptOracle:
                 self.protocol = "llamacpp"
                 return self.protocol
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise OracleError(f"--prompt-oracle server: cannot reach {self._root}: {exc}") from None
+            detail = str(exc) or type(exc).__name__
+            raise OracleError(
+                f"--prompt-oracle server: cannot reach {self._root}: {detail}"
+            ) from None
         raise OracleError(
             f"--prompt-oracle server: {self._root} counts no conversations (neither vLLM's "
             "POST /tokenize with messages nor llama.cpp's POST /apply-template answered); "
@@ -97,7 +100,7 @@ class PromptOracle:
                 raise OracleError(f"/tokenize answered {status}")
             return count  # type: ignore[return-value]
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise OracleError(f"count request failed: {exc}") from None
+            raise OracleError(f"count request failed: {str(exc) or type(exc).__name__}") from None
         finally:
             self.queries += 1
             self.seconds += time.perf_counter() - started

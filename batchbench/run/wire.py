@@ -176,14 +176,16 @@ def normalized_assistant(message: dict) -> dict:
 _KEEP = object()
 
 
-def assistant_with_tool_call(message: dict, call_id: str, content=_KEEP) -> bytes:
+def assistant_with_tool_call(message: dict, call_id: str, content=_KEEP, reasoning=_KEEP) -> bytes:
     """§5.9: the normalized reply carrying the synthetic ``environment`` tool call.
 
-    ``content`` replaces the reply's content (the driver sends it trimmed, the way the
-    prompt correction counted it)."""
+    ``content`` and ``reasoning`` replace the reply's content and ``reasoning_content``
+    (the driver sends them trimmed, the way the prompt correction counted them)."""
     normalized = normalized_assistant(message)
     if content is not _KEEP:
         normalized["content"] = content
+    if reasoning is not _KEEP and "reasoning_content" in normalized:
+        normalized["reasoning_content"] = reasoning
     normalized["tool_calls"] = [
         {
             "id": call_id,

@@ -39,6 +39,17 @@ def _assistant(text: str, agent: int, invocation: int) -> dict[str, Any]:
     }
 
 
+def _content(synth: Synthesizer, n: int, seed: int) -> tuple[str, int]:
+    """A probe content and its tokens. Synthesized text with whitespace at an end is
+    stripped and recounted: templates that trim (gemma, llama3, most model templates)
+    would drop that whitespace, and the probe must measure framing, not trimming."""
+    text = synth.text(n, seed)
+    stripped = text.strip()
+    if stripped == text:
+        return text, n
+    return stripped, synth.loaded.count(stripped)
+
+
 def measure_overheads(loaded: LoadedTokenizer, template: str) -> tuple[int, int]:
     """(initial overhead, turn overhead) in tokens; raises when they are not constant."""
     counter = load_counter(loaded, template)
@@ -46,21 +57,22 @@ def measure_overheads(loaded: LoadedTokenizer, template: str) -> tuple[int, int]
     initials: set[int] = set()
     turns: set[int] = set()
     seed = 0
-    for prompt, reply, environment in PROBE_SIZES:
+    for prompt_size, reply_size, environment_size in PROBE_SIZES:
         for agent in PROBE_AGENTS:
             seed += 1
-            messages: list[dict[str, Any]] = [{"role": "user", "content": synth.text(prompt, seed)}]
+            text, prompt = _content(synth, prompt_size, seed)
+            messages: list[dict[str, Any]] = [{"role": "user", "content": text}]
             previous = counter.count(messages).prompt_tokens
             initials.add(previous - prompt)
             for invocation in range(1, PROBE_TURNS + 1):
-                messages.append(
-                    _assistant(synth.text(reply, seed * 100 + invocation), agent, invocation)
-                )
+                text, reply = _content(synth, reply_size, seed * 100 + invocation)
+                messages.append(_assistant(text, agent, invocation))
+                text, environment = _content(synth, environment_size, seed * 1000 + invocation)
                 messages.append(
                     {
                         "role": "tool",
                         "tool_call_id": tool_call_id(agent, invocation),
-                        "content": synth.text(environment, seed * 1000 + invocation),
+                        "content": text,
                     }
                 )
                 current = counter.count(messages).prompt_tokens

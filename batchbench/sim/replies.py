@@ -171,8 +171,9 @@ class ModelReplyText:
         # A model's first token rarely starts with a space: the first token comes from
         # the ids whose text, first in a sequence, starts with a visible character.
         self._firsts = np.array([f for f in firsts if not f[0].isspace()] or firsts, dtype=object)
-        self._spaces = [text for _, text in spaces] or [" "]
+        # Each id's string is computed once: a reply costs a few draws and a join.
         self._newlines = [text for _, text in newlines] or ["\n"]
+        self._whitespace = ([text for _, text in spaces] or [" "]) + self._newlines
 
     @staticmethod
     def _anchor(loaded: LoadedTokenizer, ids: list[int]) -> int:
@@ -187,17 +188,14 @@ class ModelReplyText:
         """The reply's tokens as strings, in order."""
         if tokens <= 0:
             return []
-        picks = draw_indices(seed ^ _IDS, tokens, len(self._words)).tolist()
+        picks = draw_indices(seed ^ _IDS, tokens, len(self._words))
         first = int(draw_indices(seed ^ _IDS, 1, len(self._firsts))[0])
-        strings = [self._firsts[first], *self._words[picks[1:]].tolist()]
-        leading = int(draw_indices(seed ^ _LEADING, 1, 4)[0]) == 0
-        trailing = int(draw_indices(seed ^ _TRAILING, 1, 4)[0]) == 0
-        if leading:
-            whitespace = self._spaces + self._newlines
+        strings = self._words[picks].tolist()
+        strings[0] = self._firsts[first]
+        if int(draw_indices(seed ^ _LEADING, 1, 4)[0]) == 0:
+            whitespace = self._whitespace
             strings[0] = whitespace[int(draw_indices(seed, 1, len(whitespace))[0])]
-            if tokens > 1:
-                strings[1] = self._words[picks[1]]
-        if trailing and tokens > 1:
+        if tokens > 1 and int(draw_indices(seed ^ _TRAILING, 1, 4)[0]) == 0:
             strings[-1] = self._newlines[int(draw_indices(seed ^ 1, 1, len(self._newlines))[0])]
         return strings
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from tokenizers import Tokenizer
 
 from batchbench import __version__
 from batchbench.sim.faults import FAULT_ORDER, Fault, FaultPlan
@@ -97,6 +98,7 @@ class SimServer:
         self.started = time.time()
         self._ids = itertools.count(1)
         self._least_loaded_turns = itertools.count()  # rotates ties among idle ranks
+        self._plain: Tokenizer | None = None  # built on the first parse_special=false
 
     # --- the application -----------------------------------------------------------------
 
@@ -138,7 +140,8 @@ class SimServer:
         return web.Response(body=orjson.dumps(body), content_type=JSON)
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        """vLLM-style ``/tokenize``: the rendered chat prompt's ids and count."""
+        """``/tokenize`` in vLLM's forms (``messages``: the rendered chat prompt's ids and
+        count; ``prompt``: a text's) and in llama.cpp's (``content``: ``tokens``)."""
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError:
@@ -161,17 +164,15 @@ class SimServer:
                 )
                 ids = encoding.ids
             elif isinstance(body.get("content"), str):
-                # llama.cpp's form: {"content", "add_special"} -> {"tokens"}; with
-                # add_special the template's leading marker (BOS) is added, as llama.cpp
-                # adds the BOS that /apply-template leaves out.
-                text = body["content"]
-                prefix = getattr(self.counter.template, "prefix", "")
-                if body.get("add_special") is True and prefix and not text.startswith(prefix):
-                    text = prefix + text
-                encoding = await loop.run_in_executor(
-                    None, partial(self.counter.tokenizer.encode, add_special_tokens=False), text
+                # llama.cpp's form: {"content", "add_special", "parse_special"} -> {"tokens"}
+                tokens = await loop.run_in_executor(
+                    None,
+                    self._llama_cpp_tokens,
+                    body["content"],
+                    body.get("add_special") is True,
+                    body.get("parse_special", True) is not False,
                 )
-                return web.Response(body=orjson.dumps({"tokens": encoding.ids}), content_type=JSON)
+                return web.Response(body=orjson.dumps({"tokens": tokens}), content_type=JSON)
             else:
                 return _error(400, "tokenize needs messages, a prompt or a content string")
         except (RequestError, TemplateError) as exc:
@@ -181,6 +182,25 @@ class SimServer:
             body=orjson.dumps({"count": len(ids), "max_model_len": limit, "tokens": ids}),
             content_type=JSON,
         )
+
+    def _llama_cpp_tokens(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        """llama.cpp's tokenization: with ``add_special`` the template's leading BOS (the
+        text ``/apply-template`` leaves out) is added back; without ``parse_special``
+        special-token text is encoded as plain text."""
+        prefix = self.counter.template.prefix
+        ids: list[int] = []
+        if add_special and prefix and not (parse_special and text.startswith(prefix)):
+            ids = self.counter.tokenizer.encode(prefix, add_special_tokens=False).ids
+        tokenizer = self.counter.tokenizer if parse_special else self._plain_tokenizer()
+        return ids + tokenizer.encode(text, add_special_tokens=False).ids
+
+    def _plain_tokenizer(self) -> Tokenizer:
+        """A copy of the counting tokenizer that encodes special-token text as text."""
+        if self._plain is None:
+            plain = Tokenizer.from_str(self.counter.tokenizer.to_str())
+            plain.encode_special_tokens = True
+            self._plain = plain
+        return self._plain
 
     async def apply_template(self, request: web.Request) -> web.Response:
         """llama.cpp-style ``/apply-template``: the rendered prompt (with the generation
@@ -196,7 +216,7 @@ class SimServer:
             text = self.counter.render(_messages(body), True, body.get("tools"))
         except (RequestError, TemplateError) as exc:
             return _error(400, str(exc))
-        prefix = getattr(self.counter.template, "prefix", "")
+        prefix = self.counter.template.prefix
         if prefix and text.startswith(prefix):
             text = text[len(prefix) :]
         return web.Response(body=orjson.dumps({"prompt": text}), content_type=JSON)

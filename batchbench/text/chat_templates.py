@@ -20,18 +20,20 @@ Built-in templates (per-message, so a growing conversation is counted incrementa
   Templates that render ids are why the client keeps its ids' width fixed.
 
 Jinja templates (``tokenizer``: the ``chat_template.jinja`` beside the tokenizer file, else
-the ``chat_template`` of its ``tokenizer_config.json``; or a ``.jinja`` file) render as
-transformers does, after the tool-call ``arguments`` JSON strings are parsed into objects,
-as vLLM and SGLang do before rendering (modern templates iterate them as mappings).
+the ``chat_template`` of its ``tokenizer_config.json``; or a ``.jinja`` file) render in
+transformers' environment, on the conversation vLLM hands them: tool-call ``arguments``
+JSON strings parsed into objects (modern templates iterate them as mappings), contents
+as strings, or as lists of text parts for templates that loop over a message's content.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from batchbench.errors import BatchbenchError
 from batchbench.text.tokenizer import LoadedTokenizer
@@ -42,6 +44,25 @@ TEMPLATE_CHOICES = (*BUILTIN_TEMPLATES, "tokenizer")
 
 class TemplateError(BatchbenchError):
     """A request the template cannot render, or a template that cannot be loaded."""
+
+
+@runtime_checkable
+class ChatTemplate(Protocol):
+    """How a server turns a conversation into the prompt text it tokenizes."""
+
+    name: str
+    # Strings the server's tokenizer treats as added tokens: they split the text before
+    # pre-tokenization, so nothing merges across them.
+    markers: frozenset[str]
+    # Text every prompt starts with (the BOS marker, when the template prints one);
+    # llama.cpp's /apply-template leaves it out and /tokenize's add_special puts it back.
+    prefix: str
+
+    def render(
+        self, messages: Sequence[Any], add_generation_prompt: bool = True, tools: Any = None
+    ) -> str:
+        """The whole prompt, special-token text included."""
+        ...
 
 
 # ---------------------------------------------------------------------------------------
@@ -188,7 +209,7 @@ class GemmaTemplate(BuiltinTemplate):
     trims = True
 
     def segments(self, messages: Sequence[Any], tools: Any = None) -> list[str]:
-        system = ""
+        system: str | None = None  # the text put in front of the first other turn
         lines = _tools_lines(tools)
         if lines is not None:
             system = f"Tools:\n{lines}"
@@ -197,13 +218,13 @@ class GemmaTemplate(BuiltinTemplate):
             role = _role(message)
             if role == "system" and index == 0:
                 text = self._content(message)
-                system = f"{system}\n\n{text}" if system else text
+                system = text if system is None else f"{system}\n\n{text}"
                 continue
             turn = "model" if role == "assistant" else "user"
             _calls(message)  # validated, not rendered: Gemma-3 has no tool-call syntax
-            head = f"{system}\n\n" if system and not out else ""
+            head = f"{system}\n\n" if system is not None and not out else ""
             out.append(f"<start_of_turn>{turn}\n{head}{self._content(message)}<end_of_turn>\n")
-        if system and not out:
+        if system is not None and not out:
             out.append(f"<start_of_turn>user\n{system}\n\n<end_of_turn>\n")
         return out
 
@@ -281,71 +302,239 @@ def _raise_template_error(message: str) -> None:
     raise TemplateError(f"chat_template raised: {message}")
 
 
-def _token_text(value: Any) -> str:
+def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
-        return str(value.get("content", ""))
-    return value if isinstance(value, str) else ""
+        value = value.get("content")
+    return value if isinstance(value, str) else None
 
 
-def for_template(messages: Sequence[Any]) -> list[Any]:
-    """Copies of the messages with every assistant tool call's arguments parsed into an
-    object (vLLM's and SGLang's preprocessing); the caller's messages are left alone."""
+# Special tokens transformers passes to every template render (its special_tokens_map).
+_SPECIAL_TOKEN_KEYS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+# Content part types whose text vLLM keeps (images and audio are not simulated).
+_TEXT_PART_TYPES = ("text", "input_text", "output_text", "refusal", "thinking")
+
+
+@functools.cache
+def _environment() -> Any:
+    """transformers' Jinja environment for chat templates: sandboxed, trim_blocks,
+    lstrip_blocks, loop controls, its tojson, raise_exception, strftime_now, and the
+    ``{% generation %}`` tag (assistant-mask templates use it; it renders its body)."""
+    try:
+        import jinja2
+        import jinja2.ext
+        import jinja2.sandbox
+    except ImportError:
+        raise TemplateError(
+            "rendering a model's chat template needs jinja2: pip install 'batchbench[templates]'"
+        ) from None
+
+    class GenerationTag(jinja2.ext.Extension):
+        tags: ClassVar[set[str]] = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[GenerationTag, jinja2.ext.loopcontrols],
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_template_error
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+def _reads(node: Any, names: set[str], key: str | None = None) -> bool:
+    """Whether ``node`` reads one of ``names`` (or its ``key`` item), possibly through
+    filters, tests or a slice, as vLLM's content-format detection matches them."""
+    import jinja2.nodes as nodes
+
+    while (isinstance(node, nodes.Filter | nodes.Test) and node.node is not None) or (
+        isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Slice)
+    ):
+        node = node.node
+    if key is not None:
+        if isinstance(node, nodes.Getitem):
+            matched = isinstance(node.arg, nodes.Const) and node.arg.value == key
+        elif isinstance(node, nodes.Getattr):
+            matched = node.attr == key
+        else:
+            return False
+        return matched and _reads(node.node, names)
+    return isinstance(node, nodes.Name) and node.ctx == "load" and node.name in names
+
+
+def detect_content_format(source: str) -> str:
+    """``openai`` when the template loops over a message's ``content`` (it then gets
+    lists of ``{"type": "text", "text": ...}`` parts), else ``string`` (vLLM's "auto"
+    detection; a template that does not parse counts as ``string``)."""
+    import jinja2
+    import jinja2.nodes as nodes
+
+    try:
+        tree = _environment().parse(source)
+    except jinja2.TemplateError:
+        return "string"
+    # Names holding the messages (``{% set history = messages[1:] %}`` and so on).
+    conversation = {"messages"}
+    assigns = list(tree.find_all(nodes.Assign))
+    grown = True
+    while grown:
+        grown = False
+        for assign in assigns:
+            target = assign.target
+            if (
+                isinstance(target, nodes.Name)
+                and target.name not in conversation
+                and _reads(assign.node, conversation)
+            ):
+                conversation.add(target.name)
+                grown = True
+    loops = list(tree.find_all(nodes.For))
+    message_names = {
+        loop.target.name
+        for loop in loops
+        if isinstance(loop.target, nodes.Name) and _reads(loop.iter, conversation)
+    }
+    for loop in loops:
+        if _reads(loop.iter, message_names, "content"):
+            return "openai"
+    return "string"
+
+
+_TEXT_FIELDS = {
+    "text": "text",
+    "input_text": "text",
+    "output_text": "text",
+    "refusal": "refusal",
+    "thinking": "thinking",
+}
+
+
+def _text_parts(content: Any) -> list[str]:
+    """The texts of a message content: a string, null, or a list of text parts."""
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [content]
+    if not isinstance(content, list):
+        raise TemplateError("message content must be a string, null or a list of text parts")
+    texts = []
+    for part in content:
+        if isinstance(part, str):
+            texts.append(part)
+            continue
+        field = _TEXT_FIELDS.get(part.get("type", "text")) if isinstance(part, dict) else None
+        text = part.get(field) if field else None
+        if not isinstance(text, str):
+            raise TemplateError("message content parts must be text")
+        texts.append(text)
+    return texts
+
+
+def _parsed_calls(calls: list[Any]) -> list[Any]:
+    """Copies of tool calls with their arguments parsed (see :func:`parsed_arguments`)."""
+    out = []
+    for call in calls:
+        if isinstance(call, dict) and isinstance(call.get("function"), dict):
+            function = dict(call["function"])
+            function["arguments"] = parsed_arguments(function.get("arguments"))
+            call = {**call, "function": function}
+        out.append(call)
+    return out
+
+
+def for_template(messages: Sequence[Any], content_format: str = "string") -> list[dict[str, Any]]:
+    """The conversation vLLM hands a chat template, as copies (the caller's messages are
+    left alone): role and content; an assistant's tool calls with their ``arguments``
+    parsed into objects (modern templates iterate them as mappings; an empty list is
+    dropped) and its reasoning; a tool message's ``tool_call_id``; a message's ``name``.
+    Other fields are dropped. A content becomes one string (text parts joined by "\n",
+    null as ""), or for ``openai``-format templates a list of text parts (tool results
+    stay strings, as vLLM keeps them)."""
     out = []
     for message in messages:
-        if isinstance(message, dict) and isinstance(message.get("tool_calls"), list):
-            message = dict(message)
-            calls = []
-            for call in message["tool_calls"]:
-                if isinstance(call, dict) and isinstance(call.get("function"), dict):
-                    function = dict(call["function"])
-                    function["arguments"] = parsed_arguments(function.get("arguments"))
-                    call = {**call, "function": function}
-                calls.append(call)
-            message["tool_calls"] = calls
-        out.append(message)
+        role = _role(message)
+        texts = _text_parts(message.get("content"))
+        content: Any
+        if content_format == "openai" and role != "tool":
+            content = [{"type": "text", "text": text} for text in texts]
+        else:
+            content = "\n".join(texts)
+        converted: dict[str, Any] = {"role": role, "content": content}
+        if role == "assistant":
+            calls = message.get("tool_calls")
+            if calls is not None and not isinstance(calls, list):
+                raise TemplateError("tool_calls must be a list")
+            if calls:
+                converted["tool_calls"] = _parsed_calls(calls)
+            reasoning = message.get("reasoning", message.get("reasoning_content"))
+            if reasoning is not None:
+                converted["reasoning"] = converted["reasoning_content"] = reasoning
+        elif role == "tool" and "tool_call_id" in message:
+            converted["tool_call_id"] = message["tool_call_id"]
+        if isinstance(message.get("name"), str):
+            converted["name"] = message["name"]
+        out.append(converted)
     return out
 
 
 class JinjaTemplate:
-    """A model's own chat template, rendered the way transformers and vLLM render it."""
+    """A model's own chat template, rendered as vLLM renders it (see :func:`for_template`)
+    in transformers' environment, with the tokenizer config's special tokens."""
 
     def __init__(
         self, source: str, config: dict[str, Any], name: str, loaded: LoadedTokenizer
     ) -> None:
+        import jinja2
+
         try:
-            import jinja2
-            import jinja2.sandbox
-        except ImportError:
-            raise TemplateError(
-                "rendering a model's chat template needs jinja2: "
-                "pip install 'batchbench[templates]'"
-            ) from None
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
-        env.filters["tojson"] = _tojson
-        env.globals["raise_exception"] = _raise_template_error
-        env.globals["strftime_now"] = _strftime_now
-        try:
-            self._template = env.from_string(source)
+            self._template = _environment().from_string(source)
         except jinja2.TemplateError as exc:
             raise TemplateError(f"cannot compile the chat template {name}: {exc}") from None
         self._specials = {
-            key: _token_text(config.get(key)) for key in ("bos_token", "eos_token", "pad_token")
+            key: text
+            for key in _SPECIAL_TOKEN_KEYS
+            if (text := _token_text(config.get(key))) is not None
         }
         self.name = name
+        self.content_format = detect_content_format(source)
         added = loaded.tokenizer.get_added_tokens_decoder()
         self.markers = frozenset(token.content for token in added.values() if token.content)
+        self.prefix = self._leading_bos()
+
+    def _leading_bos(self) -> str:
+        """The BOS text when the template starts its prompts with it, else ""."""
+        bos = self._specials.get("bos_token", "")
+        if not bos:
+            return ""
+        try:
+            text = self.render([{"role": "user", "content": "x"}])
+        except TemplateError:
+            return ""
+        return bos if text.startswith(bos) else ""
 
     def render(
         self, messages: Sequence[Any], add_generation_prompt: bool = True, tools: Any = None
     ) -> str:
         if tools is not None and not isinstance(tools, list):
             raise TemplateError("tools must be a list of objects")
+        conversation = for_template(messages, self.content_format)
         try:
             return self._template.render(
-                messages=for_template(messages),
-                tools=tools or None,
+                messages=conversation,
+                tools=tools,
+                documents=None,
                 add_generation_prompt=add_generation_prompt,
                 **self._specials,
             )
@@ -366,14 +555,14 @@ def read_template_files(directory: Path) -> tuple[str, dict[str, Any], str]:
     if config_path.is_file():
         try:
             config = json.loads(config_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError) as exc:  # ValueError covers bad UTF-8 and bad JSON
             raise TemplateError(f"cannot read {config_path}: {exc}") from None
         if not isinstance(config, dict):
             raise TemplateError(f"cannot read {config_path}: not a JSON object")
     if jinja_path.is_file():
         try:
             return jinja_path.read_text(encoding="utf-8"), config, str(jinja_path)
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:
             raise TemplateError(f"cannot read {jinja_path}: {exc}") from None
     if not config_path.is_file():
         raise TemplateError(
@@ -388,7 +577,7 @@ def read_template_files(directory: Path) -> tuple[str, dict[str, Any], str]:
     return template, config, str(config_path)
 
 
-def load_chat_template(spec: str, loaded: LoadedTokenizer) -> BuiltinTemplate | JinjaTemplate:
+def load_chat_template(spec: str, loaded: LoadedTokenizer) -> ChatTemplate:
     """``chatml``, ``gemma``, ``llama3``, ``tokenizer`` (the template beside the tokenizer
     file), a ``.jinja`` file, or a directory holding a template (see
     :func:`read_template_files`)."""
@@ -408,7 +597,7 @@ def load_chat_template(spec: str, loaded: LoadedTokenizer) -> BuiltinTemplate | 
     if path.is_file():
         try:
             return JinjaTemplate(path.read_text(encoding="utf-8"), {}, str(path), loaded)
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:
             raise TemplateError(f"cannot read {path}: {exc}") from None
     raise TemplateError(
         f"unknown chat template {spec!r}; expected one of {', '.join(TEMPLATE_CHOICES)}, "

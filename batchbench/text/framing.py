@@ -28,6 +28,7 @@ from batchbench.text.tokenizer import LoadedTokenizer
 _ASSISTANT_SENTINEL = "Qzxassistantsentinelq"
 _TOOL_SENTINEL = "Qzxtoolsentinelq"
 _USER_SENTINEL = "Qzxusersentinelq"
+_REASONING_SENTINEL = "Qzxreasoningsentinelq"
 
 
 class RendersChat(Protocol):
@@ -48,6 +49,7 @@ class ContentContext:
 
     before: str = ""
     after: str = ""
+    rendered: bool = True  # False: the template drops this text, so it costs nothing
 
 
 def _probe_conversation(call_id: str) -> list[dict[str, Any]]:
@@ -56,6 +58,7 @@ def _probe_conversation(call_id: str) -> list[dict[str, Any]]:
         {
             "role": "assistant",
             "content": _ASSISTANT_SENTINEL,
+            "reasoning_content": _REASONING_SENTINEL,
             "tool_calls": [
                 {
                     "id": call_id,
@@ -71,7 +74,7 @@ def _probe_conversation(call_id: str) -> list[dict[str, Any]]:
 def _around(text: str, sentinel: str, markers: frozenset[str]) -> ContentContext:
     at = text.find(sentinel)
     if at < 0:
-        return ContentContext()
+        return ContentContext(rendered=False)
     end = at + len(sentinel)
     start = 0
     for marker in markers:
@@ -87,13 +90,15 @@ def _around(text: str, sentinel: str, markers: frozenset[str]) -> ContentContext
 
 
 def content_contexts(template: RendersChat, call_id: str) -> dict[str, ContentContext]:
-    """The context of user, assistant and tool contents in a growth conversation rendered
-    by ``template`` (an empty context for a role whose content it does not render)."""
+    """The context of user, assistant, reasoning and tool contents in a growth conversation
+    rendered by ``template`` (``rendered=False`` for a text the template drops; many drop
+    an assistant's ``reasoning_content``, Qwen3.5 renders it after the last user turn)."""
     rendered = template.render(_probe_conversation(call_id), add_generation_prompt=True)
     markers = frozenset(m for m in template.markers if m)
     return {
         "user": _around(rendered, _USER_SENTINEL, markers),
         "assistant": _around(rendered, _ASSISTANT_SENTINEL, markers),
+        "reasoning": _around(rendered, _REASONING_SENTINEL, markers),
         "tool": _around(rendered, _TOOL_SENTINEL, markers),
     }
 
@@ -111,7 +116,8 @@ def _anchor(loaded: LoadedTokenizer) -> str | None:
 
 
 class ReplyCounter:
-    """Counts an assistant reply's content as the next prompt will render it."""
+    """Counts one text of an assistant reply (its content, or its reasoning) as the next
+    prompt will render it; a text the template drops counts 0."""
 
     def __init__(self, loaded: LoadedTokenizer, context: ContentContext | None = None) -> None:
         self._tokenizer = loaded.tokenizer
@@ -130,7 +136,7 @@ class ReplyCounter:
 
     def count(self, content: str | None) -> int:
         """Tokens the (already trimmed) content adds to the prompt."""
-        if not content:
+        if not content or not self.context.rendered:
             return 0
         return self.count_many([content])[0]
 
@@ -138,6 +144,8 @@ class ReplyCounter:
         """``count`` of several contents in one batched encode (it releases the GIL, so a
         worker thread can run it beside the event loop)."""
         context = self.context
+        if not context.rendered:
+            return [0] * len(contents)
         prefix = self._anchor or ""
         texts = [prefix + context.before + text + context.after for text in contents]
         encode = self._fast or self._tokenizer.encode_batch
@@ -149,10 +157,37 @@ class ReplyCounter:
         ]
 
 
+@dataclass(frozen=True)
+class ReplyAccounting:
+    """Counts a whole reply as the next prompt renders it: its content and, where the
+    template renders it, its ``reasoning_content`` (both replayed trimmed)."""
+
+    content: ReplyCounter
+    reasoning: ReplyCounter
+
+    @classmethod
+    def build(
+        cls, loaded: LoadedTokenizer, contexts: dict[str, ContentContext] | None = None
+    ) -> ReplyAccounting:
+        """Counters in the given template contexts; with no known template, both texts
+        are counted on their own (and assumed rendered)."""
+        contexts = contexts or {}
+        return cls(
+            ReplyCounter(loaded, contexts.get("assistant")),
+            ReplyCounter(loaded, contexts.get("reasoning")),
+        )
+
+    def count(self, content: Any, reasoning: Any = None) -> int:
+        total = self.content.count(content) if isinstance(content, str) else 0
+        if isinstance(reasoning, str) and reasoning:
+            total += self.reasoning.count(reasoning)
+        return total
+
+
 def _observe(counts: Counter[int], value: int, current: int) -> int:
     """Count one observation; the new estimate (a value must outnumber the current one)."""
     seen = counts[value] = counts[value] + 1
-    if len(counts) == 1 or (value != current and seen > counts[current]):
+    if value != current and seen > counts[current]:
         return value
     return current
 
@@ -181,14 +216,17 @@ class Framing:
         "turn",
     )
 
-    def __init__(self, initial: int, turn: int, learn: bool = True) -> None:
+    def __init__(self, initial: int, turn: int, learn: bool = True, measured: bool = False) -> None:
+        """``measured``: the values come from flags or calibration, and count as two
+        observations each, so one odd reply cannot displace them; otherwise the first
+        observation replaces them."""
         self.configured_initial = initial
         self.configured_turn = turn
         self.learn = learn
         self.initial = initial  # the current estimates, kept up to date by observe_*
         self.turn = turn
-        self._initial: Counter[int] = Counter()
-        self._turn: Counter[int] = Counter()
+        self._initial: Counter[int] = Counter({initial: 2} if measured else {})
+        self._turn: Counter[int] = Counter({turn: 2} if measured else {})
 
     def observe_initial(self, value: int) -> None:
         if self.learn:

@@ -641,7 +641,7 @@ def _read_table(path: str):
     try:
         with open(path, "rb") as handle:
             document = orjson.loads(handle.read())
-        if document.get("format") != TABLE_FORMAT:
+        if not isinstance(document, dict) or document.get("format") != TABLE_FORMAT:
             return None
         pieces = document["pieces"]
         heads = document["heads"]
