@@ -1,6 +1,7 @@
 """Requests/s of ``batchbench sim`` in zero-latency mode, driven by a closed-loop client.
 
-Run: ``python -m benchmarks.bench_sim [--requests R] [--concurrency C] [--repeat K]``.
+Run: ``python -m benchmarks.bench_sim [--requests R] [--concurrency C] [--repeat K]
+[--reply-text model|exact] [--chat-template NAME]``.
 The simulator runs in its own process (``--speed 0``, one event loop, so one core); the
 client, in this process, keeps C requests in flight on one aiohttp session and sends R
 requests per round. Each round reports the achieved requests/s (bound by this Python
@@ -108,6 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--turns", type=int, default=8, help="turns per grown conversation")
+    parser.add_argument(
+        "--reply-text",
+        choices=("model", "exact"),
+        default="model",
+        help="the simulator's reply text (its --reply-text; default %(default)s)",
+    )
+    parser.add_argument(
+        "--chat-template", default="chatml", help="the simulator's --chat-template (chatml)"
+    )
     args = parser.parse_args(argv)
     try:
         import uvloop
@@ -121,12 +131,15 @@ def main(argv: list[str] | None = None) -> int:
         ("single prompt, SSE (16 chunks)", True, 1),
         (f"{args.turns}-turn conversations, JSON", False, args.turns),
     ]
-    process, url = start_sim([])
+    process, url = start_sim(
+        ["--reply-text", args.reply_text, "--chat-template", args.chat_template]
+    )
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(drive(url, 200, args.concurrency, False, 1))  # warm up
             print(
-                f"batchbench sim --speed 0, {args.requests} requests per round at concurrency "
+                f"batchbench sim --speed 0 --reply-text {args.reply_text} --chat-template "
+                f"{args.chat_template}, {args.requests} requests per round at concurrency "
                 f"{args.concurrency}, median of {args.repeat} rounds"
             )
             print("achieved req/s is bound by this Python client; capacity = 1000 / sim CPU-s")
