@@ -14,19 +14,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batchbench.results.metrics import StreamSamples, median_seconds
 from batchbench.run.wire import (
     BodyOptions,
     Conversation,
     Reply,
     ResponseError,
     StreamAssembler,
-    StreamSamples,
     assistant_with_tool_call,
     backoff_ms,
     body_tail,
     http_error_text,
     is_retryable_status,
-    median_seconds,
     normalized_assistant,
     parse_response,
     parse_retry_after,
@@ -777,7 +776,7 @@ def test_d5_no_content_chunks_no_timing():
     assert reply.gaps is None
     assert reply.tpot is None
     samples = StreamSamples()
-    samples.add(reply)
+    samples.add(reply.ttft, reply.gaps, reply.tpot)
     assert samples == StreamSamples([], [], [])
 
 
@@ -1015,9 +1014,9 @@ def test_verbose_response():
 
 def test_stream_samples_in_ms():
     samples = StreamSamples()
-    samples.add(Reply({}, 1, 3, None, {}, ttft=0.1, gaps=[0.05, 0.02], tpot=0.04))
-    samples.add(Reply({}, 1, 1, None, {}, ttft=0.25, gaps=[], tpot=None))
-    samples.add(Reply({}, 1, 0, None, {}))  # non-streamed: nothing
+    samples.add(0.1, [0.05, 0.02], 0.04)
+    samples.add(0.25, [], None)
+    samples.add(None, None, None)  # non-streamed: nothing
     assert samples.ttft_ms == pytest.approx([100.0, 250.0])
     assert samples.itl_ms == pytest.approx([50.0, 20.0])
     assert samples.tpot_ms == pytest.approx([40.0])

@@ -10,6 +10,14 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from batchbench.cli.argtypes import (
+    finite_above_zero,
+    finite_at_least_zero,
+    int_at_least,
+    rate,
+    status_codes,
+    suggestion,
+)
 from batchbench.errors import BatchbenchError
 from batchbench.sim.faults import Fault, FaultPlan
 from batchbench.sim.overheads import measure_overheads
@@ -38,60 +46,16 @@ thousands of tokens in the batch) / 1000, all divided by --speed. A step process
 --max-num-batched-tokens (one per decoding sequence, the rest chunked prefill)."""
 
 
-def _rate(text: str) -> float:
-    value = _nonnegative_float(text)
-    if value > 1:
-        raise argparse.ArgumentTypeError(f"a rate must be between 0 and 1, got {text}")
-    return value
+class SimArgumentParser(argparse.ArgumentParser):
+    """Usage errors exit 2 with the usage line, and name the closest option to a typo."""
 
-
-def _nonnegative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = _nonnegative_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be greater than zero")
-    return value
-
-
-def _int_at_least(low: int, high: int | None = None):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
-        if high is not None and value > high:
-            raise argparse.ArgumentTypeError(f"must be at most {high}, got {value}")
-        return value
-
-    return parse
-
-
-def _statuses(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated status codes: {text!r}"
-        ) from None
-    if not values or any(not 400 <= v <= 599 for v in values):
-        raise argparse.ArgumentTypeError(f"status codes must be 400..599, got {text!r}")
-    return values
+    def error(self, message: str):  # type: ignore[override]
+        super().error(suggestion(self, message))
 
 
 def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
     defaults = ServingModel()
-    parser = argparse.ArgumentParser(
+    parser = SimArgumentParser(
         prog=prog,
         description=DESCRIPTION,
         epilog=EPILOG,
@@ -102,7 +66,7 @@ def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
     server.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
     server.add_argument(
         "--port",
-        type=_int_at_least(0, 65535),
+        type=int_at_least(0, 65535),
         default=8000,
         help="TCP port; 0 picks a free one (default %(default)s)",
     )
@@ -134,26 +98,30 @@ def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
         "completion_tokens, trim-stable (default %(default)s)",
     )
     server.add_argument(
+        "--model",
         "--model-name",
+        dest="model_name",
         default="batchbench-sim",
-        help="model id listed by /v1/models (requests may name any model) (default %(default)s)",
+        help="model id listed by /v1/models, as --model names it in batchbench-agent "
+        "(requests may name any model; --model-name is the older spelling) "
+        "(default %(default)s)",
     )
     server.add_argument(
         "--default-max-tokens",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=256,
         help="reply cap in tokens when a request sets none (default %(default)s)",
     )
     server.add_argument(
         "--max-model-len",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=262_144,
         help="context length in tokens: a request whose prompt plus max_tokens exceeds it "
         "gets a 400, as vLLM answers (default %(default)s)",
     )
     server.add_argument(
         "--stream-chunk-tokens",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=1,
         help="tokens per streamed content chunk (default %(default)s)",
     )
@@ -166,11 +134,11 @@ def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
 
     model = parser.add_argument_group("serving model (per rank)")
     model.add_argument(
-        "--dp-ranks", type=_int_at_least(1), default=1, help="data-parallel ranks (default 1)"
+        "--dp-ranks", type=int_at_least(1), default=1, help="data-parallel ranks (default 1)"
     )
     model.add_argument(
         "--kv-cache-tokens",
-        type=_int_at_least(0),
+        type=int_at_least(0),
         default=defaults.kv_cache_tokens,
         help="KV pool per rank in tokens, shared by running sequences (which claim their "
         "uncached prompt plus output; admission waits when full) and the prefix cache "
@@ -178,51 +146,51 @@ def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
     )
     model.add_argument(
         "--block-size",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=defaults.block_tokens,
         help="KV block size in tokens; cache hits count whole blocks (default %(default)s)",
     )
     model.add_argument(
         "--prefill-tokens-per-s",
-        type=_positive_float,
+        type=finite_above_zero,
         default=defaults.prefill_tokens_per_s,
         help="prefill throughput in uncached tokens per second (default %(default)g)",
     )
     model.add_argument(
         "--decode-step-ms",
-        type=_nonnegative_float,
+        type=finite_at_least_zero,
         default=defaults.decode_step_ms,
         help="fixed time of one decode step in ms (default %(default)g)",
     )
     model.add_argument(
         "--decode-step-ms-per-seq",
-        type=_nonnegative_float,
+        type=finite_at_least_zero,
         default=defaults.decode_step_ms_per_seq,
         help="extra decode-step time per running sequence in ms (default %(default)g)",
     )
     model.add_argument(
         "--decode-step-ms-per-ktoken",
-        type=_nonnegative_float,
+        type=finite_at_least_zero,
         default=defaults.decode_step_ms_per_ktoken,
         help="extra decode-step time per 1000 tokens of context in the batch, in ms "
         "(attention reads the KV) (default %(default)g)",
     )
     model.add_argument(
         "--max-batch",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=defaults.max_batch,
         help="running sequences per rank; more wait in a FIFO queue (default %(default)s)",
     )
     model.add_argument(
         "--max-num-batched-tokens",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=defaults.max_num_batched_tokens,
         help="tokens one step may process (one per decoding sequence, the rest prefill, "
         "chunked across steps) (default %(default)s)",
     )
     model.add_argument(
         "--speed",
-        type=_nonnegative_float,
+        type=finite_at_least_zero,
         default=defaults.speed,
         help="divides every modelled time; 0 disables modelled time: requests are answered "
         "as soon as they are counted, so batching, prefill and decode settings and the "
@@ -231,50 +199,50 @@ def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
 
     faults = parser.add_argument_group("fault injection (rates are per request, in [0, 1])")
     faults.add_argument(
-        "--fault-seed", type=_int_at_least(0), default=0, help="seed of the fault draws"
+        "--fault-seed", type=int_at_least(0), default=0, help="seed of the fault draws"
     )
     faults.add_argument(
-        "--fault-error-rate", type=_rate, default=0.0, help="answer with an error status"
+        "--fault-error-rate", type=rate, default=0.0, help="answer with an error status"
     )
     faults.add_argument(
         "--fault-error-statuses",
-        type=_statuses,
+        type=status_codes,
         default=(500, 503),
         help="statuses for --fault-error-rate, comma-separated (default 500,503)",
     )
     faults.add_argument(
-        "--fault-429-rate", type=_rate, default=0.0, help="answer 429 with Retry-After"
+        "--fault-429-rate", type=rate, default=0.0, help="answer 429 with Retry-After"
     )
     faults.add_argument(
         "--fault-retry-after-s",
-        type=_int_at_least(0),
+        type=int_at_least(0),
         default=1,
         help="Retry-After seconds on simulated 429s (default %(default)s)",
     )
     faults.add_argument(
-        "--fault-drop-rate", type=_rate, default=0.0, help="cut the connection mid-response"
+        "--fault-drop-rate", type=rate, default=0.0, help="cut the connection mid-response"
     )
     faults.add_argument(
         "--fault-truncate-rate",
-        type=_rate,
+        type=rate,
         default=0.0,
         help="end a stream halfway without usage or [DONE] (non-streamed: no effect)",
     )
     faults.add_argument(
         "--fault-malformed-rate",
-        type=_rate,
+        type=rate,
         default=0.0,
         help="send a body (or one stream chunk) that is not JSON",
     )
     faults.add_argument(
-        "--fault-missing-usage-rate", type=_rate, default=0.0, help="omit usage from the reply"
+        "--fault-missing-usage-rate", type=rate, default=0.0, help="omit usage from the reply"
     )
     faults.add_argument(
-        "--fault-spike-rate", type=_rate, default=0.0, help="delay a request by --fault-spike-ms"
+        "--fault-spike-rate", type=rate, default=0.0, help="delay a request by --fault-spike-ms"
     )
     faults.add_argument(
         "--fault-spike-ms",
-        type=_nonnegative_float,
+        type=finite_at_least_zero,
         default=1000.0,
         help="latency spike in ms, real time whatever --speed (default %(default)g)",
     )
@@ -294,7 +262,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         plan = FaultPlan(
             seed=args.fault_seed,
             rates={kind: rate for kind, rate in rates.items() if rate},
-            error_statuses=args.fault_error_statuses,
+            errorstatus_codes=args.fault_errorstatus_codes,
             retry_after_seconds=args.fault_retry_after_s,
             spike_rate=args.fault_spike_rate,
             spike_ms=args.fault_spike_ms,

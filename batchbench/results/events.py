@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from batchbench.errors import BatchbenchError
-from batchbench.run.engine import TrajectoryRecord
+from batchbench.results.lifecycle import TrajectoryRecord
 
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
 REQUEST_FLUSH_SECONDS = 0.25

@@ -55,3 +55,27 @@ class RunTotals:
     @property
     def total_requests(self) -> int:
         return self.successful_requests + self.failed_requests
+
+
+@dataclass
+class StreamSamples:
+    """Latency samples of successful streamed requests, in milliseconds: time to first token,
+    every gap between content chunks, and time per output token after the first."""
+
+    ttft_ms: list[float] = field(default_factory=list)
+    itl_ms: list[float] = field(default_factory=list)
+    tpot_ms: list[float] = field(default_factory=list)
+
+    def add(self, ttft: float | None, gaps: list[float] | None, tpot: float | None) -> None:
+        """One request's figures in seconds."""
+        if ttft is not None:
+            self.ttft_ms.append(ttft * 1000.0)
+        if gaps:
+            self.itl_ms.extend(gap * 1000.0 for gap in gaps)
+        if tpot is not None:
+            self.tpot_ms.append(tpot * 1000.0)
+
+
+def median_seconds(values: list[float]) -> float | None:
+    """p50 of unsorted seconds by the percentile rule above (the per-trajectory TTFT)."""
+    return percentile(sorted(values), 0.5)

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchbench.results.events import JsonlFile
-from batchbench.results.metrics import RunTotals, percentile
-from batchbench.run.wire import Reply, StreamSamples, median_seconds
+from batchbench.results.metrics import RunTotals, StreamSamples, median_seconds, percentile
 
 LAG_INTERVAL_SECONDS = 0.010
 
@@ -159,10 +158,20 @@ class Recorder:
 
     # -- requests -------------------------------------------------------------------
     def request_succeeded(
-        self, figures: AgentFigures, rank: int | None, reply: Reply, latency: float
+        self,
+        figures: AgentFigures,
+        rank: int | None,
+        prompt: int,
+        completion: int,
+        cached: int | None,
+        latency: float,
+        ttft: float | None = None,
+        gaps: list[float] | None = None,
+        tpot: float | None = None,
     ) -> None:
+        """A request succeeded: the server's usage counts, its latency and, when streamed,
+        its time to first token, gaps between content chunks and time per output token."""
         totals = self.totals
-        prompt, completion = reply.prompt_tokens, reply.completion_tokens
         totals.successful_requests += 1
         totals.total_input_tokens += prompt
         totals.total_output_tokens += completion
@@ -172,15 +181,14 @@ class Recorder:
         figures.successful_requests += 1
         figures.input_tokens += prompt
         figures.output_tokens += completion
-        cached = reply.cached_tokens
         if cached is not None:
             figures.cached_tokens = (figures.cached_tokens or 0) + cached
             self.server_cached_tokens = (self.server_cached_tokens or 0) + cached
-        if reply.ttft is not None:
+        if ttft is not None:
             if figures.ttfts is None:
                 figures.ttfts = []
-            figures.ttfts.append(reply.ttft)
-            self.stream.add(reply)  # gaps and TPOT exist only when a content chunk did
+            figures.ttfts.append(ttft)
+            self.stream.add(ttft, gaps, tpot)  # gaps and TPOT exist only when a content chunk did
         if rank is not None:
             load = self.ranks[rank]
             load.requests += 1
@@ -193,7 +201,8 @@ class Recorder:
         figures: AgentFigures,
         turn: int,
         target: int,
-        reply: Reply,
+        prompt: int,
+        completion: int,
         planned_output: int,
         fresh: bool,
         framing_initial: int,
@@ -205,14 +214,14 @@ class Recorder:
         template's leading framing; otherwise the whole previous prompt plus its reply.
         """
         fidelity = self.fidelity
-        served = reply.prompt_tokens
+        served = prompt
         drift = served - target
         fidelity.prompt.add(drift)
         by_turn = fidelity.prompt_by_turn.get(turn)
         if by_turn is None:
             by_turn = fidelity.prompt_by_turn[turn] = DriftFigures()
         by_turn.add(drift)
-        output_drift = reply.completion_tokens - planned_output
+        output_drift = completion - planned_output
         fidelity.output.add(output_drift)
         if drift == 0:
             figures.prompt_exact += 1
@@ -245,10 +254,30 @@ class Recorder:
         if rank is not None:
             self.ranks[rank].requests += 1
 
-    def request_done(self, figures: AgentFigures, reply: Reply) -> None:
+    def request_done(self, figures: AgentFigures, prompt: int, completion: int) -> None:
         """After the request's figures are recorded: it becomes the agent's previous one."""
-        figures.previous_prompt = reply.prompt_tokens
-        figures.previous_completion = reply.completion_tokens
+        figures.previous_prompt = prompt
+        figures.previous_completion = completion
+
+    def request_sized(self, corrected: bool, limited: bool) -> None:
+        """A request's new content was resized from the plan, or could not reach its target."""
+        if corrected:
+            self.fidelity.corrected_requests += 1
+        if limited:
+            self.fidelity.limited_requests += 1
+
+    def oracle_counted(self, seconds: float, queries: int) -> None:
+        """The server counted a request before it was sent; ``queries`` so far in the run."""
+        self.fidelity.oracle_seconds.append(seconds)
+        self.fidelity.oracle_queries = queries
+
+    def attempt_started(self) -> None:
+        self.in_flight += 1
+        if self.in_flight > self.peak_in_flight:
+            self.peak_in_flight = self.in_flight
+
+    def attempt_ended(self) -> None:
+        self.in_flight -= 1
 
     def tool_slept(self, seconds: float) -> None:
         self.totals.total_tool_call_latency_seconds += seconds

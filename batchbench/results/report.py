@@ -16,10 +16,9 @@ from batchbench.config import RunConfig
 from batchbench.errors import BatchbenchError
 from batchbench.plan.sampling import describe_latency, short_float
 from batchbench.plan.workload import Workload
-from batchbench.results.metrics import RunTotals, percentile, percentiles
+from batchbench.results.metrics import RunTotals, StreamSamples, percentile, percentiles
 from batchbench.results.recording import ClientHealth, DriftFigures, FidelityFigures, RankFigures
 from batchbench.run.engine import EngineResult
-from batchbench.run.wire import StreamSamples
 
 CSV_COLUMNS = (
     "timestamp",

@@ -22,8 +22,8 @@ import aiohttp
 
 from batchbench.errors import BatchbenchError
 from batchbench.plan.workload import Workload
+from batchbench.results.lifecycle import Outcome
 from batchbench.results.recording import Recorder
-from batchbench.run.engine import COMPLETED, FAILED, INTERRUPTED
 from batchbench.run.oracle import PromptOracle
 from batchbench.run.shutdown import Shutdown
 from batchbench.run.sizing import Sizing, TrajectorySizer
@@ -250,8 +250,7 @@ class HttpAgentBody:
             sizing = resized
             text = await self._make(make, sizing.tokens)
         elapsed = time.perf_counter() - started
-        self.recorder.fidelity.oracle_seconds.append(elapsed)
-        self.recorder.fidelity.oracle_queries = oracle.queries
+        self.recorder.oracle_counted(elapsed, oracle.queries)
         return text, sizing, elapsed
 
     async def prepare(self, agent: int) -> Prepared:
@@ -326,7 +325,7 @@ class HttpAgentBody:
 
         for turn, request in enumerate(turns):
             if shutdown.stopped:
-                return INTERRUPTED
+                return Outcome.INTERRUPTED
             invocation = turn + 1
             following_reset = turn < last and bool(reset[turns[turn + 1]])
             appends = turn < last and not following_reset
@@ -343,10 +342,8 @@ class HttpAgentBody:
                 )
             planned_output = int(output[request])
             body = conversation.body(body_tail(settings.body, planned_output, tag))
-            if sizing.correction:
-                recorder.fidelity.corrected_requests += 1
-            if sizing.note is not None:
-                recorder.fidelity.limited_requests += 1
+            if sizing.correction or sizing.note is not None:
+                recorder.request_sized(bool(sizing.correction), sizing.note is not None)
 
             if tag_error:
                 reply, error, attempts, started, elapsed = None, ROUTING_KEY_HEADER_ERROR, 0, 0, 0
@@ -360,22 +357,26 @@ class HttpAgentBody:
             if reply is None:
                 if error is None:  # cut short by the shutdown while waiting to retry
                     event(request, None, started, elapsed, attempts, "cancelled", None)
-                    return INTERRUPTED
+                    return Outcome.INTERRUPTED
                 recorder.request_failed(figures, rank, agent, ident, invocation, error)
                 event(request, None, started, elapsed, attempts, "failed", error)
-                return FAILED
+                return Outcome.FAILED
             served = reply.prompt_tokens
             if correct:
                 if fresh:
                     framing.observe_initial(served - sizing.tokens)
                 elif previous is not None:
                     framing.observe_turn(served - previous[0] - previous[1] - previous[2])
-            recorder.request_succeeded(figures, rank, reply, elapsed)
-            recorder.request_fidelity(
-                figures, turn, sizing.target, reply, planned_output, fresh, framing.initial,
-                attempts,
+            completion = reply.completion_tokens
+            recorder.request_succeeded(
+                figures, rank, served, completion, reply.cached_tokens, elapsed, reply.ttft,
+                reply.gaps, reply.tpot,
             )  # fmt: skip
-            recorder.request_done(figures, reply)
+            recorder.request_fidelity(
+                figures, turn, sizing.target, served, completion, planned_output, fresh,
+                framing.initial, attempts,
+            )  # fmt: skip
+            recorder.request_done(figures, served, completion)
 
             content = reply.message.get("content")
             reasoning = reply.message.get("reasoning_content")
@@ -452,7 +453,7 @@ class HttpAgentBody:
             event(request, reply, started, elapsed, attempts, "ok", None, rendered)
             if not whole:
                 await _abandon(building)
-                return INTERRUPTED
+                return Outcome.INTERRUPTED
             if turn == last:
                 break
             sizing, oracle_seconds, previous = (
@@ -462,7 +463,7 @@ class HttpAgentBody:
             if fresh:
                 figures.previous_prompt = 0
                 figures.previous_completion = 0
-        return COMPLETED
+        return Outcome.COMPLETED
 
     # -- one logical request ------------------------------------------------------------
     async def _send(self, body: bytes, headers: dict[str, str]):
@@ -478,9 +479,7 @@ class HttpAgentBody:
             attempt += 1
             if settings.verbose:
                 self._out.write(f"[AGENT REQUEST] {verbose_request(body)}\n")
-            recorder.in_flight += 1
-            if recorder.in_flight > recorder.peak_in_flight:
-                recorder.peak_in_flight = recorder.in_flight
+            recorder.attempt_started()
             retry_after = None
             try:
                 reply = await (
@@ -500,7 +499,7 @@ class HttpAgentBody:
             except (aiohttp.ClientError, OSError) as exc:
                 error = _transport_text(exc)
             finally:
-                recorder.in_flight -= 1
+                recorder.attempt_ended()
             if attempt >= self._attempts:
                 return None, error, attempt, started, time.perf_counter() - start
             wait = backoff_ms(settings.retry_delay_ms, attempt - 1, retry_after)

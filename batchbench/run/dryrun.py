@@ -6,6 +6,7 @@ import asyncio
 from concurrent.futures import Executor
 
 from batchbench.plan.workload import Workload
+from batchbench.results.lifecycle import Outcome
 from batchbench.text.content import ContentFactory
 
 
@@ -38,7 +39,7 @@ class DryRunBody:
                 produced += len(self.factory.environment(agent, turn))
         return produced
 
-    async def run(self, agent: int, slot: int, prepared: str) -> bool:
+    async def run(self, agent: int, slot: int, prepared: str) -> Outcome:
         loop = asyncio.get_running_loop()
         previous, finished = self._last_finish, loop.create_future()
         self._last_finish = finished
@@ -48,4 +49,4 @@ class DryRunBody:
                 await previous
         finally:
             finished.set_result(None)
-        return True
+        return Outcome.COMPLETED

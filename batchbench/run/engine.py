@@ -11,18 +11,13 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from batchbench.results.lifecycle import EngineResult, Outcome, TrajectoryRecord
 from batchbench.run.admission import ClosedLoopAdmission, SlotPool
 from batchbench.run.shutdown import Shutdown
 
 OPEN_LOOP_LOOKAHEAD = 256
-
-# What ``AgentBody.run`` returns (True and False work as COMPLETED and FAILED).
-FAILED = 0
-COMPLETED = 1
-INTERRUPTED = 2  # cut short by a shutdown (D6): not completed, no failure line
 
 
 class AgentBody(Protocol):
@@ -31,35 +26,8 @@ class AgentBody(Protocol):
     async def prepare(self, agent: int) -> Any:
         """Build the first request's content (may run off the event loop)."""
 
-    async def run(self, agent: int, slot: int, prepared: Any) -> int:
-        """Run every turn; return COMPLETED, FAILED or INTERRUPTED."""
-
-
-@dataclass
-class TrajectoryRecord:
-    """One admitted trajectory's lifecycle on the benchmark clock (seconds)."""
-
-    agent_id: int
-    routing_slot: int
-    scheduled_at: float
-    admitted_at: float
-    finished_at: float = 0.0
-    loop_seconds: float = 0.0
-    completed: bool = False
-    interrupted: bool = False
-    finish_sequence: int = 0
-
-
-@dataclass
-class EngineResult:
-    """Everything admission measured; records are in finish (collection) order."""
-
-    records: list[TrajectoryRecord] = field(default_factory=list)
-    total_duration: float = 0.0
-    max_active_agents: int = 0
-    last_agent_admitted_at: float = 0.0
-    late_admissions: int = 0
-    max_admission_lag: float = 0.0
+    async def run(self, agent: int, slot: int, prepared: Any) -> Outcome:
+        """Run every turn and say how the loop ended."""
 
 
 RecordSink = Callable[[TrajectoryRecord], None]
@@ -107,9 +75,9 @@ async def _run_body(
     except asyncio.CancelledError:
         if not _stopped(shutdown):
             raise
-        outcome = INTERRUPTED
-    record.completed = outcome == COMPLETED
-    record.interrupted = outcome == INTERRUPTED
+        outcome = Outcome.INTERRUPTED
+    record.completed = outcome == Outcome.COMPLETED
+    record.interrupted = outcome == Outcome.INTERRUPTED
     record.loop_seconds = clock.now() - record.admitted_at
     record.finish_sequence = next(finish_order)
     return record

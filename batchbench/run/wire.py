@@ -15,11 +15,9 @@ import itertools
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import orjson
-
-from batchbench.results.metrics import percentile
 
 _DUMPS = orjson.dumps
 _LOADS = orjson.loads
@@ -481,25 +479,3 @@ def verbose_response(reply: Reply) -> str:
     if "content" in message:
         message["content"] = _cut(message["content"])
     return _DUMPS({"choices": [{"message": message}], "usage": reply.usage}).decode()
-
-
-@dataclass
-class StreamSamples:
-    """D5 samples of successful streamed requests, in milliseconds."""
-
-    ttft_ms: list[float] = field(default_factory=list)
-    itl_ms: list[float] = field(default_factory=list)
-    tpot_ms: list[float] = field(default_factory=list)
-
-    def add(self, reply: Reply) -> None:
-        if reply.ttft is not None:
-            self.ttft_ms.append(reply.ttft * 1000.0)
-        if reply.gaps:
-            self.itl_ms.extend(gap * 1000.0 for gap in reply.gaps)
-        if reply.tpot is not None:
-            self.tpot_ms.append(reply.tpot * 1000.0)
-
-
-def median_seconds(values: list[float]) -> float | None:
-    """p50 (§6.8 rule) of unsorted seconds, for the per-trajectory TTFT field."""
-    return percentile(sorted(values), 0.5)
