@@ -1,3 +1,37 @@
-"""batchbench: replay agent trajectories against OpenAI-compatible serving stacks."""
+"""batchbench: replay agent trajectories against OpenAI-compatible serving stacks.
+
+From Python: ``batchbench.run(RunConfig(...)) -> RunResult`` (``run_async`` inside an event
+loop); ``RunConfig.from_args([...])`` takes ``batchbench-agent`` options.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+__all__ = ["ApiKey", "RunConfig", "RunResult", "Summary", "__version__", "run", "run_async"]
+
+if TYPE_CHECKING:
+    from batchbench.api import RunResult, run, run_async
+    from batchbench.config import ApiKey, RunConfig
+    from batchbench.results.summary import Summary
+
+_EXPORTS = {
+    "ApiKey": "batchbench.config",
+    "RunConfig": "batchbench.config",
+    "RunResult": "batchbench.api",
+    "run": "batchbench.api",
+    "run_async": "batchbench.api",
+    "Summary": "batchbench.results.summary",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import the API on first use, so ``import batchbench`` stays cheap for the simulator
+    and the command-line tools."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'batchbench' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -1,52 +1,340 @@
-"""The resolved configuration of one run, built at the command-line edge."""
+"""The resolved configuration of one run: built once (from the command line, a TOML file or
+Python), frozen, and read by every later stage. Changing a value means building a new one
+with ``dataclasses.replace``."""
 
 from __future__ import annotations
 
+import json
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
+from batchbench.errors import UsageError
+from batchbench.plan.sampling import FamilyFlags, resolve_latency_spec, resolve_size_spec
 from batchbench.plan.workload import SampledShape
 
+DEFAULT_MODEL = "Qwen/Qwen3-VL-235B-A22B-Instruct-FP8"
+DEFAULT_HOST = "https://api.openai.com"
+DEFAULT_ENDPOINT = "/v1/chat/completions"
+SIM_DEFAULT_TOKENIZER = "deepseek-v3"
 
-@dataclass
+# (label, option names of the fixed size, log-normal option prefixes, default fixed size)
+SIZE_FAMILIES = (
+    ("input", ("input-tokens", "initial-prompt-tokens"), ("input-lognorm",), 128),
+    ("output", ("output-tokens", "model-response-tokens"), ("output-lognorm",), 64),
+    ("environment", ("environment-tokens",), ("environment-lognorm",), 64),
+    ("tool-invocations", ("tool-invocations",), ("tool-invocations-lognorm",), 4),
+)
+LATENCY_OPTIONS = (
+    "tool-call-latency-ms",
+    "tool-call-latency-lognorm-mu",
+    "tool-call-latency-lognorm-median-ms",
+    "tool-call-latency-lognorm-sigma",
+    "tool-call-latency-lognorm-max-ms",
+)
+
+
+def shape_option_names() -> list[str]:
+    """The 25 sampled-shape options by their main names, in command-line order."""
+    names = []
+    for _label, fixed, lognorm, _default in SIZE_FAMILIES:
+        names.append(fixed[0])
+        names += [f"{lognorm[0]}-{suffix}" for suffix in ("mu", "median", "sigma", "max")]
+    return names + list(LATENCY_OPTIONS)
+
+
+class ApiKey:
+    """An API key whose ``repr`` and ``str`` never show it; ``reveal()`` is the only way out."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "ApiKey('<redacted>')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ApiKey) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(("ApiKey", self._value))
+
+
+def resolve_endpoint(host: str, endpoint: str) -> str:
+    """The request URL: an endpoint that is a full URL replaces the host; otherwise the host
+    (https:// when it names no scheme, trailing slashes dropped) joined with the path."""
+    if endpoint.startswith(("http://", "https://")):
+        url = endpoint
+    else:
+        if not host.startswith(("http://", "https://")):
+            host = "https://" + host
+        url = host.rstrip("/") + "/" + endpoint.lstrip("/")
+    try:
+        parts = urlsplit(url)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+        _ = parts.port  # raises ValueError for a port that is not a number in range
+    except ValueError:
+        valid = False
+    if not valid:
+        raise UsageError(f"invalid endpoint URL: {url}")
+    return url
+
+
+def resolve_shape(options: dict[str, float | int]) -> SampledShape:
+    """The four size families and the tool latency from the given shape options (missing
+    ones take their defaults: fixed 128/64/64 tokens, 4 invocations, no latency)."""
+    specs = {}
+    for label, fixed, lognorm, default in SIZE_FAMILIES:
+        prefix = lognorm[0]
+        flags = FamilyFlags(
+            fixed=options.get(fixed[0]),
+            mu=options.get(f"{prefix}-mu"),
+            median=options.get(f"{prefix}-median"),
+            sigma=options.get(f"{prefix}-sigma"),
+            cap=options.get(f"{prefix}-max"),
+        )
+        specs[label] = resolve_size_spec(label, flags, default)
+    latency = resolve_latency_spec(FamilyFlags(*(options.get(name) for name in LATENCY_OPTIONS)))
+    return SampledShape(
+        input=specs["input"],
+        output=specs["output"],
+        environment=specs["environment"],
+        tool_invocations=specs["tool-invocations"],
+        latency=latency,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunConfig:
-    """What every later stage needs to know; raw flag values are kept for the CSV."""
+    """Everything one run needs, resolved. Field names follow the command-line options
+    (``max_active_agents`` is ``--max-active-agents``); None means "not given" where the
+    reports must show that. ``RunConfig.from_args`` builds one from ``batchbench-agent``
+    arguments; ``batchbench.run(config)`` runs it."""
 
-    model: str
-    tokenizer_model: str
-    host: str
-    endpoint_url: str
-    workload_mode: str  # "synthetic" | "trajectory_replay"
-    agents: int
-    root_seed: int
-    seed_given: int | None
-    max_active_requested: int | None
-    admission: str = "closed-loop"
-    time_scale: float = 1.0
-    manifest_path: str | None = None
-    manifest_sha256: str | None = None
-    initial_overhead: int | None = None
-    turn_overhead: int | None = None
-    shape: SampledShape | None = None
-    sglang: bool = False
-    ignore_eos: bool = False
-    dp_ranks: int | None = None
-    user_tagging: bool = True
-    dry_run: bool = False
-    results_csv: str | None = None
-    agent_events_jsonl: str | None = None
-    latency_flags: tuple = (None, None, None, None, None)
-    tokenizer_source: str = ""
-    schema_version: int | None = None
-    content_salt: str = ""
+    # target
+    model: str = DEFAULT_MODEL
+    host: str = DEFAULT_HOST
+    endpoint: str = DEFAULT_ENDPOINT
+    api_key: ApiKey | None = None
+    api_key_env: str = "OPENAI_API_KEY"  # where the key came from; the key is never written
+    tokenizer_model: str | None = None  # None: the model name (with sim, deepseek-v3)
+    # workload: a manifest, or sampled agents of a shape
+    agent_plans_jsonl: str | None = None
+    agents: int | None = None
+    shape_options: tuple[tuple[str, float | int], ...] = ()  # given shape options by name
+    seed: int | None = None
+    # prompt sizing and fidelity
+    replay_initial_overhead_tokens: int | None = None
+    replay_turn_overhead_tokens: int | None = None
+    calibrate: bool = False
     prompt_correction: bool = True
     prompt_oracle: str = "none"
-    chat_template: str | None = None  # the template replies are counted in, when known
-    calibration: dict | None = None  # ``Calibration.as_dict()`` when --calibrate ran
-    framing_initial: int = 0  # overheads the run starts from (flags, calibration or 0)
-    framing_turn: int = 0
-    framing_measured: bool = False  # from flags or calibration, not a default
+    content_salt: str | None = None  # None: a random salt per run
+    chat_template: str | None = None
+    # admission
+    max_active_agents: int | None = None
+    admission: str | None = None  # None: closed-loop
+    time_scale: float | None = None  # None: 1
+    # routing and identity
+    user_prefix: str | None = None
+    user_tagging: bool = True
+    dp_ranks: int | None = None  # perfect routing over this many ranks
+    # HTTP
+    stream: bool = False
+    request_timeout_secs: int = 60
+    max_retries: int = 2
+    retry_delay_ms: int = 250
+    sglang: bool = False
+    ignore_eos: bool = False
+    verbose: bool = False
+    # run and outputs
+    dry_run: bool = False
+    grace_seconds: float = 5.0
+    progress: bool = False  # a progress bar on stderr when it is a terminal
+    results_csv: str | None = None
+    results_json: str | None = None
+    agent_events_jsonl: str | None = None
+    request_events_jsonl: str | None = None
+    # embedded simulator
+    sim: bool = False
+    sim_dp_ranks: int | None = None
+    sim_args: str | None = None
+
+    # -- derived values ---------------------------------------------------------------
+    @property
+    def endpoint_url(self) -> str:
+        return resolve_endpoint(self.host, self.endpoint)
 
     @property
-    def effective_max_active(self) -> int:
-        requested = self.max_active_requested
-        return self.agents if requested is None else min(requested, self.agents)
+    def replay(self) -> bool:
+        return self.agent_plans_jsonl is not None
+
+    @property
+    def workload_mode(self) -> str:
+        return "trajectory_replay" if self.replay else "synthetic"
+
+    @property
+    def tokenizer(self) -> str:
+        """The tokenizer to load: --tokenizer-model, else the simulator's or the model's."""
+        if self.tokenizer_model:
+            return self.tokenizer_model
+        return SIM_DEFAULT_TOKENIZER if self.sim else self.model
+
+    @property
+    def shape(self) -> SampledShape:
+        """The sampled shape the shape options describe (defaults for the others)."""
+        return resolve_shape(dict(self.shape_options))
+
+    @property
+    def admission_mode(self) -> str:
+        return self.admission or "closed-loop"
+
+    @property
+    def time_scale_factor(self) -> float:
+        return self.time_scale or 1.0
+
+    def option(self, name: str) -> float | int | None:
+        """A sampled-shape option's value by its main name, None when not given."""
+        return dict(self.shape_options).get(name)
+
+    # -- building ---------------------------------------------------------------------
+    @classmethod
+    def from_args(cls, argv: Sequence[str]) -> RunConfig:
+        """A config from ``batchbench-agent`` arguments (``--config run.toml`` included);
+        raises UsageError with the command line's message. ``--help`` prints and exits."""
+        from batchbench.cli.agent_args import config_from_argv
+
+        config = config_from_argv(argv)
+        if config is None:
+            raise SystemExit(0)
+        return config
+
+    def check(self) -> None:
+        """The checks a command line gets after parsing, in the same order and words, for
+        configs built in Python too; raises UsageError."""
+        if self.replay and self.agents is not None:
+            raise UsageError(
+                "--agents cannot be combined with --agent-plans-jsonl; "
+                "the manifest defines the total agent count"
+            )
+        if self.replay and self.shape_options:
+            raise UsageError(
+                "synthetic workload-shape flags cannot be combined with --agent-plans-jsonl"
+            )
+        if self.agents == 0:
+            raise UsageError("agents must be greater than zero")
+        if self.request_timeout_secs == 0:
+            raise UsageError("request-timeout-secs must be greater than zero")
+        _ = self.shape  # its errors name the family and the missing or bad option
+        if not self.model:
+            raise UsageError("model must not be empty")
+        if not self.replay:
+            for value, flag in (
+                (self.replay_initial_overhead_tokens, "--replay-initial-overhead-tokens"),
+                (self.replay_turn_overhead_tokens, "--replay-turn-overhead-tokens"),
+                (self.admission, "--admission"),
+                (self.time_scale, "--time-scale"),
+            ):
+                if value is not None:
+                    raise UsageError(f"{flag} requires --agent-plans-jsonl")
+        if self.admission not in (None, "closed-loop", "open-loop"):
+            raise UsageError(f'invalid admission "{self.admission}" (closed-loop or open-loop)')
+        if self.time_scale is not None and not (
+            math.isfinite(self.time_scale) and self.time_scale > 0
+        ):
+            raise UsageError("time-scale must be a positive finite number")
+        if self.prompt_oracle not in ("none", "server"):
+            raise UsageError(f'invalid prompt oracle "{self.prompt_oracle}" (none or server)')
+        if not self.sim and (self.sim_dp_ranks is not None or self.sim_args is not None):
+            raise UsageError("--sim-dp-ranks and --sim-args require --sim")
+        if self.sim and self.dry_run:
+            raise UsageError("--sim cannot be combined with --dry-run; a dry-run sends nothing")
+        if self.prompt_oracle == "server" and not self.prompt_correction:
+            raise UsageError(
+                "--prompt-oracle server cannot be combined with --no-prompt-correction"
+            )
+        if self.prompt_oracle == "server" and self.dry_run:
+            raise UsageError("--prompt-oracle server cannot be combined with --dry-run")
+        if self.calibrate and self.dry_run:
+            raise UsageError(
+                "--calibrate cannot be combined with --dry-run; a dry-run sends nothing"
+            )
+        if not self.sim:
+            _ = self.endpoint_url  # an unusable URL is a usage error before anything runs
+
+    # -- writing ----------------------------------------------------------------------
+    def options(self) -> dict[str, object]:
+        """Every option as ``batchbench-agent`` spells it (without the dashes), for a TOML
+        file that ``--config`` reads back. The API key is never included."""
+        values: dict[str, object] = {
+            "model": self.model,
+            "tokenizer-model": self.tokenizer_model,
+            "host": self.host,
+            "endpoint": self.endpoint,
+            "api-key-env": self.api_key_env,
+            "agent-plans-jsonl": self.agent_plans_jsonl,
+            "agents": self.agents,
+            **dict(self.shape_options),
+            "seed": self.seed,
+            "replay-initial-overhead-tokens": self.replay_initial_overhead_tokens,
+            "replay-turn-overhead-tokens": self.replay_turn_overhead_tokens,
+            "calibrate": self.calibrate,
+            "no-prompt-correction": not self.prompt_correction,
+            "prompt-oracle": self.prompt_oracle,
+            "content-salt": self.content_salt,
+            "chat-template": self.chat_template,
+            "max-active-agents": self.max_active_agents,
+            "admission": self.admission,
+            "time-scale": self.time_scale,
+            "user-prefix": self.user_prefix,
+            "disable-user-tagging": not self.user_tagging,
+            "dp-rank-perfect-routing": self.dp_ranks is not None,
+            "dp-rank-perfect-routing-num": self.dp_ranks,
+            "stream": self.stream,
+            "request-timeout-secs": self.request_timeout_secs,
+            "max-retries": self.max_retries,
+            "retry-delay-ms": self.retry_delay_ms,
+            "sglang": self.sglang,
+            "ignore-eos": self.ignore_eos,
+            "verbose": self.verbose,
+            "dry-run": self.dry_run,
+            "grace-seconds": self.grace_seconds,
+            "no-progress": not self.progress,
+            "results-csv": self.results_csv,
+            "results-json": self.results_json,
+            "agent-events-jsonl": self.agent_events_jsonl,
+            "request-events-jsonl": self.request_events_jsonl,
+            "sim": self.sim,
+            "sim-dp-ranks": self.sim_dp_ranks,
+            "sim-args": self.sim_args,
+        }
+        return {name: value for name, value in values.items() if value is not None}
+
+    def to_toml(self) -> str:
+        """The options as a TOML document (one ``name = value`` line each)."""
+        lines = ["# batchbench-agent options; run again with: batchbench-agent --config FILE"]
+        for name, value in self.options().items():
+            lines.append(f"{name} = {toml_value(value)}")
+        return "\n".join(lines) + "\n"
+
+
+def toml_value(value: object) -> str:
+    """A TOML scalar: JSON's string escapes are valid TOML basic strings."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    return json.dumps(str(value), ensure_ascii=False)

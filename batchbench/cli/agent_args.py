@@ -3,72 +3,27 @@
 from __future__ import annotations
 
 import argparse
-import math
+import os
+import tomllib
 from collections.abc import Sequence
 
 from batchbench import __version__
+from batchbench.cli.argtypes import (
+    CommandParser,
+    non_negative_float,
+    number,
+    positive_finite,
+    positive_uint,
+    suggestion,
+    u64,
+    uint,
+)
+from batchbench.config import DEFAULT_MODEL, ApiKey, RunConfig
+from batchbench.config import resolve_shape as shape_from_options
 from batchbench.errors import UsageError
-from batchbench.plan.sampling import FamilyFlags, resolve_latency_spec, resolve_size_spec
 from batchbench.plan.workload import SampledShape
 
-DEFAULT_MODEL = "Qwen/Qwen3-VL-235B-A22B-Instruct-FP8"
-
-
-class AgentArgumentParser(argparse.ArgumentParser):
-    """argparse that raises UsageError instead of printing usage and exiting."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise UsageError(message)
-
-
-def _uint(text: str) -> int:
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'"{text}" is not a valid non-negative integer') from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f'"{text}" is not a valid non-negative integer')
-    return value
-
-
-def _u64(text: str) -> int:
-    value = _uint(text)
-    if value >= 1 << 64:
-        raise argparse.ArgumentTypeError(f'"{text}" does not fit in 64 bits')
-    return value
-
-
-def _positive_uint(text: str) -> int:
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'"{text}" is not a valid positive integer') from None
-    if value == 0:
-        raise argparse.ArgumentTypeError("value must be greater than zero")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f'"{text}" is not a valid positive integer')
-    return value
-
-
-def _float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'"{text}" is not a valid number') from None
-
-
-def _non_negative_float(text: str) -> float:
-    value = _float(text)
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError("value must be a non-negative finite number")
-    return value
-
-
-def _positive_finite(text: str) -> float:
-    value = _float(text)
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError("value must be a positive finite number")
-    return value
+AgentArgumentParser = CommandParser  # the name other commands import
 
 
 def _admission(text: str) -> str:
@@ -230,15 +185,15 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
         shape.add_argument(
             *fixed_flags,
             dest=f"{dest}_fixed",
-            type=_uint,
+            type=uint,
             metavar="N",
             help=f"fixed {label} size in {unit} (default: fixed {default})",
         )
         for suffix, kind, typ, what in (
-            ("mu", "mu", _float, "mu of ln(size)"),
-            ("median", "median", _float, "median size (mu = ln(median))"),
-            ("sigma", "sigma", _float, "sigma of ln(size); required for log-normal"),
-            ("max", "max", _uint, "cap on each sample"),
+            ("mu", "mu", number, "mu of ln(size)"),
+            ("median", "median", number, "median size (mu = ln(median))"),
+            ("sigma", "sigma", number, "sigma of ln(size); required for log-normal"),
+            ("max", "max", uint, "cap on each sample"),
         ):
             shape.add_argument(
                 *[f"{prefix}-{suffix}" for prefix in lognorm_prefixes],
@@ -251,13 +206,13 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
         "--tool-call-latency-ms",
         "--tool-latency-ms",
         dest="tool_call_latency_ms",
-        type=_uint,
+        type=uint,
         metavar="MS",
         help="fixed sleep after each successful response, ms (default: 0 = disabled)",
     )
     shape.add_argument(
         "--tool-call-latency-lognorm-mu",
-        type=_float,
+        type=number,
         metavar="X",
         help="log-normal latency: mu of ln(ms)",
     )
@@ -265,13 +220,13 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
         "--tool-call-latency-lognorm-median-ms",
         "--tool-call-latency-lognorm-median",
         dest="tool_call_latency_lognorm_median_ms",
-        type=_float,
+        type=number,
         metavar="MS",
         help="log-normal latency: median in ms",
     )
     shape.add_argument(
         "--tool-call-latency-lognorm-sigma",
-        type=_float,
+        type=number,
         metavar="X",
         help="log-normal latency: sigma (required)",
     )
@@ -279,33 +234,33 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
         "--tool-call-latency-lognorm-max-ms",
         "--tool-call-latency-lognorm-max",
         dest="tool_call_latency_lognorm_max_ms",
-        type=_uint,
+        type=uint,
         metavar="MS",
         help="log-normal latency: cap in ms",
     )
 
     replay = parser.add_argument_group("agents, replay and admission")
     replay.add_argument(
-        "--agents", type=_uint, help="number of sampled agents (default: 1; not with a manifest)"
+        "--agents", type=uint, help="number of sampled agents (default: 1; not with a manifest)"
     )
     replay.add_argument(
         "--agent-plans-jsonl", metavar="PATH", help="trajectory manifest (JSONL) to replay"
     )
     replay.add_argument(
         "--replay-initial-overhead-tokens",
-        type=_uint,
+        type=uint,
         metavar="N",
         help="prompt tokens taken by template/framing on a first or reset request (default: 0)",
     )
     replay.add_argument(
         "--replay-turn-overhead-tokens",
-        type=_uint,
+        type=uint,
         metavar="N",
         help="extra framing tokens per appended turn; they accumulate (default: 0)",
     )
     replay.add_argument(
         "--max-active-agents",
-        type=_positive_uint,
+        type=positive_uint,
         metavar="N",
         help="concurrent agents; closed loop refills freed slots in FIFO order (default: all)",
     )
@@ -317,7 +272,7 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
     )
     replay.add_argument(
         "--time-scale",
-        type=_positive_finite,
+        type=positive_finite,
         metavar="F",
         help="divide every start_after_ms and delay_after_ms by F (default: 1)",
     )
@@ -333,27 +288,27 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
         help="send X-SMG-Target-Worker = routing slot %% ranks",
     )
     routing.add_argument(
-        "--dp-rank-perfect-routing-num", type=_positive_uint, metavar="N", help="number of DP ranks"
+        "--dp-rank-perfect-routing-num", type=positive_uint, metavar="N", help="number of DP ranks"
     )
 
     http = parser.add_argument_group("HTTP behaviour and outputs")
     http.add_argument(
         "--request-timeout-secs",
-        type=_uint,
+        type=uint,
         default=60,
         metavar="S",
         help="timeout of one whole attempt (default: %(default)s)",
     )
     http.add_argument(
         "--max-retries",
-        type=_uint,
+        type=uint,
         default=2,
         metavar="N",
         help="retries after the first attempt (default: %(default)s)",
     )
     http.add_argument(
         "--retry-delay-ms",
-        type=_uint,
+        type=uint,
         default=250,
         metavar="MS",
         help="base of the exponential backoff; 0 = no delay (default: %(default)s)",
@@ -373,7 +328,7 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
         action="store_true",
         help="build plans, generate all text, run admission; send nothing",
     )
-    http.add_argument("--seed", type=_u64, help="root seed for sampling and text (default: random)")
+    http.add_argument("--seed", type=u64, help="root seed for sampling and text (default: random)")
     http.add_argument("--results-csv", metavar="PATH", help="write a one-row CSV summary")
     http.add_argument(
         "--agent-events-jsonl", metavar="PATH", help="write one lifecycle record per trajectory"
@@ -397,7 +352,7 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
     )
     live.add_argument(
         "--grace-seconds",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=5.0,
         metavar="S",
         help="after Ctrl+C or SIGTERM, how long requests in flight may finish before they "
@@ -417,7 +372,7 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
     )
     sim.add_argument(
         "--sim-dp-ranks",
-        type=_positive_uint,
+        type=positive_uint,
         metavar="N",
         help="data-parallel ranks of the simulator (default: its own default, 1)",
     )
@@ -425,6 +380,14 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
         "--sim-args",
         metavar="ARGS",
         help='more `batchbench sim` options as one string, e.g. "--speed 0 --fault-seed 3"',
+    )
+    add(
+        "--config",
+        metavar="FILE",
+        help="read options from a TOML file (`name = value`, names as the long options "
+        "without dashes, e.g. `max-active-agents = 8`); options given on the command line "
+        "override it. Runs that write --results-json or --results-csv write their resolved "
+        "options beside them as <name>.config.toml, which --config reads back",
     )
     add("--version", action="version", version=version_text())
     return parser
@@ -480,13 +443,15 @@ def check_companions(args: argparse.Namespace) -> None:
 def parse_agent_args(
     argv: Sequence[str], prog: str = "batchbench-agent"
 ) -> argparse.Namespace | None:
-    """Parse and run the parse-time checks; raises UsageError (exit 2).
-
-    Returns None after ``--help`` or ``--version`` printed their text (D9: status 0).
-    """
+    """Parse (with the --config file's values as defaults) and run the parse-time checks;
+    raises UsageError (exit 2). Returns None after ``--help`` or ``--version`` printed."""
+    argv = list(argv)
     parser = build_parser(prog)
+    path = config_file_argument(argv)
+    if path is not None:
+        parser.set_defaults(**toml_defaults(parser, path))
     try:
-        args = parser.parse_args(list(argv))
+        args = parser.parse_args(argv)
     except SystemExit as exc:
         if exc.code in (0, None):
             return None
@@ -495,36 +460,149 @@ def parse_agent_args(
     return args
 
 
+def config_file_argument(argv: list[str]) -> str | None:
+    """The value of --config (the last one), read before the real parse."""
+    path = None
+    for index, word in enumerate(argv):
+        if word == "--":
+            break
+        if word == "--config":
+            if index + 1 >= len(argv):
+                raise UsageError("argument --config: expected one argument")
+            path = argv[index + 1]
+        elif word.startswith("--config="):
+            path = word.split("=", 1)[1]
+    return path
+
+
+def toml_defaults(parser: argparse.ArgumentParser, path: str) -> dict[str, object]:
+    """The file's options as parser defaults; every value goes through the option's own
+    type check, so a file accepts exactly what the command line accepts."""
+    try:
+        with open(path, "rb") as handle:
+            document = tomllib.load(handle)
+    except OSError as exc:
+        raise UsageError(f"--config {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"--config {path}: invalid TOML: {exc}") from None
+    actions = parser._option_string_actions
+    defaults: dict[str, object] = {}
+    for name, value in document.items():
+        action = actions.get(f"--{name}")
+        if action is None or name in ("config", "help", "version"):
+            hint = suggestion(parser, f"unrecognized arguments: --{name}")
+            hint = hint.split("(", 1)[1].rstrip(")") if "(" in hint else ""
+            raise UsageError(f'{path}: unknown option "{name}"' + (f" ({hint})" if hint else ""))
+        defaults[action.dest] = _toml_option(path, name, action, value)
+    return defaults
+
+
+def _toml_option(path: str, name: str, action: argparse.Action, value: object) -> object:
+    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+        if not isinstance(value, bool):
+            raise UsageError(f"{path}: {name}: expected true or false")
+        return value if isinstance(action, argparse._StoreTrueAction) else not value
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise UsageError(f"{path}: {name}: expected a string or a number")
+    text = repr(value) if isinstance(value, float) else str(value)
+    if action.type is None:
+        converted: object = text
+    else:
+        try:
+            converted = action.type(text)
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            raise UsageError(f"{path}: {name}: {exc}") from None
+    if action.choices is not None and converted not in action.choices:
+        choices = ", ".join(map(str, action.choices))
+        raise UsageError(f"{path}: {name}: invalid choice {text!r} (choose from {choices})")
+    return converted
+
+
+def config_from_argv(argv: Sequence[str], prog: str = "batchbench-agent") -> RunConfig | None:
+    """The frozen run configuration of a command line; None after --help or --version."""
+    args = parse_agent_args(argv, prog)
+    if args is None:
+        return None
+    return config_from_namespace(args)
+
+
+def config_from_namespace(args: argparse.Namespace) -> RunConfig:
+    """The one place that reads argparse's namespace; checks the result."""
+    key = args.api_key if args.api_key is not None else os.environ.get(args.api_key_env)
+    shape_options = tuple(
+        (option, getattr(args, dest))
+        for dest, option in shape_option_names_by_dest().items()
+        if getattr(args, dest) is not None
+    )
+    config = RunConfig(
+        model=args.model,
+        host=args.host,
+        endpoint=args.endpoint,
+        api_key=ApiKey(key) if key else None,
+        api_key_env=args.api_key_env,
+        tokenizer_model=args.tokenizer_model,
+        agent_plans_jsonl=args.agent_plans_jsonl,
+        agents=args.agents,
+        shape_options=shape_options,
+        seed=args.seed,
+        replay_initial_overhead_tokens=args.replay_initial_overhead_tokens,
+        replay_turn_overhead_tokens=args.replay_turn_overhead_tokens,
+        calibrate=args.calibrate,
+        prompt_correction=args.prompt_correction,
+        prompt_oracle=args.prompt_oracle,
+        content_salt=args.content_salt,
+        chat_template=args.chat_template,
+        max_active_agents=args.max_active_agents,
+        admission=args.admission,
+        time_scale=args.time_scale,
+        user_prefix=args.user_prefix,
+        user_tagging=not args.disable_user_tagging,
+        dp_ranks=args.dp_rank_perfect_routing_num if args.dp_rank_perfect_routing else None,
+        stream=args.stream,
+        request_timeout_secs=args.request_timeout_secs,
+        max_retries=args.max_retries,
+        retry_delay_ms=args.retry_delay_ms,
+        sglang=args.sglang,
+        ignore_eos=args.ignore_eos,
+        verbose=args.verbose,
+        dry_run=args.dry_run,
+        grace_seconds=args.grace_seconds,
+        progress=not args.no_progress,
+        results_csv=args.results_csv,
+        results_json=args.results_json,
+        agent_events_jsonl=args.agent_events_jsonl,
+        request_events_jsonl=args.request_events_jsonl,
+        sim=args.sim,
+        sim_dp_ranks=args.sim_dp_ranks,
+        sim_args=args.sim_args,
+    )
+    config.check()
+    return config
+
+
+def shape_option_names_by_dest() -> dict[str, str]:
+    """Namespace destination of each sampled-shape option -> its main name (no dashes)."""
+    names = {}
+    for _label, dest, fixed_flags, lognorm_prefixes in SIZE_FAMILIES:
+        names[f"{dest}_fixed"] = fixed_flags[0][2:]
+        for kind in ("mu", "median", "sigma", "max"):
+            names[f"{dest}_{kind}"] = f"{lognorm_prefixes[0][2:]}-{kind}"
+    for dest in LATENCY_DESTS:
+        names[dest] = dest.replace("_", "-")
+    return names
+
+
 def shape_flags_given(args: argparse.Namespace) -> bool:
     """True when any of the 25 synthetic shape flags (aliases included) was given."""
     return any(getattr(args, dest) is not None for dest in shape_dests())
 
 
 def resolve_shape(args) -> SampledShape:
-    """Resolve the four size families and the latency spec (COMPAT §2.3, §2.4)."""
-    specs = {}
-    for label, dest, _fixed, _lognorm in SIZE_FAMILIES:
-        flags = FamilyFlags(
-            fixed=getattr(args, f"{dest}_fixed"),
-            mu=getattr(args, f"{dest}_mu"),
-            median=getattr(args, f"{dest}_median"),
-            sigma=getattr(args, f"{dest}_sigma"),
-            cap=getattr(args, f"{dest}_max"),
-        )
-        specs[label] = resolve_size_spec(label, flags, SIZE_DEFAULTS[label])
-    latency = resolve_latency_spec(
-        FamilyFlags(
-            fixed=args.tool_call_latency_ms,
-            mu=args.tool_call_latency_lognorm_mu,
-            median=args.tool_call_latency_lognorm_median_ms,
-            sigma=args.tool_call_latency_lognorm_sigma,
-            cap=args.tool_call_latency_lognorm_max_ms,
-        )
-    )
-    return SampledShape(
-        input=specs["input"],
-        output=specs["output"],
-        environment=specs["environment"],
-        tool_invocations=specs["tool-invocations"],
-        latency=latency,
+    """The sampled shape of a parsed command line."""
+    return shape_from_options(
+        {
+            option: getattr(args, dest)
+            for dest, option in shape_option_names_by_dest().items()
+            if getattr(args, dest) is not None
+        }
     )

@@ -3,26 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import shlex
+import os
 import sys
 from collections.abc import Sequence
 
 import orjson
 
-from batchbench.cli.agent import (
-    SIM_DEFAULT_TOKENIZER,
+from batchbench.api import (
+    calibrate_target,
+    event_loop_runner,
     reply_context_template,
-    resolve_endpoint,
-    run_calibration,
+    start_sim,
 )
-from batchbench.cli.agent_args import (
-    AgentArgumentParser,
-    _positive_uint,
-    add_chat_template_flag,
-    add_target_flags,
-)
+from batchbench.cli.agent_args import add_chat_template_flag, add_target_flags
+from batchbench.cli.argtypes import CommandParser, positive_uint
+from batchbench.config import ApiKey, RunConfig
 from batchbench.errors import BatchbenchError, UsageError
-from batchbench.run.simlaunch import SimProcess, sim_command
 from batchbench.text.framing import ReplyAccounting
 from batchbench.text.synth import Synthesizer
 from batchbench.text.tokenizer import load_tokenizer
@@ -37,8 +33,8 @@ conversation of one user message and four turns, every prompt predicted and comp
 with what the server counted. `batchbench-agent --calibrate` does the same before a run."""
 
 
-def build_parser(prog: str) -> AgentArgumentParser:
-    parser = AgentArgumentParser(
+def build_parser(prog: str) -> CommandParser:
+    parser = CommandParser(
         prog=prog,
         allow_abbrev=False,
         description=DESCRIPTION,
@@ -54,7 +50,7 @@ def build_parser(prog: str) -> AgentArgumentParser:
     )
     probes.add_argument(
         "--request-timeout-secs",
-        type=_positive_uint,
+        type=positive_uint,
         default=60,
         metavar="S",
         help="timeout of one probe request (default: %(default)s)",
@@ -79,8 +75,7 @@ def run(argv: Sequence[str], prog: str = "batchbench calibrate") -> int:
             return 0 if exc.code in (0, None) else 2
         if args.sim_args is not None and not args.sim:
             raise UsageError("--sim-args requires --sim")
-        args.sim_dp_ranks = None
-        return _calibrate(args)
+        return _calibrate(probe_config(args), args.json)
     except UsageError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 2
@@ -95,29 +90,48 @@ def run(argv: Sequence[str], prog: str = "batchbench calibrate") -> int:
         return 130
 
 
-def _calibrate(args) -> int:
+def probe_config(args: argparse.Namespace) -> RunConfig:
+    """The probes' settings, as a run configuration (the options mean what they mean in
+    batchbench-agent)."""
+    key = args.api_key if args.api_key is not None else os.environ.get(args.api_key_env)
+    return RunConfig(
+        model=args.model,
+        host=args.host,
+        endpoint=args.endpoint,
+        api_key=ApiKey(key) if key else None,
+        api_key_env=args.api_key_env,
+        tokenizer_model=args.tokenizer_model,
+        sglang=args.sglang,
+        ignore_eos=args.ignore_eos,
+        stream=args.stream,
+        user_tagging=not args.disable_user_tagging,
+        request_timeout_secs=args.request_timeout_secs,
+        chat_template=args.chat_template,
+        sim=args.sim,
+        sim_args=args.sim_args,
+    )
+
+
+def _calibrate(config: RunConfig, as_json: bool) -> int:
     sim = None
-    if args.sim:
-        args.tokenizer_model = args.tokenizer_model or SIM_DEFAULT_TOKENIZER
-        extra = args.sim_args or ""
-        if args.chat_template is not None:
-            extra = f"--chat-template {shlex.quote(args.chat_template)} {extra}"
-        sim = SimProcess(sim_command(args.tokenizer_model, None, extra or None))
-        sim.start()
-        args.host = sim.url
+    if config.sim:
+        sim, config = start_sim(config)
     try:
-        if not args.model:
+        if not config.model:
             raise UsageError("model must not be empty")
-        url = resolve_endpoint(args.host, args.endpoint)
-        loaded = load_tokenizer(args.tokenizer_model or args.model)
+        url = config.endpoint_url
+        loaded = load_tokenizer(config.tokenizer)
         synth = Synthesizer.prepare(loaded)
-        template, contexts = reply_context_template(args, loaded)
+        template, contexts = reply_context_template(
+            config, loaded, lambda text: print(text, file=sys.stderr)
+        )
         replies = ReplyAccounting.build(loaded, contexts)
-        calibration = run_calibration(args, loaded, synth, replies)
+        with event_loop_runner() as runner:
+            calibration = runner.run(calibrate_target(config, synth, replies))
     finally:
         if sim is not None:
             sim.stop()
-    if args.json:
+    if as_json:
         document = {"endpoint": url, "chat_template": template, **calibration.as_dict()}
         sys.stdout.write(orjson.dumps(document).decode() + "\n")
         return 0

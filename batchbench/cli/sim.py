@@ -262,7 +262,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         plan = FaultPlan(
             seed=args.fault_seed,
             rates={kind: rate for kind, rate in rates.items() if rate},
-            errorstatus_codes=args.fault_errorstatus_codes,
+            error_statuses=args.fault_error_statuses,
             retry_after_seconds=args.fault_retry_after_s,
             spike_rate=args.fault_spike_rate,
             spike_ms=args.fault_spike_ms,

@@ -75,16 +75,22 @@ class JsonlFile:
 
 
 class LifecycleWriter:
-    """One compact record per admitted trajectory in the COMPAT field order (D7: finish order).
+    """One compact record per admitted trajectory, in finish order: to a file when a path is
+    given, and to ``collected`` when a list is given. Live runs append their per-trajectory
+    figures after the admission fields."""
 
-    Live runs append this package's per-trajectory figures after the COMPAT fields.
-    """
-
-    def __init__(self, path: str, dp_ranks: int | None, trajectory_ids) -> None:
-        self._file = JsonlFile(path)
+    def __init__(
+        self,
+        path: str | None,
+        dp_ranks: int | None,
+        trajectory_ids,
+        collected: list[dict[str, Any]] | None = None,
+    ) -> None:
+        self._file = JsonlFile(path) if path else None
         self.path = path
         self._dp_ranks = dp_ranks
         self._ids = trajectory_ids
+        self._collected = collected
 
     def write(self, record: TrajectoryRecord, extra: dict[str, Any] | None = None) -> None:
         """Append one record and flush it."""
@@ -105,7 +111,11 @@ class LifecycleWriter:
             event["interrupted"] = True
         if extra:
             event.update(extra)
-        self._file.write_now(event)
+        if self._file is not None:
+            self._file.write_now(event)
+        if self._collected is not None:
+            self._collected.append(event)
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()

@@ -1,0 +1,635 @@
+"""Run a benchmark from Python: ``run(config) -> RunResult`` (``run_async`` inside a loop).
+
+A run goes one way: start the simulator when asked (a new config with its URL), load the
+manifest or sample the plans, load the tokenizer, count replies in the server's chat
+template, calibrate when asked, compile the workload, then drive it (dry or live) and
+record what happened. It prints nothing unless given a ``RunOutput``, and writes files only
+where the config names them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import secrets
+import shlex
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+
+from batchbench.config import RunConfig
+from batchbench.errors import BatchbenchError, UsageError
+from batchbench.plan.manifest import Manifest, hash_manifest, load_manifest
+from batchbench.plan.workload import Workload, compile_manifest, compile_sampled
+from batchbench.results.events import JsonlFile, LifecycleWriter
+from batchbench.results.lifecycle import EngineResult
+from batchbench.results.metrics import RunTotals, StreamSamples
+from batchbench.results.progress import Progress, progress_wanted
+from batchbench.results.recording import ClientHealth, FidelityFigures, RankFigures, Recorder
+from batchbench.results.report import (
+    banner_lines,
+    csv_row,
+    summary_document,
+    write_csv,
+    write_json,
+)
+from batchbench.results.summary import LiveFigures, RunSetup, Summary, build_summary
+from batchbench.run.calibrate import Calibration, calibrate
+from batchbench.run.driver import (
+    DriverSettings,
+    Fidelity,
+    HttpAgentBody,
+    make_session,
+    raise_open_file_limit,
+)
+from batchbench.run.dryrun import DryRunBody
+from batchbench.run.engine import run_closed_loop, run_open_loop
+from batchbench.run.oracle import PromptOracle, server_root
+from batchbench.run.shutdown import Shutdown
+from batchbench.run.simlaunch import SimProcess, sim_command
+from batchbench.run.wire import (
+    MISSING_USAGE,
+    NO_STREAM_USAGE,
+    BodyOptions,
+    request_headers,
+    tool_call_id,
+)
+from batchbench.text.chat_templates import load_chat_template
+from batchbench.text.content import ContentFactory
+from batchbench.text.framing import ContentContext, Framing, ReplyAccounting, content_contexts
+from batchbench.text.synth import Synthesizer
+from batchbench.text.tokenizer import LoadedTokenizer, load_tokenizer
+
+NO_USAGE_ERRORS = (MISSING_USAGE, NO_STREAM_USAGE)
+SIM_TEMPLATES = ("chatml", "gemma", "llama3", "tokenizer")
+Failure = tuple[int, str, int, str]  # (agent, trajectory id, invocation, error)
+
+
+class RunOutput(Protocol):
+    """Where a run's console text goes while it runs (the command line passes one)."""
+
+    def lines(self, lines: Iterable[str]) -> None:
+        """Standard-output lines: calibration results and the configuration banner."""
+
+    def warning(self, text: str) -> None:
+        """One warning line for standard error."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Everything one run measured, by name.
+
+    ``summary`` holds every summary figure (the CSV columns and the results JSON's
+    ``metrics`` keys); the rest is what the console and the JSON show beyond it.
+    """
+
+    config: RunConfig  # as run: with --sim, the simulator's URL as host
+    setup: RunSetup
+    summary: Summary
+    failures: tuple[Failure, ...]  # one per failed agent, with its last error
+    lifecycle: tuple[dict[str, Any], ...]  # the lifecycle records, in finish order
+    ranks: tuple[RankFigures, ...]  # per DP rank with perfect routing (live runs)
+    fidelity: FidelityFigures | None  # live runs
+    client_health: ClientHealth | None  # live runs
+    stream: StreamSamples | None  # streamed latency samples (live runs)
+    framing: dict | None  # what the run learned of the server's framing
+    interrupted_by: str | None  # "SIGINT" or "SIGTERM" when a signal stopped the run
+    exit_status: int  # 0, or 130/143 after SIGINT/SIGTERM
+    workload: Workload
+    engine: EngineResult
+    written: tuple[tuple[str, str], ...] = ()  # (what, path) of every file written
+    live: LiveFigures | None = None
+
+    @property
+    def dry_run(self) -> bool:
+        return self.config.dry_run
+
+
+class OutputError(BatchbenchError):
+    """A requested output file could not be written; ``result`` still holds the run."""
+
+    def __init__(self, message: str, result: RunResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+def run(config: RunConfig, *, output: RunOutput | None = None) -> RunResult:
+    """Run the benchmark ``config`` describes on a new event loop (uvloop when installed);
+    Ctrl+C and SIGTERM stop admission, let requests in flight finish for the grace period,
+    and return what was measured (``exit_status`` 130/143)."""
+    with event_loop_runner() as runner:
+        return runner.run(run_async(config, output=output, handle_signals=True))
+
+
+async def run_async(
+    config: RunConfig, *, output: RunOutput | None = None, handle_signals: bool = False
+) -> RunResult:
+    """``run`` for callers that own the event loop. ``handle_signals`` routes SIGINT and
+    SIGTERM to a graceful stop (off by default: the loop's handlers are the caller's)."""
+    config.check()
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    out = output if output is not None else _Silent()
+    sha256 = (
+        await asyncio.to_thread(hash_manifest, config.agent_plans_jsonl) if config.replay else None
+    )
+    manifest = (
+        await asyncio.to_thread(load_manifest, config.agent_plans_jsonl, sha256=sha256)
+        if config.replay
+        else None
+    )
+    root_seed = config.seed if config.seed is not None else secrets.randbits(64)
+    workload = None
+    if not config.calibrate:  # plans are compiled before the tokenizer loads
+        workload = build_workload(config, manifest, root_seed, starting_overheads(config, None))
+    sim = None
+    if config.sim:
+        sim, config = await asyncio.to_thread(start_sim, config)
+    try:
+        return await _run_loaded(config, out, manifest, workload, root_seed, sha256, started,
+                                 handle_signals)  # fmt: skip
+    finally:
+        if sim is not None:
+            await asyncio.to_thread(sim.stop)
+
+
+class _Silent:
+    def lines(self, lines: Iterable[str]) -> None:
+        pass
+
+    def warning(self, text: str) -> None:
+        pass
+
+
+def event_loop_runner() -> asyncio.Runner:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency; keep running without it
+        return asyncio.Runner()
+    return asyncio.Runner(loop_factory=uvloop.new_event_loop)
+
+
+# -- before the run -------------------------------------------------------------------
+def start_sim(config: RunConfig) -> tuple[SimProcess, RunConfig]:
+    """Start the simulator child (sharing the tokenizer); the config that targets it."""
+    extra = config.sim_args or ""
+    if config.chat_template is not None:
+        extra = f"--chat-template {shlex.quote(config.chat_template)} {extra}"
+    sim = SimProcess(sim_command(config.tokenizer, config.sim_dp_ranks, extra or None))
+    sim.start()
+    return sim, replace(config, host=sim.url, tokenizer_model=config.tokenizer)
+
+
+def build_workload(
+    config: RunConfig, manifest: Manifest | None, root_seed: int, overheads: tuple[int, int]
+) -> Workload:
+    """Compile the plans; ``overheads`` are (initial, turn) framing tokens (replay only)."""
+    if manifest is None:
+        return compile_sampled(config.shape, config.agents or 1, root_seed)
+    return compile_manifest(
+        manifest,
+        initial_overhead=overheads[0],
+        turn_overhead=overheads[1],
+        time_scale=config.time_scale_factor,
+    )
+
+
+def starting_overheads(config: RunConfig, calibration: Calibration | None) -> tuple[int, int]:
+    """(initial, turn): explicit options win, then calibration, then 0."""
+    initial = config.replay_initial_overhead_tokens
+    turn = config.replay_turn_overhead_tokens
+    if initial is None:
+        initial = calibration.initial if calibration is not None else 0
+    if turn is None:
+        turn = calibration.turn if calibration is not None else 0
+    return initial, turn
+
+
+def sim_chat_template(config: RunConfig) -> str:
+    """The template the simulator child renders with: --chat-template, else one given in
+    --sim-args, else the simulator's default (chatml)."""
+    if config.chat_template is not None:
+        return config.chat_template
+    words = shlex.split(config.sim_args or "")
+    for index, word in enumerate(words):
+        if word == "--chat-template" and index + 1 < len(words):
+            return words[index + 1]
+        if word.startswith("--chat-template="):
+            return word.split("=", 1)[1]
+    return "chatml"
+
+
+def reply_context_template(
+    config: RunConfig, loaded: LoadedTokenizer, warn
+) -> tuple[str | None, dict[str, ContentContext] | None]:
+    """The server's chat template when the client can know it, and the template text around
+    each part of a message in it (None when unknown: replies are counted on their own)."""
+    spec = sim_chat_template(config) if config.sim else config.chat_template
+    if spec is None:
+        if not template_beside(loaded):
+            return None, None
+        spec = "tokenizer"
+    try:
+        template = load_chat_template(spec, loaded)
+        contexts = content_contexts(template, tool_call_id(0, 1))
+    except BatchbenchError as exc:
+        if config.chat_template is None and not config.sim:
+            warn(f"warning: {exc}; replies are counted without their template")
+            return None, None
+        raise UsageError(f"--chat-template {spec}: {exc}") from None
+    return spec, contexts
+
+
+def template_beside(loaded: LoadedTokenizer) -> bool:
+    """True when a chat template sits beside the tokenizer file."""
+    source = Path(loaded.source)
+    if not source.is_file():
+        return False
+    if (source.parent / "chat_template.jinja").is_file():
+        return True
+    config = source.parent / "tokenizer_config.json"
+    try:
+        return config.is_file() and b'"chat_template"' in config.read_bytes()
+    except OSError:
+        return False
+
+
+def body_options(config: RunConfig) -> BodyOptions:
+    return BodyOptions(
+        model=config.model, sglang=config.sglang, ignore_eos=config.ignore_eos, stream=config.stream
+    )
+
+
+def api_key_text(config: RunConfig) -> str | None:
+    return config.api_key.reveal() if config.api_key is not None else None
+
+
+async def calibrate_target(
+    config: RunConfig, synth: Synthesizer, replies: ReplyAccounting
+) -> Calibration:
+    """Probe the target for its framing overheads (``--calibrate``)."""
+    headers = request_headers(api_key_text(config), None, None)
+    async with aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=float(config.request_timeout_secs))
+    ) as session:
+        return await calibrate(
+            session,
+            config.endpoint_url,
+            headers,
+            body_options(config),
+            synth,
+            replies,
+            config.user_tagging,
+        )
+
+
+def generation_workers() -> int:
+    """Size of the text-generation pool: min(CPU count, 32)."""
+    return min(os.cpu_count() or 1, 32)
+
+
+# -- the run --------------------------------------------------------------------------
+async def _run_loaded(
+    config: RunConfig,
+    out: RunOutput,
+    manifest: Manifest | None,
+    workload: Workload | None,
+    root_seed: int,
+    sha256: str | None,
+    started: str,
+    handle_signals: bool,
+) -> RunResult:
+    loaded = await asyncio.to_thread(load_tokenizer, config.tokenizer)
+    synth = await asyncio.to_thread(Synthesizer.prepare, loaded)
+    template_name, contexts = reply_context_template(config, loaded, out.warning)
+    replies = ReplyAccounting.build(loaded, contexts)
+    calibration = None
+    if config.calibrate:
+        calibration = await calibrate_target(config, synth, replies)
+        for line in calibration.lines(config.endpoint_url):
+            if line.startswith("warning:"):
+                out.warning(line)
+            else:
+                out.lines([line])
+    overheads = starting_overheads(config, calibration)
+    if workload is None:
+        workload = build_workload(config, manifest, root_seed, overheads)
+    salt = config.content_salt if config.content_salt is not None else secrets.token_hex(8)
+    replay = config.replay
+    calibrated = calibration is not None and replay
+    setup = RunSetup(
+        timestamp=started,
+        agents=len(workload),
+        manifest_sha256=sha256,
+        schema_version=workload.schema_version,
+        tokenizer_source=loaded.source,
+        root_seed=root_seed,
+        content_salt=salt,
+        chat_template=template_name,
+        calibration=calibration.as_dict() if calibration is not None else None,
+        replay_initial_overhead_tokens=(
+            overheads[0] if calibrated else config.replay_initial_overhead_tokens
+        ),
+        replay_turn_overhead_tokens=overheads[1]
+        if calibrated
+        else config.replay_turn_overhead_tokens,
+        framing_initial=overheads[0],
+        framing_turn=overheads[1],
+        framing_measured=calibration is not None
+        or config.replay_initial_overhead_tokens is not None
+        or config.replay_turn_overhead_tokens is not None,
+    )
+    out.lines(banner_lines(config, setup))
+    factory = ContentFactory(synth, workload, root_seed, salt)
+    lifecycle: list[dict[str, Any]] = []
+    events = LifecycleWriter(
+        config.agent_events_jsonl, config.dp_ranks, workload.trajectory_ids, lifecycle
+    )
+    live: LiveRun | None = None
+    try:
+        if config.dry_run:
+            engine = await _dry_run(config, workload, factory, events)
+        else:
+            live = await _live_run(
+                config, setup, workload, factory, events, replies, out, handle_signals
+            )
+            engine = live.engine
+    finally:
+        events.close()
+    return _finish(config, setup, workload, engine, live, tuple(lifecycle))
+
+
+async def _dry_run(
+    config: RunConfig, workload: Workload, factory: ContentFactory, events: LifecycleWriter
+) -> EngineResult:
+    """Admission with instant completion while every text is generated."""
+    with ThreadPoolExecutor(
+        max_workers=generation_workers(), thread_name_prefix="batchbench-text"
+    ) as pool:
+        body = DryRunBody(factory, workload, pool)
+        if config.admission_mode == "open-loop":
+            offsets = [0.0] * len(workload)  # schema v1 trajectories all start at once
+            return await run_open_loop(offsets, config.max_active_agents, body, events.write)
+        return await run_closed_loop(len(workload), config.max_active_agents, body, events.write)
+
+
+@dataclass
+class LiveRun:
+    engine: EngineResult
+    recorder: Recorder
+    interrupted_by: str | None
+    exit_status: int
+    framing: Framing
+
+
+# Young-generation threshold during a live run: per-request objects are short-lived, and
+# with thousands of agents the default (700) made full collections take ~45% of client CPU.
+GC_THRESHOLDS = (50_000, 50, 100)
+
+
+async def _live_run(
+    config: RunConfig,
+    setup: RunSetup,
+    workload: Workload,
+    factory: ContentFactory,
+    events: LifecycleWriter,
+    replies: ReplyAccounting,
+    out: RunOutput,
+    handle_signals: bool,
+) -> LiveRun:
+    # Freeze what setup allocated (tokenizer, tables, workload) so collections skip it.
+    thresholds = gc.get_threshold()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+    pool = ThreadPoolExecutor(
+        max_workers=generation_workers(), thread_name_prefix="batchbench-text"
+    )
+    try:
+        return await _drive(
+            config, setup, workload, factory, pool, events, replies, out, handle_signals
+        )
+    finally:
+        # Texts prepared ahead for turns that will never run are not waited for.
+        pool.shutdown(wait=False, cancel_futures=True)
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+
+
+def driver_settings(config: RunConfig) -> DriverSettings:
+    return DriverSettings(
+        url=config.endpoint_url,
+        body=body_options(config),
+        api_key=api_key_text(config),
+        user_tagging=config.user_tagging,
+        user_prefix=config.user_prefix,
+        seed=config.seed,
+        dp_ranks=config.dp_ranks,
+        timeout_seconds=float(config.request_timeout_secs),
+        max_retries=config.max_retries,
+        retry_delay_ms=config.retry_delay_ms,
+        verbose=config.verbose,
+    )
+
+
+async def _drive(
+    config: RunConfig,
+    setup: RunSetup,
+    workload: Workload,
+    factory: ContentFactory,
+    pool: ThreadPoolExecutor,
+    events: LifecycleWriter,
+    replies: ReplyAccounting,
+    out: RunOutput,
+    handle_signals: bool,
+) -> LiveRun:
+    settings = driver_settings(config)
+    recorder = Recorder(dp_ranks=config.dp_ranks)
+    if config.request_events_jsonl:
+        recorder.request_events = JsonlFile(config.request_events_jsonl)
+    shutdown = Shutdown(config.grace_seconds)
+    show_progress = config.progress and progress_wanted(False)
+    progress = Progress(len(workload), recorder) if show_progress else None
+    background = [asyncio.ensure_future(recorder.sample_lag())]
+    if progress is not None:
+        background.append(asyncio.ensure_future(progress.refresh()))
+
+    def sink(record) -> None:
+        figures = recorder.take_agent(record.agent_id)
+        events.write(record, figures.as_fields() if figures is not None else None)
+        if progress is not None:
+            progress.trajectory_finished()
+
+    max_connections = (
+        min(config.max_active_agents or len(workload), len(workload))
+        if config.admission_mode == "closed-loop"
+        else config.max_active_agents
+    )
+    warning = raise_open_file_limit(max_connections or len(workload))
+    if warning:
+        out.warning(warning)
+    session = make_session(settings, max_connections)
+    installed = False
+    try:
+        fidelity = Fidelity(
+            Framing(
+                setup.framing_initial,
+                setup.framing_turn,
+                learn=config.prompt_correction,
+                measured=setup.framing_measured,
+            ),
+            replies if config.prompt_correction else None,
+        )
+        if config.prompt_oracle == "server":
+            oracle = PromptOracle(
+                session, server_root(settings.url), request_headers(settings.api_key, None, None)
+            )
+            await oracle.detect()
+            fidelity = replace(fidelity, oracle=oracle)
+        body = HttpAgentBody(
+            settings, workload, factory, pool, session, recorder, shutdown, fidelity
+        )
+        if handle_signals:
+            shutdown.install()  # after the oracle's detection, which Ctrl+C interrupts as usual
+            installed = True
+        if config.admission_mode == "open-loop":
+            offsets = [0.0] * len(workload)  # schema v1 trajectories all start at once
+            running = run_open_loop(offsets, config.max_active_agents, body, sink, shutdown)
+        else:
+            running = run_closed_loop(len(workload), config.max_active_agents, body, sink, shutdown)
+        engine = await running
+        recorder.stop_clock()
+    finally:
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        await session.close()
+        if installed:
+            shutdown.uninstall()
+        if progress is not None:
+            progress.close()
+        if recorder.request_events is not None:
+            recorder.request_events.close()
+    return LiveRun(
+        engine,
+        recorder,
+        shutdown.signal_name,
+        shutdown.exit_status if shutdown.stopped else 0,
+        body.fidelity.framing,
+    )
+
+
+# -- after the run --------------------------------------------------------------------
+def _finish(
+    config: RunConfig,
+    setup: RunSetup,
+    workload: Workload,
+    engine: EngineResult,
+    live: LiveRun | None,
+    lifecycle: tuple[dict[str, Any], ...],
+) -> RunResult:
+    completed = [r for r in engine.records if r.completed]
+    if live is None:
+        totals = RunTotals()  # a dry run sends nothing: no request counts as sent
+        figures = None
+    else:
+        totals = live.recorder.totals
+        recorder = live.recorder
+        figures = LiveFigures(
+            stream=recorder.stream,
+            server_cached_tokens=recorder.server_cached_tokens,
+            ranks=recorder.ranks,
+            health=recorder.health(),
+            interrupted_by=live.interrupted_by,
+            streaming=config.stream,
+            fidelity=recorder.fidelity,
+            framing=live.framing.learned() if config.prompt_correction else None,
+            no_usage_failures=sum(1 for f in totals.failures if f[3] in NO_USAGE_ERRORS),
+        )
+    totals.agents = len(workload)
+    totals.completed_agents = len(completed)
+    totals.planned_tool_invocations = workload.n_requests
+    totals.agent_latencies_ms = [r.loop_seconds * 1000.0 for r in completed]
+    interrupted = live is not None and bool(live.interrupted_by)
+    summary = build_summary(config, setup, totals, engine, figures, interrupted)
+    failures = tuple(totals.failures)
+    result = RunResult(
+        config=config,
+        setup=setup,
+        summary=summary,
+        failures=failures,
+        lifecycle=lifecycle,
+        ranks=tuple(figures.ranks) if figures is not None else (),
+        fidelity=figures.fidelity if figures is not None else None,
+        client_health=figures.health if figures is not None else None,
+        stream=figures.stream if figures is not None else None,
+        framing=figures.framing if figures is not None else None,
+        interrupted_by=live.interrupted_by if live is not None else None,
+        exit_status=live.exit_status if live is not None else 0,
+        workload=workload,
+        engine=engine,
+        live=figures,
+    )
+    return write_outputs(result)
+
+
+def config_file_path(config: RunConfig) -> str | None:
+    """Where the resolved options go: beside the results JSON, else beside the CSV."""
+    results = config.results_json or config.results_csv
+    if results is None:
+        return None
+    path = Path(results)
+    return str(path.with_name(path.stem + ".config.toml"))
+
+
+def write_outputs(result: RunResult) -> RunResult:
+    """Write the summary files the config names; every one is attempted, and a failure
+    raises OutputError carrying the result (with what was written)."""
+    config = result.config
+    written: list[tuple[str, str]] = []
+    if config.agent_events_jsonl:
+        written.append(("agent lifecycle events", config.agent_events_jsonl))
+    if config.request_events_jsonl and not config.dry_run:
+        written.append(("request events", config.request_events_jsonl))
+    errors: list[str] = []
+    if config.results_csv:
+        try:
+            write_csv(config.results_csv, csv_row(result.summary))
+            written.append(("agent benchmark summary", config.results_csv))
+        except BatchbenchError as exc:
+            errors.append(str(exc))
+    if config.results_json:
+        document = summary_document(
+            config, result.setup, result.summary, result.failures, result.live
+        )
+        try:
+            write_json(config.results_json, document)
+            written.append(("agent benchmark JSON summary", config.results_json))
+        except BatchbenchError as exc:
+            errors.append(str(exc))
+    options_path = config_file_path(config)
+    if options_path is not None and not errors:
+        resolved = replace(
+            _as_given(config), seed=result.setup.root_seed, content_salt=result.setup.content_salt
+        )
+        try:
+            Path(options_path).write_text(resolved.to_toml(), encoding="utf-8")
+            written.append(("resolved options", options_path))
+        except OSError as exc:
+            errors.append(f"failed to write {options_path}: {exc.strerror or exc}")
+    result = replace(result, written=tuple(written))
+    if errors:
+        raise OutputError("; ".join(errors), result)
+    return result
+
+
+def _as_given(config: RunConfig) -> RunConfig:
+    """The options a user would pass again: with --sim, not the simulator's URL."""
+    if config.sim:
+        return replace(config, host=RunConfig().host)
+    return config
