@@ -48,7 +48,7 @@ def twin_module(name: str) -> ModuleType:
 
         return _synth_py
     if name == "admission":
-        from batchbench.run import _admission_py
+        from batchbench.drive import _admission_py
 
         return _admission_py
     raise ValueError(f"no twin named {name!r}")

@@ -24,6 +24,26 @@ from typing import Any, Protocol
 import aiohttp
 
 from batchbench.config import RunConfig
+from batchbench.drive.calibrate import Calibration, calibrate
+from batchbench.drive.driver import (
+    DriverSettings,
+    Fidelity,
+    HttpAgentBody,
+    make_session,
+    raise_open_file_limit,
+)
+from batchbench.drive.dryrun import DryRunBody
+from batchbench.drive.engine import run_closed_loop, run_open_loop
+from batchbench.drive.oracle import PromptOracle, server_root
+from batchbench.drive.shutdown import Shutdown
+from batchbench.drive.simlaunch import SimProcess, sim_command
+from batchbench.drive.wire import (
+    MISSING_USAGE,
+    NO_STREAM_USAGE,
+    BodyOptions,
+    request_headers,
+    tool_call_id,
+)
 from batchbench.errors import BatchbenchError, UsageError
 from batchbench.plan.manifest import Manifest, hash_manifest, load_manifest
 from batchbench.plan.workload import Workload, compile_manifest, compile_sampled
@@ -40,26 +60,6 @@ from batchbench.results.report import (
     write_json,
 )
 from batchbench.results.summary import LiveFigures, RunSetup, Summary, build_summary
-from batchbench.run.calibrate import Calibration, calibrate
-from batchbench.run.driver import (
-    DriverSettings,
-    Fidelity,
-    HttpAgentBody,
-    make_session,
-    raise_open_file_limit,
-)
-from batchbench.run.dryrun import DryRunBody
-from batchbench.run.engine import run_closed_loop, run_open_loop
-from batchbench.run.oracle import PromptOracle, server_root
-from batchbench.run.shutdown import Shutdown
-from batchbench.run.simlaunch import SimProcess, sim_command
-from batchbench.run.wire import (
-    MISSING_USAGE,
-    NO_STREAM_USAGE,
-    BodyOptions,
-    request_headers,
-    tool_call_id,
-)
 from batchbench.text.chat_templates import load_chat_template
 from batchbench.text.content import ContentFactory
 from batchbench.text.framing import ContentContext, Framing, ReplyAccounting, content_contexts

@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchbench import _impl
-from batchbench.run import admission
-from batchbench.run.admission import ClosedLoopAdmission, simulate_closed_loop
+from batchbench.drive import admission
+from batchbench.drive.admission import ClosedLoopAdmission, simulate_closed_loop
 
 IMPLS = implementations("admission")
 impl = pytest.mark.parametrize("mod", IMPLS)
@@ -29,7 +29,7 @@ impl = pytest.mark.parametrize("mod", IMPLS)
 
 @contextmanager
 def using(mod: ModuleType) -> Iterator[None]:
-    """Run ``batchbench.run.admission`` on ``mod``'s ring and allocator for the block."""
+    """Run ``batchbench.drive.admission`` on ``mod``'s ring and allocator for the block."""
     saved = admission.FifoRing, admission.SlotAllocator
     admission.FifoRing, admission.SlotAllocator = mod.FifoRing, mod.SlotAllocator
     try:
@@ -455,8 +455,8 @@ def test_native_and_twin_expose_the_same_api():
 
 def test_no_extensions_environment_selects_the_twin():
     env = {**os.environ, "BATCHBENCH_NO_EXTENSIONS": "1"}
-    code = "from batchbench.run import admission; print(admission.FifoRing.__module__)"
+    code = "from batchbench.drive import admission; print(admission.FifoRing.__module__)"
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
-    assert out.stdout.strip() == "batchbench.run._admission_py"
+    assert out.stdout.strip() == "batchbench.drive._admission_py"

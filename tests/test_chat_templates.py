@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from tokenizers import Tokenizer
 
-from batchbench.run.wire import tool_call_id
+from batchbench.drive.wire import tool_call_id
 from batchbench.sim.overheads import measure_overheads
 from batchbench.sim.replies import ModelReplyText
 from batchbench.sim.server import SimConfig, SimServer

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from batchbench.run.engine import run_closed_loop, run_open_loop
+from batchbench.drive.engine import run_closed_loop, run_open_loop
 
 
 class ScriptedBody:

@@ -233,7 +233,7 @@ def test_prompt_oracle_sizes_every_request_exactly_without_calibration(tmp_path,
 def test_rerun_with_the_same_salt_warns_about_cache_hits_it_cannot_explain(tmp_path, capsys):
     """The second run re-sends the first run's bytes to the same warm simulator: its
     cached tokens exceed what perfect caching of its own requests explains."""
-    from batchbench.run.simlaunch import SimProcess, sim_command
+    from batchbench.drive.simlaunch import SimProcess, sim_command
 
     plans = write_plans(tmp_path / "plans.jsonl")
     with SimProcess(sim_command("deepseek-v3", None, "--speed 0")) as sim:

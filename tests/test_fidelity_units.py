@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from stubserver import Reply, StubServer, chat_completion
 
+from batchbench.drive.calibrate import Calibration, CalibrationError, calibrate
+from batchbench.drive.oracle import OracleError, PromptOracle, server_root
+from batchbench.drive.simlaunch import SimProcess, sim_command
+from batchbench.drive.sizing import Sizing, TrajectorySizer
+from batchbench.drive.wire import BodyOptions, Conversation
 from batchbench.plan.workload import Workload
 from batchbench.rng import content_root
-from batchbench.run.calibrate import Calibration, CalibrationError, calibrate
-from batchbench.run.oracle import OracleError, PromptOracle, server_root
-from batchbench.run.simlaunch import SimProcess, sim_command
-from batchbench.run.sizing import Sizing, TrajectorySizer
-from batchbench.run.wire import BodyOptions, Conversation
 from batchbench.text.content import ContentFactory
 from batchbench.text.framing import ContentContext, Framing, ReplyCounter, content_contexts, trimmed
 from batchbench.text.synth import Synthesizer

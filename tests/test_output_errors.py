@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from batchbench.cli.agent import run_console
+from batchbench.drive.simlaunch import LISTENING, SimError, SimProcess
 from batchbench.errors import BatchbenchError
 from batchbench.results.events import JsonlFile
-from batchbench.run.simlaunch import LISTENING, SimError, SimProcess
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "trajectory-replay" / "plans.jsonl"
 DRY = ["--agent-plans-jsonl", str(EXAMPLE), "--tokenizer-model", "deepseek-v3", "--dry-run"]

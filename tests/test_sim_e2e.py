@@ -18,8 +18,8 @@ import orjson
 import pytest
 
 from batchbench.cli.agent import main
-from batchbench.run.simlaunch import SimProcess, sim_command
-from batchbench.run.wire import NO_STREAM_USAGE
+from batchbench.drive.simlaunch import SimProcess, sim_command
+from batchbench.drive.wire import NO_STREAM_USAGE
 from batchbench.sim.overheads import measure_overheads
 from batchbench.text.tokenizer import load_tokenizer
 

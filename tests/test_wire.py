@@ -14,8 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchbench.results.metrics import StreamSamples, median_seconds
-from batchbench.run.wire import (
+from batchbench.drive.wire import (
     BodyOptions,
     Conversation,
     Reply,
@@ -38,6 +37,7 @@ from batchbench.run.wire import (
     verbose_request,
     verbose_response,
 )
+from batchbench.results.metrics import StreamSamples, median_seconds
 
 # The spec's messages, quoted verbatim (not imported from wire.py, so a typo there shows).
 MISSING_USAGE = "response missing usage field"

@@ -123,7 +123,7 @@ def add_chat_template_flag(group) -> None:
 
 
 def add_fidelity_flags(group) -> None:
-    """Flags of the closed-loop prompt correction (see ``batchbench.run.sizing``)."""
+    """Flags of the closed-loop prompt correction (see ``batchbench.drive.sizing``)."""
     group.add_argument(
         "--calibrate",
         action="store_true",

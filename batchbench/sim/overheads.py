@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from batchbench.drive.wire import tool_call_id
 from batchbench.errors import BatchbenchError
-from batchbench.run.wire import tool_call_id
 from batchbench.sim.template import load_counter
 from batchbench.text.synth import Synthesizer
 from batchbench.text.tokenizer import LoadedTokenizer

@@ -35,7 +35,7 @@ def server_root(endpoint_url: str) -> str:
 
 class PromptOracle:
     """Counts conversations on the server; ``count`` takes a ``tokenize_body`` (see
-    ``batchbench.run.wire.Conversation``) and returns the prompt tokens it would cost."""
+    ``batchbench.drive.wire.Conversation``) and returns the prompt tokens it would cost."""
 
     def __init__(self, session: aiohttp.ClientSession, root: str, headers: dict[str, str]) -> None:
         self._session = session

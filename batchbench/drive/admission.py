@@ -29,12 +29,12 @@ from collections.abc import Iterable
 from batchbench import _impl
 
 if _impl.NO_EXTENSIONS:
-    from batchbench.run import _admission_py as _backend
+    from batchbench.drive import _admission_py as _backend
 else:
     try:
         from batchbench._native import _admission as _backend
     except ImportError:  # not built: the twin has the same API and errors
-        from batchbench.run import _admission_py as _backend
+        from batchbench.drive import _admission_py as _backend
 
 FifoRing = _backend.FifoRing
 SlotAllocator = _backend.SlotAllocator

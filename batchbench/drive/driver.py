@@ -20,14 +20,10 @@ from functools import partial
 
 import aiohttp
 
-from batchbench.errors import BatchbenchError
-from batchbench.plan.workload import Workload
-from batchbench.results.lifecycle import Outcome
-from batchbench.results.recording import Recorder
-from batchbench.run.oracle import PromptOracle
-from batchbench.run.shutdown import Shutdown
-from batchbench.run.sizing import Sizing, TrajectorySizer
-from batchbench.run.wire import (
+from batchbench.drive.oracle import PromptOracle
+from batchbench.drive.shutdown import Shutdown
+from batchbench.drive.sizing import Sizing, TrajectorySizer
+from batchbench.drive.wire import (
     ROUTING_KEY_HEADER_ERROR,
     BodyOptions,
     Conversation,
@@ -49,6 +45,10 @@ from batchbench.run.wire import (
     verbose_request,
     verbose_response,
 )
+from batchbench.errors import BatchbenchError
+from batchbench.plan.workload import Workload
+from batchbench.results.lifecycle import Outcome
+from batchbench.results.recording import Recorder
 from batchbench.text.content import ContentFactory
 from batchbench.text.framing import Framing, ReplyAccounting, trimmed
 
@@ -127,7 +127,7 @@ def make_session(settings: DriverSettings, max_connections: int | None) -> aioht
 
 @dataclass(frozen=True)
 class Fidelity:
-    """How the driver keeps prompts on target (see ``batchbench.run.sizing``)."""
+    """How the driver keeps prompts on target (see ``batchbench.drive.sizing``)."""
 
     framing: Framing
     replies: ReplyAccounting | None = None  # None: replies replayed as received, not counted

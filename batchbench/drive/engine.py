@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from batchbench.drive.admission import ClosedLoopAdmission, SlotPool
+from batchbench.drive.shutdown import Shutdown
 from batchbench.results.lifecycle import EngineResult, Outcome, TrajectoryRecord
-from batchbench.run.admission import ClosedLoopAdmission, SlotPool
-from batchbench.run.shutdown import Shutdown
 
 OPEN_LOOP_LOOKAHEAD = 256
 

@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from batchbench.errors import BatchbenchError
-from batchbench.run.wire import (
+from batchbench.drive.wire import (
     MISSING_USAGE,
     NO_STREAM_USAGE,
     BodyOptions,
@@ -41,6 +40,7 @@ from batchbench.run.wire import (
     tool_call_id,
     tool_message,
 )
+from batchbench.errors import BatchbenchError
 from batchbench.text.framing import ReplyAccounting
 from batchbench.text.synth import Synthesizer
 

@@ -1,0 +1,133 @@
+"""The library API: batchbench.run(config) -> RunResult, quiet, files only when asked."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import dataclasses
+import os
+from pathlib import Path
+
+import orjson
+import pytest
+
+import batchbench
+from batchbench import RunConfig, RunResult, Summary, run, run_async
+from batchbench.api import OutputError
+from batchbench.cli.agent_args import config_from_argv
+from batchbench.results.report import ALL_CSV_COLUMNS, csv_row
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "trajectory-replay" / "plans.jsonl"
+
+
+def replay(**options) -> RunConfig:
+    return RunConfig(
+        agent_plans_jsonl=str(EXAMPLE), max_active_agents=2, seed=7, content_salt="api", **options
+    )
+
+
+def test_dry_run_is_quiet_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    result = run(replay(dry_run=True, tokenizer_model="deepseek-v3"))
+    assert isinstance(result, RunResult) and isinstance(result.summary, Summary)
+    summary = result.summary
+    assert (summary.agents, summary.completed_agents, summary.planned_tool_invocations) == (3, 3, 7)
+    assert summary.total_requests == 0 and summary.max_active_agents == 2
+    assert summary.workload_mode == "trajectory_replay" and summary.content_salt == "api"
+    assert sorted(r["agent_id"] for r in result.lifecycle) == [0, 1, 2]
+    assert all(r["completed"] for r in result.lifecycle)
+    assert result.fidelity is None and result.client_health is None and result.exit_status == 0
+    assert result.written == ()
+    assert os.listdir(tmp_path) == []
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == ("", "")
+
+
+def test_live_run_against_the_simulator(tmp_path, capsys):
+    result = run(replay(sim=True, calibrate=True))
+    summary = result.summary
+    assert (summary.successful_requests, summary.failed_requests) == (7, 0)
+    assert (summary.prompt_exact_requests, summary.output_exact_requests) == (7, 7)
+    assert summary.prompt_fidelity_requests == 7 and result.fidelity.prompt.exact == 7
+    assert result.setup.calibration["check_ok"] is True
+    assert result.config.host.startswith("http://127.0.0.1:")  # the config as run
+    assert result.client_health.peak_in_flight == 2
+    assert summary.stream is False and summary.ttft_p50_ms is None
+    assert summary.requests_per_second == pytest.approx(7 / summary.total_duration_seconds)
+    assert len(result.lifecycle) == 3 and all(r["successful_requests"] for r in result.lifecycle)
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == ("", "")
+
+
+def test_run_async_inside_a_loop():
+    async def main() -> RunResult:
+        return await run_async(replay(sim=True, stream=True, calibrate=True))
+
+    result = asyncio.run(main())
+    assert result.summary.successful_requests == 7
+    assert result.summary.ttft_p50_ms is not None and result.summary.stream is True
+    assert len(result.stream.ttft_ms) == 7
+
+
+def test_files_render_the_summary_record(tmp_path):
+    config = replay(
+        dry_run=True,
+        tokenizer_model="deepseek-v3",
+        results_csv=str(tmp_path / "out" / "r.csv"),
+        results_json=str(tmp_path / "out" / "r.json"),
+        agent_events_jsonl=str(tmp_path / "events.jsonl"),
+    )
+    result = run(config)
+    rows = list(csv.reader((tmp_path / "out" / "r.csv").open()))
+    assert tuple(rows[0]) == ALL_CSV_COLUMNS
+    assert rows[1] == csv_row(result.summary)
+    document = orjson.loads((tmp_path / "out" / "r.json").read_bytes())
+    assert document["metrics"] == orjson.loads(orjson.dumps(dataclasses.asdict(result.summary)))
+    assert list(document["metrics"]) == list(ALL_CSV_COLUMNS)
+    events = [orjson.loads(line) for line in (tmp_path / "events.jsonl").read_bytes().splitlines()]
+    assert events == [dict(record) for record in result.lifecycle]
+    written = dict((what, path) for what, path in result.written)
+    options = tmp_path / "out" / "r.config.toml"
+    assert written["resolved options"] == str(options)
+    again = config_from_argv(["--config", str(options)])
+    assert again == config
+    rerun = run(again)
+    assert [r["trajectory_id"] for r in rerun.lifecycle] == [
+        r["trajectory_id"] for r in result.lifecycle
+    ]
+
+
+def test_random_seed_and_salt_are_written_for_a_rerun(tmp_path):
+    config = RunConfig(
+        agents=2, dry_run=True, tokenizer_model="deepseek-v3", results_json=str(tmp_path / "r.json")
+    )
+    result = run(config)
+    again = config_from_argv(["--config", str(tmp_path / "r.config.toml")])
+    assert again.seed == result.setup.root_seed and again.content_salt == result.setup.content_salt
+    assert again == dataclasses.replace(
+        config, seed=result.setup.root_seed, content_salt=result.setup.content_salt
+    )
+
+
+def test_an_unwritable_output_keeps_the_result(tmp_path):
+    blocked = tmp_path / "a-directory"
+    blocked.mkdir()
+    config = replay(
+        dry_run=True,
+        tokenizer_model="deepseek-v3",
+        results_csv=str(blocked),
+        results_json=str(tmp_path / "r.json"),
+    )
+    with pytest.raises(OutputError, match=f"failed to write {blocked}") as caught:
+        run(config)
+    result = caught.value.result
+    assert result.summary.completed_agents == 3
+    assert result.written == (("agent benchmark JSON summary", str(tmp_path / "r.json")),)
+    assert (tmp_path / "r.json").is_file()
+
+
+def test_package_exports():
+    assert batchbench.RunConfig is RunConfig and batchbench.run is run
+    assert set(batchbench.__all__) >= {"RunConfig", "RunResult", "run", "run_async"}
+    with pytest.raises(AttributeError):
+        batchbench.not_a_name  # noqa: B018
