@@ -28,11 +28,11 @@ from batchbench.drive.calibrate import Calibration, calibrate
 from batchbench.drive.driver import (
     DriverSettings,
     Fidelity,
-    HttpAgentBody,
+    HttpAgentLoop,
     make_session,
     raise_open_file_limit,
 )
-from batchbench.drive.dryrun import DryRunBody
+from batchbench.drive.dryrun import DryRunLoop
 from batchbench.drive.engine import run_closed_loop, run_open_loop
 from batchbench.drive.oracle import PromptOracle, server_root
 from batchbench.drive.shutdown import Shutdown
@@ -371,11 +371,11 @@ async def _dry_run(
     with ThreadPoolExecutor(
         max_workers=generation_workers(), thread_name_prefix="batchbench-text"
     ) as pool:
-        body = DryRunBody(factory, workload, pool)
+        agents = DryRunLoop(factory, workload, pool)
         if config.admission_mode == "open-loop":
             offsets = [0.0] * len(workload)  # schema v1 trajectories all start at once
-            return await run_open_loop(offsets, config.max_active_agents, body, events.write)
-        return await run_closed_loop(len(workload), config.max_active_agents, body, events.write)
+            return await run_open_loop(offsets, config.max_active_agents, agents, events.write)
+        return await run_closed_loop(len(workload), config.max_active_agents, agents, events.write)
 
 
 @dataclass
@@ -491,7 +491,7 @@ async def _drive(
             )
             await oracle.detect()
             fidelity = replace(fidelity, oracle=oracle)
-        body = HttpAgentBody(
+        agents = HttpAgentLoop(
             settings, workload, factory, pool, session, recorder, shutdown, fidelity
         )
         if handle_signals:
@@ -499,9 +499,11 @@ async def _drive(
             installed = True
         if config.admission_mode == "open-loop":
             offsets = [0.0] * len(workload)  # schema v1 trajectories all start at once
-            running = run_open_loop(offsets, config.max_active_agents, body, sink, shutdown)
+            running = run_open_loop(offsets, config.max_active_agents, agents, sink, shutdown)
         else:
-            running = run_closed_loop(len(workload), config.max_active_agents, body, sink, shutdown)
+            running = run_closed_loop(
+                len(workload), config.max_active_agents, agents, sink, shutdown
+            )
         engine = await running
         recorder.stop_clock()
     finally:
@@ -520,7 +522,7 @@ async def _drive(
         recorder,
         shutdown.signal_name,
         shutdown.exit_status if shutdown.stopped else 0,
-        body.fidelity.framing,
+        agents.fidelity.framing,
     )
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from batchbench.errors import UsageError
+from batchbench.plan.manifest import check_manifest_opens
 from batchbench.plan.sampling import FamilyFlags, resolve_latency_spec, resolve_size_spec
 from batchbench.plan.workload import SampledShape
 
@@ -218,7 +219,8 @@ class RunConfig:
 
     def check(self) -> None:
         """The checks a command line gets after parsing, in the same order and words, for
-        configs built in Python too; raises UsageError."""
+        configs built in Python too; raises UsageError (ManifestError for a manifest that
+        cannot be opened)."""
         if self.replay and self.agents is not None:
             raise UsageError(
                 "--agents cannot be combined with --agent-plans-jsonl; "
@@ -228,6 +230,8 @@ class RunConfig:
             raise UsageError(
                 "synthetic workload-shape flags cannot be combined with --agent-plans-jsonl"
             )
+        if self.agent_plans_jsonl is not None:
+            check_manifest_opens(self.agent_plans_jsonl)  # its error before the rest
         if self.agents == 0:
             raise UsageError("agents must be greater than zero")
         if self.request_timeout_secs == 0:

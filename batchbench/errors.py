@@ -1,4 +1,4 @@
-"""Error types whose messages are the single-line chains users see (COMPAT §0)."""
+"""Error types whose messages are the single-line chains users see (context: cause)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Counter-based means draw k of a stream is a pure function of (stream seed, k), so samples
 never depend on generation order, thread scheduling or the numpy version; the same
-construction backs the text synthesizer (COMPAT §4.5, D1).
+construction backs the text synthesizer, whose texts must be reproducible.
 """
 
 from __future__ import annotations

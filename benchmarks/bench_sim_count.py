@@ -2,7 +2,7 @@
 one-pass encode of the whole rendered prompt.
 
 Run: ``python -m benchmarks.bench_sim_count [--turns T] [--tool-tokens N] [--repeat R]``.
-A growth conversation (COMPAT §5.9 shapes, DeepSeek-V3, exact-length synthetic contents)
+A growth conversation (tool-call turns, DeepSeek-V3, exact-length synthetic contents)
 is posted turn by turn; each turn's request is parsed from JSON and counted with the
 ChatML counter, which encodes only the two new messages. The table gives, for the last
 turn, the median time of that parse + count and of one encode of the whole rendered

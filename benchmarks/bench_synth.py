@@ -4,7 +4,7 @@ Run from the repository root (after ``python setup.py build_ext --inplace``, or 
 package installed): ``python -m benchmarks.bench_synth [--tokens N] [--repeat R]``.
 Every method generates N-token texts from the built-in DeepSeek-V3 tokenizer with fresh
 seeds; each row is the median of R timed batches, measured side by side in one run because
-absolute times drift on a shared machine and ratios do not. The repair row is the §4.4
+absolute times drift on a shared machine and ratios do not. The repair row is the
 decode, re-encode and repair loop, the fallback for tokenizers without proven fast pieces.
 Preparation (finding and proving the fast pieces and the heads that start every text) is
 timed once, on an uncached tokenizer, and the head proof once more on its own.
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if native is not None:
         methods["native assembler"] = native.PieceAssembler(pieces, heads).text
     methods["python twin"] = _synth_py.PieceAssembler(pieces, heads).text
-    methods["repair loop (§4.4)"] = synth.repair_text
+    methods["repair loop"] = synth.repair_text
 
     batches = {name: calibrate(make, args.tokens) for name, make in methods.items()}
     samples: dict[str, list[float]] = {name: [] for name in methods}
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             samples[name].append(tokens_per_second(make, args.tokens, batches[name]))
     rates = {name: statistics.median(values) for name, values in samples.items()}
 
-    baseline = rates["repair loop (§4.4)"]
+    baseline = rates["repair loop"]
     twin = rates["python twin"]
     print(f"DeepSeek-V3, {args.tokens} tokens per text, median of {args.repeat} batches")
     print(f"{'method':<20} {'tokens/s':>14} {'vs repair':>10} {'vs twin':>8}")

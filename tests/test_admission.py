@@ -1,4 +1,4 @@
-"""FIFO ring, slot allocator and closed-loop admission (COMPAT §3.7, C48, C49, C52, C53, C56).
+"""FIFO ring, slot allocator and closed-loop admission (docs/manifest.md, Admission).
 
 Every case runs against the compiled module and its pure-Python twin.
 """
@@ -156,7 +156,7 @@ def test_ring_argument_checks(mod):
 
 
 @impl
-def test_c53_lowest_free_slot_and_peak(mod):
+def test_lowest_free_slot_and_peak(mod):
     pool = mod.SlotAllocator()
     assert [pool.acquire() for _ in range(3)] == [0, 1, 2]
     pool.release(1)
@@ -311,7 +311,7 @@ def test_allocator_matches_heapq_model(mod, ops):
 
 
 @impl
-def test_c49_rolling_admission_refills_freed_slot_in_fifo_order(mod):
+def test_rolling_admission_refills_freed_slot_in_fifo_order(mod):
     with using(mod):
         loop = ClosedLoopAdmission(4, 2)  # plans a, b, c, d = 0, 1, 2, 3
         assert loop.initial() == [(0, 0), (1, 1)]
@@ -326,7 +326,7 @@ def test_c49_rolling_admission_refills_freed_slot_in_fifo_order(mod):
 
 
 @impl
-def test_c52_limit_is_validated(mod):
+def test_limit_is_validated(mod):
     with using(mod):
         with pytest.raises(ValueError, match="greater than zero"):
             ClosedLoopAdmission(3, 0)
@@ -355,12 +355,12 @@ def test_no_limit_admits_every_plan_at_once(mod):
 
 
 @impl
-def test_c48_and_c56_shapes(mod):
+def test_shapes(mod):
     with using(mod):
-        # C48: 8 agents, max 4: 0-3 start in slots 0-3, 4-7 refill the slots in order.
+        # 8 agents, max 4: 0-3 start in slots 0-3, 4-7 refill the slots in order.
         assert simulate_closed_loop(8, 4) == [(s % 4, s) for s in range(8)]
         assert ClosedLoopAdmission(8, 4).effective_max == 4
-        # C56: two trajectories, max 1: both run in slot 0, one after the other.
+        # Two trajectories, max 1: both run in slot 0, one after the other.
         assert simulate_closed_loop(2, 1) == [(0, 0), (0, 1)]
 
 

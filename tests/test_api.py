@@ -131,3 +131,12 @@ def test_package_exports():
     assert set(batchbench.__all__) >= {"RunConfig", "RunResult", "run", "run_async"}
     with pytest.raises(AttributeError):
         batchbench.not_a_name  # noqa: B018
+
+
+def test_readme_example_runs(monkeypatch, capsys):
+    readme = (EXAMPLE.parents[2] / "README.md").read_text()
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(EXAMPLE.parents[2])
+    exec(compile(code, "README.md", "exec"), {})
+    first = capsys.readouterr().out.splitlines()[0].split()
+    assert first[:2] == ["7", "100.0"]

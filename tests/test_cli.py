@@ -1,11 +1,12 @@
-"""Command-line parsing and the runtime-check order (COMPAT §2, §2.8; C57-C64)."""
+"""Command-line parsing and the runtime-check order."""
 
 from __future__ import annotations
 
 import pytest
 
-from batchbench.cli.agent import main, resolve_endpoint, run_console
+from batchbench.cli.agent import main, run_console
 from batchbench.cli.agent_args import parse_agent_args, shape_dests, shape_flags_given
+from batchbench.config import RunConfig, resolve_endpoint
 from batchbench.errors import BatchbenchError, UsageError
 
 
@@ -15,7 +16,7 @@ def usage_error(argv) -> str:
     return str(caught.value)
 
 
-def test_c57_perfect_routing_needs_both_flags():
+def test_perfect_routing_needs_both_flags():
     assert usage_error(["--dp-rank-perfect-routing"]) == (
         "--dp-rank-perfect-routing requires --dp-rank-perfect-routing-num"
     )
@@ -27,7 +28,7 @@ def test_c57_perfect_routing_needs_both_flags():
     )
 
 
-def test_c58_replay_flags_parse():
+def test_replay_flags_parse():
     args = parse_agent_args(
         [
             "--agent-plans-jsonl",
@@ -67,7 +68,7 @@ def test_c58_replay_flags_parse():
         "--tool-call-latency-lognorm-max",
     ],
 )
-def test_c59_shape_flags_detected_with_manifest(flag, tmp_path):
+def test_shape_flags_detected_with_manifest(flag, tmp_path):
     plans = tmp_path / "plans.jsonl"
     plans.write_text(
         '{"schema_version":1,"trajectory_id":"a","requests":[{"prompt_tokens":5,"output_tokens":1}]}\n'
@@ -86,12 +87,12 @@ def test_there_are_25_shape_flags():
     assert len(shape_dests()) == 25
 
 
-def test_c60_agents_with_manifest(tmp_path):
+def test_agents_with_manifest(tmp_path):
     with pytest.raises(UsageError, match="--agents cannot be combined"):
         main(["--agent-plans-jsonl", str(tmp_path / "x.jsonl"), "--agents", "2", "--dry-run"])
 
 
-def test_c61_max_active_zero_and_text():
+def test_max_active_zero_and_text():
     assert usage_error(["--max-active-agents", "0"]) == (
         "argument --max-active-agents: value must be greater than zero"
     )
@@ -100,7 +101,7 @@ def test_c61_max_active_zero_and_text():
     )
 
 
-def test_c62_admission_and_time_scale():
+def test_admission_and_time_scale(tmp_path):
     args = parse_agent_args(
         ["--agent-plans-jsonl", "p", "--admission", "open-loop", "--time-scale", "4"]
     )
@@ -117,7 +118,11 @@ def test_c62_admission_and_time_scale():
         'argument --time-scale: "fast" is not a valid number'
     )
     assert "invalid value" in usage_error(["--agent-plans-jsonl", "p", "--admission", "sometimes"])
-    from batchbench.cli.agent import make_config  # noqa: F401 - the default is applied there
+    manifest = tmp_path / "p.jsonl"
+    manifest.write_text("")
+    assert RunConfig.from_args(["--agent-plans-jsonl", str(manifest)]).admission_mode == (
+        "closed-loop"
+    )
 
     assert parse_agent_args(["--agent-plans-jsonl", "p"]).admission is None
 
@@ -130,11 +135,11 @@ def test_admission_default_displays_as_closed_loop(capsys):
 @pytest.mark.parametrize(
     "flag", ["--replay-initial-overhead-tokens", "--replay-turn-overhead-tokens"]
 )
-def test_c63_overheads_need_manifest(flag):
+def test_overheads_need_manifest(flag):
     assert usage_error([flag, "3"]) == f"{flag} requires --agent-plans-jsonl"
 
 
-def test_c64_runtime_check_order(tmp_path):
+def test_runtime_check_order(tmp_path):
     missing = tmp_path / "missing.jsonl"
     with pytest.raises(UsageError, match=r"^--agents cannot be combined"):
         main(["--agent-plans-jsonl", str(missing), "--agents", "0", "--dry-run"])

@@ -97,7 +97,9 @@ def test_toml_errors_name_file_and_option(tmp_path):
          "--sim-args", "--speed 0", "--chat-template", "gemma"],
     ],
 )  # fmt: skip
-def test_written_options_read_back(tmp_path, argv):
+def test_written_options_read_back(tmp_path, monkeypatch, argv):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.jsonl").write_text("")
     config = RunConfig.from_args(argv)
     path = tmp_path / "r.config.toml"
     path.write_text(config.to_toml())
@@ -130,7 +132,7 @@ def test_check_covers_configs_built_in_python():
         RunConfig(admission="open-loop").check()
     with pytest.raises(UsageError, match="--sim cannot be combined with --dry-run"):
         RunConfig(sim=True, dry_run=True).check()
-    with pytest.raises(UsageError, match="invalid endpoint URL: http://127.0.0.1:99999/v1/"):
+    with pytest.raises(UsageError, match=r"invalid endpoint URL: http://127\.0\.0\.1:99999/v1/"):
         RunConfig(host="http://127.0.0.1:99999").check()
     with pytest.raises(UsageError, match="input"):
         RunConfig(shape_options=(("input-lognorm-mu", 1.0),)).check()

@@ -1,4 +1,4 @@
-"""Per-stream text determinism (COMPAT §4.5; C12-C14, C17)."""
+"""Per-stream text determinism: order-independent, exact, distinct per agent and field."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from batchbench.cli.agent import generation_workers
+from batchbench.api import generation_workers
 from batchbench.errors import SynthesisError
 from batchbench.plan.sampling import FixedSpec
 from batchbench.plan.workload import SampledShape, Workload, compile_sampled
@@ -27,7 +27,7 @@ def sampled(agents: int, input_tokens: int, environment: int = 64) -> Workload:
     return compile_sampled(shape, agents, root_seed=7)
 
 
-def test_c12_text_is_independent_of_generation_order(synth, deepseek):
+def test_text_is_independent_of_generation_order(synth, deepseek):
     factory = ContentFactory(synth, sampled(6, 64), root_seed=7)
     jobs = [(agent, turn) for agent in range(6) for turn in range(2)]
     forward = {job: factory.environment(*job) for job in jobs}
@@ -50,7 +50,7 @@ def test_generation_pool_is_bounded_at_32_workers(monkeypatch, cpus, workers):
     assert generation_workers() == workers
 
 
-def test_c13_two_agents_get_different_initial_prompts(synth, deepseek):
+def test_two_agents_get_different_initial_prompts(synth, deepseek):
     work = sampled(2, 32)
     assert work.schema_version is None
     factory = ContentFactory(synth, work, root_seed=7)
@@ -59,7 +59,7 @@ def test_c13_two_agents_get_different_initial_prompts(synth, deepseek):
     assert deepseek.count(first) == deepseek.count(second) == 32
 
 
-def test_c14_reset_prompt_matches_direct_generation(synth, deepseek):
+def test_reset_prompt_matches_direct_generation(synth, deepseek):
     work = sampled(1, 24)
     work.input_content_tokens[:] = 24
     factory = ContentFactory(synth, work, root_seed=7)
@@ -76,7 +76,7 @@ def test_root_seed_changes_text(synth):
     ).initial_prompt(0)
 
 
-def test_c17_failure_names_trajectory_request_and_field(synth):
+def test_failure_names_trajectory_request_and_field(synth):
     work = sampled(1, 40)
 
     class Impossible:

@@ -1,5 +1,5 @@
-"""The HTTP driver end to end against a real aiohttp stub server on 127.0.0.1
-(COMPAT §5, §6; C18-C30, C46, C47, C87-C94).
+"""The HTTP driver end to end against a real aiohttp stub server on 127.0.0.1: bodies,
+headers, retries, timeouts, parsing, streaming, outputs and interruption.
 
 Most tests call ``batchbench.cli.agent.main`` in-process (it runs its own uvloop loop in this
 thread; the stub runs on another thread's loop). The interruption tests run the console
@@ -38,7 +38,7 @@ from stubserver import (
 )
 
 import batchbench
-import batchbench.cli.agent as agent_module
+import batchbench.api as api_module
 from batchbench.cli.agent import main
 from batchbench.results.report import (
     CSV_COLUMNS,
@@ -239,10 +239,10 @@ def failure_line(ident: str, error: str, agent: int = 0, invocation: int = 1) ->
 
 
 # ---------------------------------------------------------------------------------------
-# §5.1, §5.8, §5.9: the growing conversation (C18, C19, C20, C21)
+# The growing conversation
 
 
-def test_c18_c19_c21_growth_messages_bodies_and_retry_bytes(capsys, stub, tmp_path, tok):
+def test_growth_messages_bodies_and_retry_bytes(capsys, stub, tmp_path, tok):
     """Agent 2 of three (closed loop, one slot): exact messages of turns 1-4, text lengths
     from the manifest and the overhead flags, body key order, identical retry bytes."""
     prompts, outputs = [40, 70, 100, 130], [5, 6, 7, 8]
@@ -307,7 +307,7 @@ def test_c18_c19_c21_growth_messages_bodies_and_retry_bytes(capsys, stub, tmp_pa
     assert {(r.method, r.path) for r in stub.requests} == {("POST", ENDPOINT_PATH)}
     g1, g2_first, g2, g3, g4 = stub.requests[3:]
 
-    # Retries resend the identical bytes and headers (§5.1).
+    # Retries resend the identical bytes and headers.
     assert g2_first.body == g2.body
     assert g2_first.headers == g2.headers
 
@@ -341,7 +341,7 @@ def test_c18_c19_c21_growth_messages_bodies_and_retry_bytes(capsys, stub, tmp_pa
     assert m2 == [*m1, assistant1, *turn1]
     assert m3 == [*m2, assistant2, *turn2]
     assert m4 == [*m3, assistant3, *turn3]
-    # Fixed key order of the appended messages (D15).
+    # Fixed key order of the appended messages.
     assert list(m4[1]) == ["role", "content", "reasoning_content", "tool_calls"]
     assert list(m4[5]) == ["role", "content", "reasoning_content", "name", "refusal", "tool_calls"]
     assert list(m4[2]) == ["role", "tool_call_id", "content"]
@@ -351,7 +351,7 @@ def test_c18_c19_c21_growth_messages_bodies_and_retry_bytes(capsys, stub, tmp_pa
     for raw in (g1.body, g4.body):
         assert b'"tools"' not in raw and b"tool_choice" not in raw and b"temperature" not in raw
 
-    # C20: the cache estimate uses only the agent's previous prompt: growth's 100, 180,
+    # The cache estimate uses only the agent's previous prompt: growth's 100, 180,
     # 250, 400 give 530 and second's 500, 450 give 450.
     assert run.line("Tool invocations: ") == "Tool invocations: 7 planned; requests 7 (success 7, failure 0)"  # fmt: skip
     assert run.line("Total input tokens sent: ") == "Total input tokens sent: 2180"
@@ -363,9 +363,9 @@ def test_c18_c19_c21_growth_messages_bodies_and_retry_bytes(capsys, stub, tmp_pa
     assert run.failures == []
 
 
-def test_c18_agent_zero_tool_call_and_connection_reuse(capsys, stub, tmp_path):
+def test_agent_zero_tool_call_and_connection_reuse(capsys, stub, tmp_path):
     """Agent 0, invocation 1 gets call_batchbench_0_1; one agent's turns share one
-    keep-alive connection (§5.2)."""
+    keep-alive connection."""
     plans = write_plans(tmp_path / "p.jsonl", {"t": [req(30, 4), req(50, 4), req(70, 4)]})
     run_agent(capsys, argv(stub, plans))
     bodies = [r.json() for r in stub.requests]
@@ -377,7 +377,7 @@ def test_c18_agent_zero_tool_call_and_connection_reuse(capsys, stub, tmp_path):
 
 def test_resolved_endpoint_paths(capsys, stub, tmp_path):
     """--host with a trailing slash plus a relative endpoint; a full-URL endpoint ignores
-    --host (§2.2)."""
+    --host."""
     plans = one_request_plans(tmp_path)
     base = ["--agent-plans-jsonl", str(plans), "--tokenizer-model", "deepseek-v3", "--no-progress"]
     run = run_agent(capsys, ["--host", stub.url + "//", "--endpoint", "//custom/chat", *base])
@@ -390,10 +390,10 @@ def test_resolved_endpoint_paths(capsys, stub, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------
-# §5.2, §5.3: headers, user tags and body options (C22-C30, C88, C90)
+# Headers, user tags and body options
 
 
-def test_c22_c24_default_tag_is_uuid4_and_routing_key(capsys, stub, tmp_path):
+def test_default_tag_is_uuid4_and_routing_key(capsys, stub, tmp_path):
     plans = write_plans(
         tmp_path / "p.jsonl", {"a": [req(24, 4), req(40, 4)], "b": [req(24, 4), req(40, 4)]}
     )
@@ -411,7 +411,7 @@ def test_c22_c24_default_tag_is_uuid4_and_routing_key(capsys, stub, tmp_path):
     assert len(tags) == 2  # one per agent, kept across its turns
 
 
-def test_c23_user_prefix(capsys, stub, tmp_path):
+def test_user_prefix(capsys, stub, tmp_path):
     plans = write_plans(tmp_path / "p.jsonl", {"a": [req(24, 4)], "b": [req(24, 4), req(40, 4)]})
     run_agent(capsys, argv(stub, plans, "--user-prefix", "loadtest"))
     users = sorted(r.user for r in stub.requests)
@@ -419,7 +419,7 @@ def test_c23_user_prefix(capsys, stub, tmp_path):
     assert all(r.headers["x-smg-routing-key"] == r.user for r in stub.requests)
 
 
-def test_c25_c28_disabled_tagging_sends_no_user_and_no_routing_key(capsys, stub, tmp_path):
+def test_disabled_tagging_sends_no_user_and_no_routing_key(capsys, stub, tmp_path):
     plans = write_plans(tmp_path / "p.jsonl", {"a": [req(24, 4), req(40, 4)]})
     run = run_agent(capsys, argv(stub, plans, "--disable-user-tagging", "--user-prefix", "ignored"))
     assert run.line("Per-agent user tagging: ") == "Per-agent user tagging: disabled"
@@ -430,7 +430,7 @@ def test_c25_c28_disabled_tagging_sends_no_user_and_no_routing_key(capsys, stub,
 
 
 @pytest.mark.parametrize("tagging", [True, False], ids=["tagged", "untagged"])
-def test_c26_perfect_routing_target_worker_is_slot_mod_ranks(capsys, stub, tmp_path, tagging):
+def test_perfect_routing_target_worker_is_slot_mod_ranks(capsys, stub, tmp_path, tagging):
     plans = write_plans(tmp_path / "p.jsonl", {f"t{i}": [req(24, 4)] for i in range(10)})
     events = tmp_path / "events.jsonl"
     extra = ["--user-prefix", "r"] if tagging else ["--disable-user-tagging"]
@@ -457,7 +457,7 @@ def test_c26_perfect_routing_target_worker_is_slot_mod_ranks(capsys, stub, tmp_p
     assert run.line("Per-rank load (") == "Per-rank load (8 ranks, perfect routing):"
 
 
-def test_d16_invalid_user_tag_fails_without_sending(capsys, stub, tmp_path):
+def test_invalid_user_tag_fails_without_sending(capsys, stub, tmp_path):
     plans = one_request_plans(tmp_path)
     run = run_agent(capsys, argv(stub, plans, "--user-prefix", "lödtest"))
     assert stub.requests == []
@@ -493,7 +493,7 @@ def test_api_key_header_never_leaks(capsys, stub, tmp_path):
     assert secret not in run.out and secret not in run.err
     for path in outputs.values():
         assert secret.encode() not in path.read_bytes()
-    # --verbose: one request line per attempt, one response line per success (§5.12).
+    # --verbose: one request line per attempt, one response line per success.
     verbose_requests = [line for line in run.lines if line.startswith("[AGENT REQUEST] ")]
     verbose_responses = [line for line in run.lines if line.startswith("[AGENT RESPONSE] ")]
     assert (len(verbose_requests), len(verbose_responses)) == (4, 2)
@@ -537,7 +537,7 @@ def test_api_key_sources(capsys, stub, tmp_path, monkeypatch, env, flags, expect
     ],
     ids=["ignore-eos", "sglang", "sglang-ignore-eos", "sglang-stream-untagged"],
 )
-def test_c29_c30_body_options(capsys, stub, tmp_path, flags, keys):
+def test_body_options(capsys, stub, tmp_path, flags, keys):
     plans = write_plans(tmp_path / "p.jsonl", {"t": [req(24, 17)]})
     run = run_agent(capsys, argv(stub, plans, *flags))
     assert run.failures == []
@@ -557,7 +557,7 @@ def _seeded_traffic(stub: StubServer) -> list[tuple[str, bytes, dict]]:
     return traffic
 
 
-def test_c88_c90_seeded_runs_send_identical_bytes(capsys, stub, tmp_path, monkeypatch):
+def test_seeded_runs_send_identical_bytes(capsys, stub, tmp_path, monkeypatch):
     # One prompt above the inline limit, so its text comes from the worker pool.
     plans = write_plans(
         tmp_path / "p.jsonl",
@@ -566,7 +566,7 @@ def test_c88_c90_seeded_runs_send_identical_bytes(capsys, stub, tmp_path, monkey
     args = argv(stub, plans, "--seed", "42")
     run_agent(capsys, args)
     first = _seeded_traffic(stub)
-    monkeypatch.setattr(agent_module, "generation_workers", lambda: 1)
+    monkeypatch.setattr(api_module, "generation_workers", lambda: 1)
     run_agent(capsys, args)
     second = _seeded_traffic(stub)
     assert len(first) == 5
@@ -591,7 +591,7 @@ def test_c88_c90_seeded_runs_send_identical_bytes(capsys, stub, tmp_path, monkey
 
 
 # ---------------------------------------------------------------------------------------
-# §5.4: retries and backoff (C87, C89)
+# Retries and backoff
 
 
 def test_retry_then_success_includes_backoff_in_latency(capsys, stub, tmp_path):
@@ -629,7 +629,7 @@ def test_backoff_doubles_per_attempt(capsys, stub, tmp_path):
     assert run.failures == [failure_line("t", "request failed (503 Service Unavailable) busy")]
 
 
-def test_c87_zero_delay_three_attempts_without_sleep(capsys, stub, tmp_path):
+def test_zero_delay_three_attempts_without_sleep(capsys, stub, tmp_path):
     results = tmp_path / "s.csv"
     stub.handler = lambda r: Reply(503, "  overloaded \n")
     run = run_agent(
@@ -655,7 +655,7 @@ def test_c87_zero_delay_three_attempts_without_sleep(capsys, stub, tmp_path):
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 413, 422])
-def test_c89_other_4xx_are_not_retried(capsys, stub, tmp_path, status):
+def test_other_4xx_are_not_retried(capsys, stub, tmp_path, status):
     stub.handler = lambda r: Reply(status, "nope")
     run = run_agent(
         capsys,
@@ -667,7 +667,7 @@ def test_c89_other_4xx_are_not_retried(capsys, stub, tmp_path, status):
 
 
 @pytest.mark.parametrize("status", [408, 409, 429, 500, 502, 503, 504, 599])
-def test_c89_retried_statuses(capsys, stub, tmp_path, status):
+def test_retried_statuses(capsys, stub, tmp_path, status):
     stub.handler = lambda r: Reply(status, "again")
     run = run_agent(
         capsys,
@@ -693,7 +693,7 @@ def test_error_body_is_cut_at_500_characters(capsys, stub, tmp_path):
     ],
     ids=["before-response", "mid-body", "mid-stream"],
 )
-def test_c89_dropped_connection_is_retried(capsys, stub, tmp_path, spec, stream):
+def test_dropped_connection_is_retried(capsys, stub, tmp_path, spec, stream):
     stub.handler = lambda r: spec
     flags = ["--stream"] if stream else []
     run = run_agent(
@@ -717,7 +717,7 @@ def test_dropped_connection_then_success(capsys, stub, tmp_path):
 
 
 @pytest.mark.parametrize("status", [429, 503])
-def test_c89_retry_after_is_honoured(capsys, stub, tmp_path, status):
+def test_retry_after_is_honoured(capsys, stub, tmp_path, status):
     stub.script(Reply(status, "slow down", headers={"Retry-After": "1"}))
     run = run_agent(capsys, argv(stub, one_request_plans(tmp_path), "--retry-delay-ms", "10"))
     assert len(stub.requests) == 2 and run.failures == []
@@ -785,7 +785,7 @@ def test_failed_agent_stops_and_its_slot_passes_on(capsys, stub, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------
-# §5.5: timeouts
+# Timeouts
 
 
 def test_timeout_fails_the_attempt(capsys, stub, tmp_path):
@@ -827,7 +827,7 @@ def test_timeout_is_retried(capsys, stub, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------
-# §5.6: response parsing (C94, D17)
+# Response parsing
 
 BAD_RESPONSES = {
     "invalid-json": (Reply(body=b'{"choices": [}'), "invalid JSON in response body"),
@@ -865,7 +865,7 @@ BAD_RESPONSES = {
 
 
 @pytest.mark.parametrize("case", list(BAD_RESPONSES))
-def test_c94_unusable_2xx_is_retried_then_a_request_failure(capsys, stub, tmp_path, case):
+def test_unusable_2xx_is_retried_then_a_request_failure(capsys, stub, tmp_path, case):
     spec, error = BAD_RESPONSES[case]
     plans = write_plans(tmp_path / "p.jsonl", {"bad": [req(24, 4)], "good": [req(24, 4)]})
     stub.script(spec, spec)  # both attempts of agent 0; agent 1 gets the default reply
@@ -882,7 +882,7 @@ def test_c94_unusable_2xx_is_retried_then_a_request_failure(capsys, stub, tmp_pa
     assert run.line("Agents: ") == "Agents: 1 completed / 2 total"  # the run goes on
 
 
-def test_c94_transient_bad_message_then_success(capsys, stub, tmp_path):
+def test_transient_bad_message_then_success(capsys, stub, tmp_path):
     stub.script(Reply(body=chat_completion(message="hello")))
     run = run_agent(capsys, argv(stub, one_request_plans(tmp_path), "--retry-delay-ms", "0"))
     assert len(stub.requests) == 2 and run.failures == []
@@ -897,10 +897,10 @@ def test_missing_completion_tokens_counts_zero(capsys, stub, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------
-# §5.7, D5: streaming (C46, C47)
+# Streaming
 
 
-def test_c46_stream_assembly_and_next_turn(capsys, stub, tmp_path):
+def test_stream_assembly_and_next_turn(capsys, stub, tmp_path):
     plans = write_plans(tmp_path / "p.jsonl", {"t": [req(30, 4), req(50, 4)]})
     crlf = b"\r\n"
     stub.script(
@@ -954,7 +954,7 @@ STREAM_ERRORS = {
 
 
 @pytest.mark.parametrize("case", list(STREAM_ERRORS))
-def test_c46_stream_errors_are_retried(capsys, stub, tmp_path, case):
+def test_stream_errors_are_retried(capsys, stub, tmp_path, case):
     spec, error = STREAM_ERRORS[case]
     stub.handler = lambda r: spec
     run = run_agent(
@@ -974,7 +974,7 @@ def _ms_values(line: str) -> tuple[float, float, float]:
     return tuple(float(v) for v in match.groups())
 
 
-def test_c47_stream_timing_ttft_itl_tpot(capsys, stub, tmp_path):
+def test_stream_timing_ttft_itl_tpot(capsys, stub, tmp_path):
     """A role-only chunk at once, the first content after 200 ms, then 4 more 50 ms apart;
     completion_tokens 9, so TPOT = (last - first) / 8 ≈ 25 ms while ITL ≈ 50 ms."""
     results, requests, events = tmp_path / "s.csv", tmp_path / "r.jsonl", tmp_path / "e.jsonl"
@@ -1015,7 +1015,7 @@ def test_c47_stream_timing_ttft_itl_tpot(capsys, stub, tmp_path):
     assert values["stream"] == "true"
 
 
-def test_d5_ttft_is_measured_on_the_successful_attempt(capsys, stub, tmp_path):
+def test_ttft_is_measured_on_the_successful_attempt(capsys, stub, tmp_path):
     requests = tmp_path / "r.jsonl"
     stub.script(
         Reply(503, "busy"),
@@ -1054,7 +1054,7 @@ def test_stream_without_content_chunks_has_no_timing_samples(capsys, stub, tmp_p
     assert all(values[c] == "" for c in EXTRA_CSV_COLUMNS[:9])
 
 
-def test_c47_non_streaming_run_has_no_d5_lines_or_values(capsys, stub, tmp_path):
+def test_non_streaming_run_has_no_d5_lines_or_values(capsys, stub, tmp_path):
     results, requests, events = tmp_path / "s.csv", tmp_path / "r.jsonl", tmp_path / "e.jsonl"
     run = run_agent(
         capsys,
@@ -1073,7 +1073,7 @@ def test_c47_non_streaming_run_has_no_d5_lines_or_values(capsys, stub, tmp_path)
 
 
 # ---------------------------------------------------------------------------------------
-# §3.5, §5.9: resets and tool latency
+# Resets and tool latency
 
 
 def test_reset_replaces_history_and_claims_no_cache(capsys, stub, tmp_path, tok):
@@ -1117,7 +1117,7 @@ def test_reset_replaces_history_and_claims_no_cache(capsys, stub, tmp_path, tok)
     ]
     assert r4.messages[2]["tool_call_id"] == "call_batchbench_00000000_000003"
     assert tok.count(r4.messages[2]["content"]) == 13 and len(r4.messages) == 3
-    # The tag and routing key survive the reset (§3.5).
+    # The tag and routing key survive the reset.
     assert len({(r.user, r.headers["x-smg-routing-key"]) for r in stub.requests}) == 1
     assert 0.145 <= r3.arrived - r2.arrived < 1.0  # delay_after_ms of request 2
     assert run.line("Estimated cached input tokens") == (
@@ -1131,7 +1131,7 @@ def test_reset_replaces_history_and_claims_no_cache(capsys, stub, tmp_path, tok)
 
 
 # ---------------------------------------------------------------------------------------
-# §5.2: concurrency is not capped by the HTTP client
+# Concurrency is not capped by the HTTP client
 
 
 @pytest.mark.parametrize("admission", ["closed-loop", "open-loop"])
@@ -1146,7 +1146,7 @@ def test_no_connection_pool_cap_below_active_agents(capsys, stub, tmp_path, admi
 
 
 # ---------------------------------------------------------------------------------------
-# §6: outputs (C67, C68)
+# Outputs
 
 
 def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
@@ -1168,11 +1168,12 @@ def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
             "--agent-events-jsonl", str(events), "--request-events-jsonl", str(requests),
         ),
     )  # fmt: skip
-    assert run.lines[-4:] == [
+    assert run.lines[-5:] == [
         f"Wrote agent lifecycle events to {events}",
         f"Wrote request events to {requests}",
         f"Wrote agent benchmark summary to {results}",
         f"Wrote agent benchmark JSON summary to {summary_json}",
+        f"Wrote resolved options to {summary_json.with_name('s.config.toml')}",
     ]
     assert run.line("Server-reported cached input tokens") == (
         "Server-reported cached input tokens (usage.prompt_tokens_details): 100"
@@ -1261,7 +1262,7 @@ def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
         {"agent_id": 1, "trajectory_id": "bad", "invocation": 1, "error": "request failed (400 Bad Request) bad request body"}
     ]  # fmt: skip
 
-    # Lifecycle records: COMPAT fields in order, then this package's figures.
+    # Lifecycle records: the original tool's fields in order, then this package's figures.
     lines = events.read_bytes().splitlines()
     records = [orjson.loads(line) for line in lines]
     assert [orjson.dumps(r) for r in records] == lines  # compact, no spaces added
@@ -1311,7 +1312,7 @@ def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
     assert all(r["latency_seconds"] >= 0 for r in rows)
 
 
-def test_d7_lifecycle_records_are_on_disk_as_each_trajectory_finishes(capsys, stub, tmp_path):
+def test_lifecycle_records_are_on_disk_as_each_trajectory_finishes(capsys, stub, tmp_path):
     """Two quick trajectories finish within milliseconds of each other; when the slow one's
     second turn arrives, both records must already be whole lines in the file."""
     events = tmp_path / "e.jsonl"
@@ -1340,7 +1341,7 @@ def test_d7_lifecycle_records_are_on_disk_as_each_trajectory_finishes(capsys, st
 
 
 # ---------------------------------------------------------------------------------------
-# §5.13, D6, D7: interruption and crash safety (subprocesses; C91, C92)
+# Interruption and crash safety (subprocesses)
 
 
 def spawn_agent(stub: StubServer, plans: Path, *extra: str) -> subprocess.Popen:
@@ -1386,7 +1387,7 @@ def output_flags(files: dict[str, Path]) -> list[str]:
 
 
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_c91_signal_cancels_requests_after_the_grace_period(stub, tmp_path, sig, status):
+def test_signal_cancels_requests_after_the_grace_period(stub, tmp_path, sig, status):
     stub.handler = lambda r: Reply(delay=3.0)
     plans = write_plans(tmp_path / "p.jsonl", {f"t{i}": [req(24, 4), req(40, 4)] for i in range(4)})
     files = output_files(tmp_path)
@@ -1417,15 +1418,16 @@ def test_c91_signal_cancels_requests_after_the_grace_period(stub, tmp_path, sig,
     assert sorted((r["agent_id"], r["status"]) for r in cancelled) == [(0, "cancelled"), (1, "cancelled")]  # fmt: skip
     document = json.loads(files["json"].read_text())
     assert (document["interrupted"], document["interrupted_by"]) == (True, sig.name)
-    assert run.lines[-4:] == [
+    assert run.lines[-5:] == [
         f"Wrote agent lifecycle events to {files['events']}",
         f"Wrote request events to {files['requests']}",
         f"Wrote agent benchmark summary to {files['csv']}",
         f"Wrote agent benchmark JSON summary to {files['json']}",
+        f"Wrote resolved options to {files['json'].with_suffix('.config.toml')}",
     ]
 
 
-def test_d6_requests_finishing_in_the_grace_period_count(stub, tmp_path):
+def test_requests_finishing_in_the_grace_period_count(stub, tmp_path):
     stub.handler = lambda r: Reply(delay=1.0, body=chat_completion("late", 20, 2))
     plans = write_plans(tmp_path / "p.jsonl", {"a": [req(24, 4), req(40, 4)], "b": [req(24, 4), req(40, 4)]})  # fmt: skip
     files = output_files(tmp_path)
@@ -1447,7 +1449,7 @@ def test_d6_requests_finishing_in_the_grace_period_count(stub, tmp_path):
 
 
 @pytest.mark.parametrize("sleep", ["tool", "backoff"])
-def test_d6_signal_ends_pending_sleeps_at_once(stub, tmp_path, sleep):
+def test_signal_ends_pending_sleeps_at_once(stub, tmp_path, sleep):
     files = output_files(tmp_path)
     if sleep == "tool":
         plans = write_plans(tmp_path / "p.jsonl", {"t": [req(24, 4, delay_after_ms=20000), req(40, 4)]})  # fmt: skip
@@ -1480,7 +1482,7 @@ def test_d6_signal_ends_pending_sleeps_at_once(stub, tmp_path, sleep):
         assert 0.2 <= slept < 3.0  # the part of the 20 s sleep that happened
 
 
-def test_d6_second_signal_ends_the_grace_period(stub, tmp_path):
+def test_second_signal_ends_the_grace_period(stub, tmp_path):
     stub.handler = lambda r: Reply(delay=10.0)
     files = output_files(tmp_path)
     process = spawn_agent(
@@ -1498,7 +1500,7 @@ def test_d6_second_signal_ends_the_grace_period(stub, tmp_path):
     assert [r["status"] for r in read_jsonl(files["requests"])] == ["cancelled"]
 
 
-def test_c92_sigkill_leaves_whole_jsonl_lines(stub, tmp_path):
+def test_sigkill_leaves_whole_jsonl_lines(stub, tmp_path):
     stub.handler = lambda r: Reply(delay=0.05)
     plans = write_plans(tmp_path / "p.jsonl", {f"t{i}": [req(24, 4), req(40, 4)] for i in range(80)})  # fmt: skip
     files = output_files(tmp_path)
@@ -1509,7 +1511,7 @@ def test_c92_sigkill_leaves_whole_jsonl_lines(stub, tmp_path):
             if files["events"].exists() and files["events"].read_bytes().count(b"\n") >= 4:
                 break
             time.sleep(0.02)
-        # D7: finished trajectories are on disk while the run goes on.
+        # Finished trajectories are on disk while the run goes on.
         assert process.poll() is None, "the run ended before it could be killed"
         records = read_jsonl(files["events"])
         assert len(records) >= 4 and all(r["completed"] for r in records)

@@ -1,4 +1,4 @@
-"""The dry-run command end to end, on the README example (COMPAT §3.8, §6.2-§6.6; C48, C68)."""
+"""The dry-run command end to end, on the README example (docs/outputs.md)."""
 
 from __future__ import annotations
 
@@ -126,9 +126,10 @@ def test_events_and_csv_in_dry_run(capsys, tmp_path):
             "2",
         ],
     )
-    assert lines[-2:] == [
+    assert lines[-3:] == [
         f"Wrote agent lifecycle events to {events}",
         f"Wrote agent benchmark summary to {results}",
+        f"Wrote resolved options to {results.with_name('summary.config.toml')}",
     ]
     records = [orjson.loads(line) for line in events.read_bytes().splitlines()]
     assert [r["agent_id"] for r in records] == [0, 1, 2]  # finish order
@@ -190,7 +191,7 @@ def test_events_and_csv_in_dry_run(capsys, tmp_path):
     assert values["time_scale"] == "1.0" and values["admission_mode"] == "closed-loop"
 
 
-def test_c48_sampled_dry_run_eight_agents_four_slots(capsys):
+def test_sampled_dry_run_eight_agents_four_slots(capsys):
     lines, _ = run(
         capsys,
         [

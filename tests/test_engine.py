@@ -1,4 +1,4 @@
-"""Admission on the benchmark clock with real coroutines (COMPAT §3.7; C48-C52, C54)."""
+"""Admission on the benchmark clock with real coroutines (closed and open loop)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class ScriptedBody:
         return True
 
 
-def test_c48_closed_loop_eight_agents_four_slots():
+def test_closed_loop_eight_agents_four_slots():
     body = ScriptedBody(run_s={a: 0.01 for a in range(8)})
     result = asyncio.run(run_closed_loop(8, 4, body))
     by_agent = {r.agent_id: r for r in result.records}
@@ -44,7 +44,7 @@ def test_c48_closed_loop_eight_agents_four_slots():
     assert all(r.scheduled_at == 0.0 for r in result.records)
 
 
-def test_c49_freed_slots_refill_in_fifo_order():
+def test_freed_slots_refill_in_fifo_order():
     # a and b start; b (slot 1) finishes first, so c takes slot 1; then a frees slot 0 for d.
     body = ScriptedBody(run_s={0: 0.06, 1: 0.01, 2: 0.2, 3: 0.0})
     result = asyncio.run(run_closed_loop(4, 2, body))
@@ -52,14 +52,14 @@ def test_c49_freed_slots_refill_in_fifo_order():
     assert [r.agent_id for r in result.records] == [1, 0, 3, 2]
 
 
-def test_c50_replacements_prepare_concurrently():
+def test_replacements_prepare_concurrently():
     body = ScriptedBody(prepare_s={2: 0.1, 3: 0.1}, run_s={0: 0.01, 1: 0.01})
     asyncio.run(run_closed_loop(4, 2, body))
     (start2, end2), (start3, end3) = body.prepare_spans[2], body.prepare_spans[3]
     assert start3 < end2 and start2 < end3
 
 
-def test_c51_admission_keeps_queue_order_when_a_later_preparation_wins():
+def test_admission_keeps_queue_order_when_a_later_preparation_wins():
     body = ScriptedBody(prepare_s={2: 0.15, 3: 0.0}, run_s={0: 0.01, 1: 0.02})
     result = asyncio.run(run_closed_loop(4, 2, body))
     by_agent = {r.agent_id: r for r in result.records}
@@ -68,14 +68,14 @@ def test_c51_admission_keeps_queue_order_when_a_later_preparation_wins():
     assert by_agent[2].admitted_at <= by_agent[3].admitted_at
 
 
-def test_c52_limit_validation():
+def test_limit_validation():
     with pytest.raises(ValueError):
         asyncio.run(run_closed_loop(2, 0, ScriptedBody()))
     result = asyncio.run(run_closed_loop(1, 2, ScriptedBody()))
     assert result.max_active_agents == 1 and [r.agent_id for r in result.records] == [0]
 
 
-def test_c54_open_loop_cap_delays_and_counts_late_admissions():
+def test_open_loop_cap_delays_and_counts_late_admissions():
     body = ScriptedBody(run_s={0: 0.1, 1: 0.0})
     result = asyncio.run(run_open_loop([0.0, 0.0], 1, body))
     by_agent = {r.agent_id: r for r in result.records}

@@ -1,4 +1,4 @@
-"""Manifest parsing, validation messages and identity (COMPAT §3.3-§3.5, §6.7, C31-C39)."""
+"""Manifest parsing, validation messages and identity (docs/manifest.md)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def columns(m: Manifest) -> dict[str, list]:
     }
 
 
-# --- C31: order and physical line numbers -------------------------------------------------
+# --- order and physical line numbers -----------------------------------------------------
 
 
 def test_requests_and_trajectories_keep_manifest_order():
@@ -122,7 +122,7 @@ def test_mixed_crlf_line_endings():
         parse_manifest(bad, "crlf.jsonl")
 
 
-# --- C32 / C33 / C36: growth feasibility ---------------------------------------------------
+# --- resets and growth feasibility ---------------------------------------------------------
 
 
 def test_explicit_reset_may_shrink_the_prompt():
@@ -160,7 +160,7 @@ def test_implicit_prompt_reduction_names_fixture_source():
     assert message.startswith("invalid trajectory plan at fixture:1: request 2 prompt_tokens (90)")
 
 
-# --- C37 / C38 ------------------------------------------------------------------------------
+# --- duplicate ids, empty files, unsupported versions, unknown fields ----------------------
 
 
 def test_duplicate_trajectory_id():
@@ -203,7 +203,7 @@ def test_unknown_request_field():
     )
 
 
-# --- C39: schema v2 fields in a v1 line ---------------------------------------------------
+# --- schema v2 fields in a v1 line --------------------------------------------------------
 
 
 def test_start_after_ms_requires_schema_version_2():
@@ -250,7 +250,7 @@ def test_schema_version_2_is_not_supported_yet():
     )
 
 
-# --- §3.4 messages verbatim ---------------------------------------------------------------
+# --- validation messages verbatim ---------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -396,7 +396,7 @@ def test_error_is_a_batchbench_error_with_the_whole_chain():
         parse_manifest(b"{", "p")
 
 
-# --- D11 null-as-absent, metadata ---------------------------------------------------------
+# --- null optional fields count as absent; metadata ---------------------------------------
 
 
 def test_null_optional_fields_count_as_absent():

@@ -1,4 +1,4 @@
-"""Size/latency specs and sampled workloads (COMPAT §2.3, §2.4, §3.2; C1-C8, C13)."""
+"""Size/latency specs and sampled workloads: validation, flag conflicts, seeded streams."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def shape_of(*argv: str) -> SampledShape:
     return resolve_shape(parse_agent_args(list(argv)))
 
 
-def test_c1_fixed_and_lognormal_validation():
+def test_fixed_and_lognormal_validation():
     assert resolve_size_spec("input", FamilyFlags(fixed=8), 128) == FixedSpec(8)
     with pytest.raises(
         UsageError, match=r"^invalid fixed input value: sample must be greater than zero$"
@@ -42,11 +42,11 @@ def test_c1_fixed_and_lognormal_validation():
         resolve_size_spec("input", FamilyFlags(median=32, sigma=0), 128)
 
 
-def test_c2_fixed_spec_always_returns_its_value():
+def test_fixed_spec_always_returns_its_value():
     assert sample_sizes(FixedSpec(13), 99, 50, "input").tolist() == [13] * 50
 
 
-def test_c3_lognormal_is_reproducible_and_capped():
+def test_lognormal_is_reproducible_and_capped():
     spec = LogNormalSpec(mu=math.log(100), sigma=0.9, cap=40)
     first = sample_sizes(spec, 1234, 20, "input")
     assert first.tolist() == sample_sizes(spec, 1234, 20, "input").tolist()
@@ -68,7 +68,7 @@ def test_non_finite_sample_is_an_error():
         sample_sizes(spec, 1, 3, "output")
 
 
-def test_c4_latency_optional_and_fixed():
+def test_latency_optional_and_fixed():
     assert resolve_latency_spec(FamilyFlags()) is None
     assert resolve_latency_spec(FamilyFlags(fixed=0)) is None
     assert describe_latency(None) == "0 ms (fixed)"
@@ -77,7 +77,7 @@ def test_c4_latency_optional_and_fixed():
     assert describe_latency(FixedSpec(125)) == "125 ms (fixed)"
 
 
-def test_c5_lognormal_latency_and_conflict():
+def test_lognormal_latency_and_conflict():
     spec = shape_of(
         "--tool-call-latency-lognorm-median-ms", "200", "--tool-call-latency-lognorm-sigma", "0.5"
     ).latency
@@ -158,13 +158,13 @@ def test_c5_lognormal_latency_and_conflict():
         ),
     ],
 )
-def test_c6_family_rules_use_primary_names(argv, message):
+def test_family_rules_use_primary_names(argv, message):
     with pytest.raises(UsageError) as caught:
         shape_of(*argv)
     assert str(caught.value) == message
 
 
-def test_c7_median_becomes_log_mu():
+def test_median_becomes_log_mu():
     spec = shape_of("--input-lognorm-median", "500", "--input-lognorm-sigma", "0.25").input
     assert spec == LogNormalSpec(mu=math.log(500), sigma=0.25)
     assert spec.describe() == "lognormal(median≈500, σ=0.25; μ=6.215)"
@@ -174,7 +174,7 @@ def test_c7_median_becomes_log_mu():
     assert capped.output.describe() == "lognormal(median≈20, σ=1, max=90; μ=3.000)"
 
 
-def test_c8_defaults():
+def test_defaults():
     shape = shape_of()
     assert (shape.input, shape.output, shape.environment, shape.tool_invocations) == (
         FixedSpec(128),

@@ -70,7 +70,7 @@ def encode_len(loaded: LoadedTokenizer, text: str) -> int:
     return len(loaded.tokenizer.encode(text, add_special_tokens=False).ids)
 
 
-def c10_bytelevel() -> LoadedTokenizer:
+def bytelevel_tokenizer() -> LoadedTokenizer:
     """Byte-level BPE with the 256-symbol alphabet and no merges (uses the repair loop)."""
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     tok = Tokenizer(models.BPE({c: i for i, c in enumerate(alphabet)}, []))
@@ -239,7 +239,7 @@ def test_chatml_count_matches_on_metaspace_first_tokenizer():
 
 def test_message_cache_encodes_only_new_messages():
     # A tiny tokenizer: a fresh counter (a tokenizer copy) is instant; caching is the same.
-    loaded = c10_bytelevel()
+    loaded = bytelevel_tokenizer()
     counter = ChatMLCounter(loaded)
     synth = Synthesizer.prepare(loaded)
     messages = growth(synth, 40, [(10, 12)], seed=77)
@@ -259,7 +259,7 @@ def test_message_cache_encodes_only_new_messages():
 
 
 def test_message_cache_is_bounded():
-    counter = ChatMLCounter(c10_bytelevel(), cache_entries=2)
+    counter = ChatMLCounter(bytelevel_tokenizer(), cache_entries=2)
     a, b, c = ({"role": "user", "content": word} for word in ("alpha", "beta", "gamma"))
     for message in (a, b, c):
         counter.count([message])
@@ -415,7 +415,7 @@ def test_jinja_counter_renders_tools_like_transformers(qwen3_with_config):
 def saved_c10(directory: Path) -> LoadedTokenizer:
     """The tiny byte-level tokenizer written to ``directory/tokenizer.json`` and loaded."""
     path = directory / "tokenizer.json"
-    c10_bytelevel().tokenizer.save(str(path))
+    bytelevel_tokenizer().tokenizer.save(str(path))
     return LoadedTokenizer.wrap(Tokenizer.from_file(str(path)), "c10", str(path))
 
 
@@ -426,7 +426,7 @@ def test_jinja_counter_needs_tokenizer_config(tmp_path):
     ):
         load_counter(bare, "tokenizer")
     with pytest.raises(TemplateError, match=r"beside a tokenizer file; <built"):
-        load_counter(c10_bytelevel(), "tokenizer")  # in memory: no file to sit beside
+        load_counter(bytelevel_tokenizer(), "tokenizer")  # in memory: no file to sit beside
     (tmp_path / "tokenizer_config.json").write_text('{"bos_token": "<s>"}', encoding="utf-8")
     with pytest.raises(TemplateError, match="has no chat_template"):
         load_counter(bare, "tokenizer")
@@ -812,7 +812,7 @@ def test_reply_chunks_repair_method_ascii():
 def test_reply_chunks_repair_method_bytelevel():
     """Byte-level BPE: a token boundary can fall inside a multi-byte character, which no
     text chunk can split, so only the join, the chunk count and "never ahead" hold."""
-    loaded = c10_bytelevel()
+    loaded = bytelevel_tokenizer()
     synth = Synthesizer.prepare(loaded)
     assert synth.method == "repair"
     replies = ReplyText(synth)

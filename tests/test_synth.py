@@ -1,4 +1,4 @@
-"""Exact-length synthesis (COMPAT §4.2-§4.5; C9-C11, C17): RNG, assembler and Synthesizer.
+"""Exact-length synthesis: RNG, assembler and Synthesizer.
 
 The RNG and assembler tests run against the compiled module and its twin. The Synthesizer
 tests check the contract on real and hand-built tokenizers: exact count on re-encode, no
@@ -143,7 +143,7 @@ def test_assembler_starts_with_a_head_unless_told_not_to(impl):
             expected = first + "".join(pieces[i] for i in index[1:])
             assert assembler.text(n, seed) == expected == assembler.text(n, seed, head=True)
             assert assembler.text(n, seed, head=False) == "".join(pieces[i] for i in index)
-    # Pinned bytes (D1: texts must not change between versions or implementations).
+    # Pinned bytes (texts must not change between versions or implementations).
     three = impl.PieceAssembler(pieces, ["Alpha", "Beta", "Gamma"])
     assert three.text(6, 42) == "Gamma river river lake river stone"
     assert three.text(6, 42, head=False) == " stone river river lake river stone"
@@ -195,7 +195,7 @@ def wrap(tokenizer: Tokenizer, name: str) -> LoadedTokenizer:
 
 
 def c9_wordlevel() -> LoadedTokenizer:
-    """C9: WordLevel {[UNK], alpha, beta, gamma}, beta also an added special token."""
+    """WordLevel {[UNK], alpha, beta, gamma}, beta also an added special token."""
     tok = Tokenizer(
         models.WordLevel({"[UNK]": 0, "alpha": 1, "beta": 2, "gamma": 3}, unk_token="[UNK]")
     )
@@ -204,8 +204,8 @@ def c9_wordlevel() -> LoadedTokenizer:
     return wrap(tok, "c9")
 
 
-def c10_bytelevel() -> LoadedTokenizer:
-    """C10: byte-level BPE with the 256-symbol alphabet and no merges."""
+def bytelevel_tokenizer() -> LoadedTokenizer:
+    """Byte-level BPE with the 256-symbol alphabet and no merges."""
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     tok = Tokenizer(models.BPE({c: i for i, c in enumerate(alphabet)}, []))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -284,7 +284,7 @@ def gemma_style() -> LoadedTokenizer:
 
 BUILT = {
     "c9": c9_wordlevel,
-    "c10": c10_bytelevel,
+    "c10": bytelevel_tokenizer,
     "wordpiece": wordpiece,
     "unigram": metaspace_unigram,
     "bpe-no-pretokenizer": bpe_without_pretokenizer,
@@ -332,7 +332,7 @@ def tokenizers_by_name(request) -> dict:
 
 
 def assert_exact(loaded: LoadedTokenizer, text: str, n: int) -> None:
-    """The §4.3 contract, plus this package's: no added id, no control character."""
+    """Exact count, no special id, bounded failure; plus no added id, no control character."""
     if n == 0:
         assert text == ""
         return
@@ -496,7 +496,7 @@ def test_repair_loop_is_trim_stable(tokenizers_by_name, name):
     check()
 
 
-def test_c9_sixteen_tokens_without_the_special_word(tokenizers_by_name):
+def test_sixteen_tokens_without_the_special_word(tokenizers_by_name):
     loaded, synth = tokenizers_by_name("c9")
     assert set(synth.pieces) == {" alpha", " gamma"}
     assert synth.heads == ("alpha", "gamma")  # proven after newlines too
@@ -506,7 +506,7 @@ def test_c9_sixteen_tokens_without_the_special_word(tokenizers_by_name):
         assert len(ids) == 16 and 2 not in ids and "beta" not in text
 
 
-def test_c10_one_token_and_c11_2857_tokens_on_bytelevel(tokenizers_by_name):
+def test_one_token_and_c11_2857_tokens_on_bytelevel(tokenizers_by_name):
     loaded, synth = tokenizers_by_name("c10")
     for seed in range(64):
         assert_exact(loaded, synth.text(1, seed), 1)

@@ -1,4 +1,4 @@
-"""Tokenizer resolution (COMPAT §4.1; C65, C66) without touching the network."""
+"""Tokenizer resolution (file, directory, built-in name, hub id) without the network."""
 
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ def write_word_level(path, truncate: bool = False) -> None:
     tok.save(str(path))
 
 
-def test_c65_directory_resolves_to_its_tokenizer_json(tmp_path):
+def test_directory_resolves_to_its_tokenizer_json(tmp_path):
     write_word_level(tmp_path / "tokenizer.json")
     loaded = load_tokenizer(str(tmp_path))
     assert loaded.source == str(tmp_path / "tokenizer.json")
     assert loaded.base_vocab_size == 3
 
 
-def test_c65_directory_without_tokenizer_json(tmp_path):
+def test_directory_without_tokenizer_json(tmp_path):
     with pytest.raises(TokenizerError) as caught:
         load_tokenizer(str(tmp_path))
     assert (
@@ -55,7 +55,7 @@ def test_truncation_and_padding_are_switched_off(tmp_path):
     assert loaded.tokenizer.truncation is None and loaded.tokenizer.padding is None
 
 
-def test_c66_non_path_is_a_hub_id(monkeypatch):
+def test_non_path_is_a_hub_id(monkeypatch):
     # Offline mode makes the hub client fail at once instead of retrying the network.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(TokenizerError) as caught:

@@ -1,5 +1,5 @@
 """Wire format: user tags, headers, bodies, response and stream parsing, retries, verbose views
-(COMPAT §5.1-§5.12; C18, C19, C21-C26, C28-C30, C46, C88, C89)."""
+(request bodies, headers, parsing and retries as the driver sends and reads them)."""
 
 from __future__ import annotations
 
@@ -72,11 +72,11 @@ def _synthetic_call_bytes(call_id: str) -> bytes:
 
 
 # ---------------------------------------------------------------------------------------
-# §5.3 user tags (C22, C23, C88 / D3)
+# user tags (seeded UUIDv4 values, or <prefix>-<agent>)
 
 
-def _d3_tag(seed: int, agent: int) -> str:
-    """D3, computed without wire.py or the uuid module."""
+def _seeded_tag(seed: int, agent: int) -> str:
+    """The seeded UUIDv4 user tag, computed without wire.py or the uuid module."""
     raw = bytearray(
         hashlib.sha256(f"batchbench-user-tag:{seed}:{agent}".encode("ascii")).digest()[:16]
     )
@@ -86,17 +86,17 @@ def _d3_tag(seed: int, agent: int) -> str:
     return f"{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
-def test_c23_prefix_tag():
+def test_prefix_tag():
     assert user_tag(1, None, "loadtest") == "loadtest-1"
     assert user_tag(0, None, "loadtest") == "loadtest-0"
-    # The prefix wins over the seed (D3 applies only without --user-prefix).
+    # The prefix wins over the seed (seeded tags apply only without --user-prefix).
     assert user_tag(7, 42, "p") == "p-7"
 
 
 @pytest.mark.parametrize(("seed", "agent"), [(42, 0), (42, 1), (7, 0), (0, 0), (2**64 - 1, 9999)])
-def test_d3_seeded_tag_matches_derivation(seed, agent):
+def test_seeded_tag_matches_derivation(seed, agent):
     tag = user_tag(agent, seed, None)
-    assert tag == _d3_tag(seed, agent)
+    assert tag == _seeded_tag(seed, agent)
     assert UUID4_RE.match(tag)
     parsed = uuid.UUID(tag)
     assert parsed.version == 4
@@ -104,13 +104,13 @@ def test_d3_seeded_tag_matches_derivation(seed, agent):
     assert str(parsed) == tag  # lowercase, hyphenated
 
 
-def test_d3_seeded_tag_known_values():
+def test_seeded_tag_known_values():
     assert user_tag(0, 42, None) == "b0058fcb-7500-40bb-a41e-94912461834e"
     assert user_tag(1, 42, None) == "2e863e9b-db30-42f2-af8a-501072a763f7"
     assert user_tag(0, 7, None) == "de7dc006-385a-4397-b62a-7a0b8023e0c2"
 
 
-def test_c88_seeded_tags_stable_and_distinct_per_agent():
+def test_seeded_tags_stable_and_distinct_per_agent():
     first = [user_tag(agent, 42, None) for agent in range(20)]
     second = [user_tag(agent, 42, None) for agent in range(20)]
     assert first == second
@@ -118,7 +118,7 @@ def test_c88_seeded_tags_stable_and_distinct_per_agent():
     assert user_tag(0, 42, None) != user_tag(0, 43, None)
 
 
-def test_c22_unseeded_tags_are_random_uuid4():
+def test_unseeded_tags_are_random_uuid4():
     a, b = user_tag(0, None, None), user_tag(0, None, None)
     assert a != b
     for tag in (a, b):
@@ -127,7 +127,7 @@ def test_c22_unseeded_tags_are_random_uuid4():
 
 
 # ---------------------------------------------------------------------------------------
-# §5.2 headers (C24-C26, D16)
+# headers (an invalid user-tag header value fails the request without retries)
 
 
 @pytest.mark.parametrize(
@@ -191,7 +191,7 @@ def test_request_headers(api_key, tag, worker, expected):
     assert all(name == name.lower() for name in headers)
 
 
-def test_c26_target_worker_independent_of_tagging():
+def test_target_worker_independent_of_tagging():
     for slot in range(10):
         headers = request_headers(None, None, slot % 8)
         assert headers["x-smg-target-worker"] == str(slot % 8)
@@ -201,7 +201,7 @@ def test_c26_target_worker_independent_of_tagging():
 
 
 # ---------------------------------------------------------------------------------------
-# §5.1 bodies (C21, C23, C28-C30)
+# bodies
 
 
 def _body(options: BodyOptions, content: str, output: int, tag: str | None) -> bytes:
@@ -210,7 +210,7 @@ def _body(options: BodyOptions, content: str, output: int, tag: str | None) -> b
     return conversation.body(body_tail(options, output, tag))
 
 
-def test_c21_default_body_exact_bytes():
+def test_default_body_exact_bytes():
     body = _body(BodyOptions("m"), "hi", 17, "u")
     assert body == (
         b'{"model":"m","messages":[{"role":"user","content":"hi"}],'
@@ -288,18 +288,18 @@ def test_body_key_order_with_every_option():
         "stream_options",
         "user",
     ]
-    assert document["ignore_eos"] is True  # C29
+    assert document["ignore_eos"] is True  # --ignore-eos
     assert document["stream"] is True
     assert document["stream_options"] == {"include_usage": True}
-    assert document["user"] == "loadtest-1"  # C23
+    assert document["user"] == "loadtest-1"  # --user-prefix loadtest, agent 1
 
 
-def test_c30_sglang_body_has_no_default_token_fields():
+def test_sglang_body_has_no_default_token_fields():
     document = orjson.loads(_body(BodyOptions("m", sglang=True), "hi", 4, None))
     assert document["max_new_tokens"] == 4
     assert document["min_new_tokens"] == 4
     for key in ("max_tokens", "min_tokens", "stream", "stream_options", "tools", "user"):
-        assert key not in document  # C28: no user without tagging
+        assert key not in document  # no user without tagging
 
 
 def test_model_name_is_json_escaped():
@@ -368,10 +368,10 @@ def test_content_escaping_round_trips(content):
 
 
 # ---------------------------------------------------------------------------------------
-# §5.8 / §5.9 normalization and appended messages (C18, C19)
+# assistant normalization and appended messages
 
 
-def test_c18_reply_with_own_tool_calls_and_reasoning():
+def test_reply_with_own_tool_calls_and_reasoning():
     reply = {
         "role": "assistant",
         "content": "Let me look.",
@@ -406,7 +406,7 @@ def test_c18_reply_with_own_tool_calls_and_reasoning():
     assert following["tool_call_id"] == call
 
 
-def test_c19_content_only_reply():
+def test_content_only_reply():
     call = tool_call_id(2, 3)
     assert call == "call_batchbench_00000002_000003"
     serialized = assistant_with_tool_call({"role": "assistant", "content": "Done."}, call)
@@ -463,7 +463,7 @@ def test_tool_message_exact_bytes():
 
 
 # ---------------------------------------------------------------------------------------
-# §5.6 non-streaming responses (D17)
+# non-streaming responses (a non-object message is a retried parse error)
 
 
 def test_parse_response_happy_path():
@@ -562,7 +562,7 @@ def test_parse_response_errors(raw, error):
 
 
 # ---------------------------------------------------------------------------------------
-# §5.7 streaming (C46, D5)
+# streaming (with TTFT, inter-token latency and TPOT samples)
 
 
 def _chunk(delta: dict | None = None, usage: dict | None = None, *, choices=True) -> bytes:
@@ -596,7 +596,7 @@ def _assemble(pieces, sent: float = 0.0) -> Reply:
     return assembler.finish(sent)
 
 
-def test_c46_stream_assembly_with_split_chunk():
+def test_stream_assembly_with_split_chunk():
     split_at = C46_STREAM.index(b'"con', C46_STREAM.index(b"Hel") - 20) + 3  # mid-JSON
     crlf = C46_STREAM.index(b"\r\n", C46_STREAM.index(b"lo")) + 1  # between \r and \n
     pieces = [C46_STREAM[:split_at], C46_STREAM[split_at:crlf], C46_STREAM[crlf:]]
@@ -657,7 +657,7 @@ def test_stream_tool_call_deltas_ignored():
     assert reply.message == {"role": "assistant", "content": "x"}
 
 
-def test_c46_stream_without_usage():
+def test_stream_without_usage():
     stream = b"data: " + _chunk({"content": "Hello"}) + b"\n\ndata: [DONE]\n\n"
     with pytest.raises(ResponseError) as caught:
         _assemble([stream])
@@ -674,7 +674,7 @@ def test_c46_stream_without_usage():
         b"id: 1\nretry: 100\n\n",
     ],
 )
-def test_c46_stream_without_chunks(stream):
+def test_stream_without_chunks(stream):
     with pytest.raises(ResponseError) as caught:
         _assemble([stream])
     assert str(caught.value) == NO_CHUNKS
@@ -710,7 +710,7 @@ def test_stream_unterminated_last_line_parsed_by_finish(ending):
     assert reply.completion_tokens == 2
 
 
-def test_d5_stream_timing():
+def test_stream_timing():
     assembler = StreamAssembler()
     assembler.feed(b"data: " + _chunk({"role": "assistant"}) + b"\n\n", 0.95)
     for i, (text, at) in enumerate([("a", 1.0), ("b", 1.05), ("c", 1.10), ("d", 1.15)]):
@@ -726,7 +726,7 @@ def test_d5_stream_timing():
     assert reply.tpot == pytest.approx(0.15 / (4 - 1))
 
 
-def test_d5_arrival_is_that_of_the_read_completing_the_line():
+def test_arrival_is_that_of_the_read_completing_the_line():
     line = b"data: " + _chunk({"content": "x"}) + b"\n\n"
     assembler = StreamAssembler()
     assembler.feed(line[:10], 1.0)
@@ -745,7 +745,7 @@ def test_d5_arrival_is_that_of_the_read_completing_the_line():
 
 
 @pytest.mark.parametrize("completion", [None, 0, 1])
-def test_d5_tpot_needs_two_completion_tokens(completion):
+def test_tpot_needs_two_completion_tokens(completion):
     usage = (
         {"prompt_tokens": 1}
         if completion is None
@@ -761,7 +761,7 @@ def test_d5_tpot_needs_two_completion_tokens(completion):
     assert reply.tpot is None
 
 
-def test_d5_no_content_chunks_no_timing():
+def test_no_content_chunks_no_timing():
     assembler = StreamAssembler()
     assembler.feed(b"data: " + _chunk({"role": "assistant"}) + b"\n\n", 1.0)
     assembler.feed(
@@ -781,7 +781,7 @@ def test_d5_no_content_chunks_no_timing():
 
 
 # ---------------------------------------------------------------------------------------
-# §5.4 error text, retryable statuses, Retry-After and backoff (D2, D4, C87, C89)
+# error text, retryable statuses, Retry-After and backoff (0 ms means no delay)
 
 
 def test_http_error_text_known_status():
@@ -905,7 +905,7 @@ def test_backoff_ms(base, attempt, expected):
 @pytest.mark.parametrize(
     ("base", "attempt", "retry_after", "expected"),
     [
-        (10, 0, 1.0, 1000),  # C89: Retry-After: 1 with --retry-delay-ms 10
+        (10, 0, 1.0, 1000),  # Retry-After: 1 with --retry-delay-ms 10
         (10, 0, 120.0, 60_000),  # capped by the ceiling
         (250, 2, 0.2, 1000),  # computed backoff is larger
         (250, 0, 0.0, 250),
@@ -920,7 +920,7 @@ def test_backoff_ms_with_retry_after(base, attempt, retry_after, expected):
 
 
 # ---------------------------------------------------------------------------------------
-# §5.12 verbose views
+# verbose views
 
 
 def test_verbose_request_cuts_contents_arguments_descriptions():
@@ -1009,7 +1009,7 @@ def test_verbose_response():
 
 
 # ---------------------------------------------------------------------------------------
-# D5 samples
+# streaming latency samples
 
 
 def test_stream_samples_in_ms():

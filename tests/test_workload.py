@@ -1,4 +1,4 @@
-"""The workload compiler (COMPAT §3.5; C33, C35, and the build-time errors)."""
+"""The workload compiler: growth model, overheads, resets and the build-time errors."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def manifest_of(*trajectories, source: str = "plans.jsonl"):
     return parse_manifest(b"\n".join(lines) + b"\n", source)
 
 
-def test_c35_worked_example():
+def test_worked_example():
     manifest = manifest_of(
         ("t", [(100, 20), (150, 10, {"delay_after_ms": 25}), (60, 5, {"reset_before": True})])
     )
@@ -47,12 +47,12 @@ def test_overheads_accumulate_and_restart_after_a_reset():
 
 
 @pytest.mark.parametrize(("next_prompt", "environment"), [(150, 30), (140, 20)])
-def test_c33_environment_from_adjacent_requests(next_prompt, environment):
+def test_environment_from_adjacent_requests(next_prompt, environment):
     work = compile_manifest(manifest_of(("t", [(100, 20), (next_prompt, 5)])))
     assert work.environment_tokens.tolist() == [environment, 0]
 
 
-def test_c33_shrinking_prompt_is_a_manifest_error():
+def test_shrinking_prompt_is_a_manifest_error():
     with pytest.raises(ManifestError) as caught:
         manifest_of(("t", [(100, 20), (110, 5)]))
     assert str(caught.value) == (

@@ -1,4 +1,4 @@
-"""Command line of ``batchbench-agent`` (COMPAT §2): parsing and parse-time checks only."""
+"""Command line of ``batchbench-agent``: parsing, the --config file and parse-time checks."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ LATENCY_DESTS = (
 
 
 def shape_dests() -> list[str]:
-    """Destinations of the 25 synthetic workload-shape flags (§2.3, §2.4)."""
+    """Destinations of the 25 sampled-shape flags: four size families and the tool latency."""
     dests = []
     for _label, dest, _fixed, _lognorm in SIZE_FAMILIES:
         dests += [f"{dest}_fixed", f"{dest}_mu", f"{dest}_median", f"{dest}_sigma", f"{dest}_max"]
@@ -80,7 +80,7 @@ def shape_dests() -> list[str]:
 
 
 def add_target_flags(target) -> None:
-    """--model, --tokenizer-model, --host, --endpoint, --api-key, --api-key-env (COMPAT §2.2);
+    """--model, --tokenizer-model, --host, --endpoint, --api-key, --api-key-env (the target);
     shared by ``batchbench-agent`` and ``batchbench calibrate``."""
     target.add_argument(
         "--model", default=DEFAULT_MODEL, help="model name sent in each body (default: %(default)s)"
@@ -159,7 +159,7 @@ def add_fidelity_flags(group) -> None:
 
 
 def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
-    """Every flag of COMPAT §2; defaults are None where "not given" must stay visible."""
+    """Every flag; defaults are None where "not given" must stay visible."""
     parser = AgentArgumentParser(
         prog=prog,
         allow_abbrev=False,
@@ -400,7 +400,7 @@ def version_text() -> str:
 
 
 def check_companions(args: argparse.Namespace) -> None:
-    """Parse-time companion rules of COMPAT §2.8."""
+    """Flags that need another flag, or exclude one: checked right after parsing."""
     if args.agent_plans_jsonl is None:
         for dest, flag in (
             ("replay_initial_overhead_tokens", "--replay-initial-overhead-tokens"),

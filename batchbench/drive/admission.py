@@ -1,4 +1,4 @@
-"""Admission bookkeeping for closed and open loop (COMPAT §3.7), free of clocks and I/O.
+"""Admission bookkeeping for closed and open loop (docs/manifest.md), free of clocks and I/O.
 
 The engine owns time and preparation; this module only decides *which* plan goes into
 *which* routing slot. It runs on the compiled ``FifoRing`` and ``SlotAllocator`` when they
@@ -62,7 +62,8 @@ class ClosedLoopAdmission:
     The initial wave is admitted at construction; ``initial()`` reports it. The caller
     must call ``on_finish`` once per finished agent (completed or failed) with that
     agent's slot. Admitting replacements in the order ``on_finish`` returns them is the
-    caller's job (COMPAT C51); this class hands them out in FIFO order.
+    caller's job, even when a later replacement is prepared first; this class hands them
+    out in FIFO order.
     """
 
     __slots__ = ("_effective_max", "_initial", "_n_plans", "_queue", "_slots")

@@ -1,4 +1,4 @@
-"""The HTTP agent body: each admitted trajectory's turns against the server (COMPAT §5).
+"""The HTTP agent body: each admitted trajectory's turns against the server.
 
 One ``aiohttp.ClientSession`` on the running loop (uvloop in ``batchbench-agent``), with a
 connector sized to the active-agent cap. Per turn the body is the conversation's
@@ -65,7 +65,7 @@ READ_BUFFER_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class DriverSettings:
-    """Run-wide HTTP settings (COMPAT §2.2, §2.6, §2.7)."""
+    """Run-wide HTTP settings: target, identity and routing, timeouts and retries."""
 
     url: str
     body: BodyOptions
@@ -81,7 +81,8 @@ class DriverSettings:
 
 
 class _Final(Exception):
-    """An attempt error that is not retried (D4, D16)."""
+    """An attempt error that is not retried: a 4xx other than 408, 409 and 429, or a local
+    error such as a header that cannot be built."""
 
 
 class _Retry(Exception):
@@ -147,7 +148,7 @@ class Prepared:
     oracle_seconds: float | None = None
 
 
-class HttpAgentBody:
+class HttpAgentLoop:
     """Runs one trajectory per ``run`` call; shared by every agent of the run."""
 
     def __init__(
@@ -277,7 +278,7 @@ class HttpAgentBody:
 
     # -- the agent loop ---------------------------------------------------------------
     async def run(self, agent: int, slot: int, prepared: Prepared) -> int:
-        """One trajectory; an unexpected error is fatal with the COMPAT §5.11 wording."""
+        """One trajectory; an unexpected error is fatal as "agent worker task failed: …"."""
         try:
             return await self._run(agent, slot, prepared)
         except (BatchbenchError, asyncio.CancelledError):
@@ -351,7 +352,7 @@ class HttpAgentBody:
                 try:
                     reply, error, attempts, started, elapsed = await self._send(body, headers)
                 except asyncio.CancelledError:
-                    # Cut off after the grace period: neither successful nor failed (D6).
+                    # Cut off after the grace period: neither successful nor failed.
                     event(request, None, None, None, None, "cancelled", None)
                     raise
             if reply is None:

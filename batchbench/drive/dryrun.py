@@ -1,4 +1,4 @@
-"""The dry-run agent body: materialize every text of a trajectory, send nothing (COMPAT §3.8)."""
+"""The dry-run agent loop: materialize every text of a trajectory, send nothing."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from batchbench.results.lifecycle import Outcome
 from batchbench.text.content import ContentFactory
 
 
-class DryRunBody:
+class DryRunLoop:
     """Generates each trajectory's texts off the event loop; unconstructable content fails the run.
 
     Completion is instant, and agents that complete at the same instant finish in admission
@@ -28,7 +28,8 @@ class DryRunBody:
         return await loop.run_in_executor(self.pool, self.factory.initial_prompt, agent)
 
     def _materialize_rest(self, agent: int) -> int:
-        """Every environment text but the last turn's (D10) and every reset prompt; bytes made."""
+        """Every environment text but the last turn's (never sent) and every reset prompt;
+        bytes made."""
         produced = 0
         turns = self.workload.turns(agent)
         reset = self.workload.reset_before

@@ -1,7 +1,7 @@
-"""Run trajectories through closed- or open-loop admission on the benchmark clock (COMPAT §3.7).
+"""Run trajectories through closed- or open-loop admission on the benchmark clock.
 
 The engine knows nothing about HTTP: it admits trajectories, hands each one to an
-``AgentBody`` (the dry-run body here, the HTTP driver later) and records when each was
+``AgentLoop`` (the dry-run loop, or the HTTP driver) and records when each was
 scheduled, admitted and collected.
 """
 
@@ -20,7 +20,7 @@ from batchbench.results.lifecycle import EngineResult, Outcome, TrajectoryRecord
 OPEN_LOOP_LOOKAHEAD = 256
 
 
-class AgentBody(Protocol):
+class AgentLoop(Protocol):
     """What the engine drives: first-request preparation, then the agent's whole loop."""
 
     async def prepare(self, agent: int) -> Any:
@@ -50,9 +50,9 @@ async def _cancel_all(tasks: set[asyncio.Task]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _announce_clock(body: AgentBody, clock: _Clock) -> None:
-    """Tell a body that wants it when the benchmark clock started (perf_counter seconds)."""
-    started = getattr(body, "clock_started", None)
+def _announce_clock(agents: AgentLoop, clock: _Clock) -> None:
+    """Tell an agent loop that wants it when the benchmark clock started (perf_counter seconds)."""
+    started = getattr(agents, "clock_started", None)
     if started is not None:
         started(clock.origin)
 
@@ -61,8 +61,8 @@ def _stopped(shutdown: Shutdown | None) -> bool:
     return shutdown is not None and shutdown.stopped
 
 
-async def _run_body(
-    body: AgentBody,
+async def _run_trajectory(
+    agents: AgentLoop,
     record: TrajectoryRecord,
     content: Any,
     clock: _Clock,
@@ -71,7 +71,7 @@ async def _run_body(
 ) -> TrajectoryRecord:
     """Run one admitted trajectory; a cancellation during shutdown marks it interrupted."""
     try:
-        outcome = await body.run(record.agent_id, record.routing_slot, content)
+        outcome = await agents.run(record.agent_id, record.routing_slot, content)
     except asyncio.CancelledError:
         if not _stopped(shutdown):
             raise
@@ -114,7 +114,7 @@ class _ShutdownWatch:
 async def run_closed_loop(
     n_plans: int,
     max_active: int | None,
-    body: AgentBody,
+    agents: AgentLoop,
     sink: RecordSink | None = None,
     shutdown: Shutdown | None = None,
 ) -> EngineResult:
@@ -124,10 +124,10 @@ async def run_closed_loop(
     admission = ClosedLoopAdmission(n_plans, max_active)
     result = EngineResult(max_active_agents=admission.effective_max)
     initial = admission.initial()
-    prepared = await asyncio.gather(*(body.prepare(agent) for _slot, agent in initial))
+    prepared = await asyncio.gather(*(agents.prepare(agent) for _slot, agent in initial))
     clock = _Clock()
     clock.start()
-    _announce_clock(body, clock)
+    _announce_clock(agents, clock)
     finish_order = itertools.count()
 
     tasks: set[asyncio.Task] = set()
@@ -135,7 +135,9 @@ async def run_closed_loop(
     for (slot, agent), content in zip(initial, prepared, strict=True):
         record = TrajectoryRecord(agent, slot, 0.0, 0.0)
         tasks.add(
-            asyncio.ensure_future(_run_body(body, record, content, clock, finish_order, shutdown))
+            asyncio.ensure_future(
+                _run_trajectory(agents, record, content, clock, finish_order, shutdown)
+            )
         )
     last_admission: asyncio.Future = asyncio.get_running_loop().create_future()
     last_admission.set_result(None)
@@ -145,7 +147,7 @@ async def run_closed_loop(
     ) -> TrajectoryRecord | None:
         me = asyncio.current_task()
         try:
-            content = await body.prepare(agent)
+            content = await agents.prepare(agent)
             await previous
             if _stopped(shutdown):
                 return None
@@ -159,7 +161,7 @@ async def run_closed_loop(
             waiting.discard(me)
             if not mine.done():
                 mine.set_result(None)
-        return await _run_body(body, record, content, clock, finish_order, shutdown)
+        return await _run_trajectory(agents, record, content, clock, finish_order, shutdown)
 
     watch = _ShutdownWatch(shutdown)
     try:
@@ -205,7 +207,7 @@ def _in_finish_order(done: set[asyncio.Task]) -> list[TrajectoryRecord]:
 async def run_open_loop(
     start_offsets: list[float],
     max_active: int | None,
-    body: AgentBody,
+    agents: AgentLoop,
     sink: RecordSink | None = None,
     shutdown: Shutdown | None = None,
 ) -> EngineResult:
@@ -218,11 +220,11 @@ async def run_open_loop(
     lookahead = asyncio.Semaphore(OPEN_LOOP_LOOKAHEAD)
     early = order[:OPEN_LOOP_LOOKAHEAD]
     prepared = dict(
-        zip(early, await asyncio.gather(*(body.prepare(a) for a in early)), strict=True)
+        zip(early, await asyncio.gather(*(agents.prepare(a) for a in early)), strict=True)
     )
     clock = _Clock()
     clock.start()
-    _announce_clock(body, clock)
+    _announce_clock(agents, clock)
     finish_order = itertools.count()
     waiting: set[asyncio.Task] = set()  # spawned, not admitted yet
 
@@ -230,7 +232,7 @@ async def run_open_loop(
         me = asyncio.current_task()
         holds_cap = False
         try:
-            content = prepared.pop(agent) if agent in prepared else await body.prepare(agent)
+            content = prepared.pop(agent) if agent in prepared else await agents.prepare(agent)
             scheduled = start_offsets[agent]
             delay = scheduled - clock.now()
             if delay > 0:
@@ -260,7 +262,7 @@ async def run_open_loop(
         result.last_agent_admitted_at = max(result.last_agent_admitted_at, admitted)
         result.max_admission_lag = max(result.max_admission_lag, max(admitted - scheduled, 0.0))
         try:
-            return await _run_body(body, record, content, clock, finish_order, shutdown)
+            return await _run_trajectory(agents, record, content, clock, finish_order, shutdown)
         finally:
             slots.release(slot)
             if cap is not None:

@@ -1,4 +1,4 @@
-"""Graceful interruption (COMPAT §5.13, D6): stop admission, a grace period, then cancel.
+"""Graceful interruption, outputs still written: stop admission, a grace period, then cancel.
 
 The first SIGINT or SIGTERM stops admission and ends every pending tool sleep at once;
 requests in flight get ``grace`` seconds to finish. When the grace period ends, or at a

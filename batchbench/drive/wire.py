@@ -1,8 +1,9 @@
-"""What goes over the wire: request bodies as bytes, headers, and response parsing (COMPAT §5).
+"""What goes over the wire: request bodies as bytes, headers, and response parsing.
 
 Bodies are assembled from serialized pieces. A conversation keeps the bytes of
 ``{"model":…,"messages":[m1,m2,…`` and each turn appends only the new messages' JSON, so a
-long history is never serialized twice. Every JSON object has a fixed key order (D15).
+long history is never serialized twice. Every JSON object has a fixed key order, so equal runs send
+equal bytes.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import orjson
 _DUMPS = orjson.dumps
 _LOADS = orjson.loads
 
-# §5.7: the messages of a stream that cannot be assembled.
+# The messages of a stream that cannot be assembled.
 NO_CHUNKS = "streamed response contained no chunks"
 NO_STREAM_USAGE = (
     "streamed response missing usage; the backend must honor stream_options.include_usage"
@@ -44,7 +45,7 @@ _RETRY_AFTER_MAX_S = float(1 << 31)
 
 
 class ResponseError(Exception):
-    """A 2xx response that cannot be used (retried under D4)."""
+    """A 2xx response that cannot be used (retried like a 5xx)."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -52,7 +53,8 @@ class ResponseError(Exception):
 
 
 def user_tag(agent_id: int, seed: int | None, prefix: str | None) -> str:
-    """§5.3 / D3: ``<prefix>-<agent>``, a seed-derived UUIDv4, or a random UUIDv4."""
+    """The user tag: ``<prefix>-<agent>``, else a UUIDv4 derived from the seed and agent (so
+    a seeded run repeats its tags), else a random UUIDv4."""
     if prefix is not None:
         return f"{prefix}-{agent_id}"
     if seed is None:
@@ -73,7 +75,8 @@ def valid_header_value(value: str) -> bool:
 def request_headers(
     api_key: str | None, tag: str | None, target_worker: int | None
 ) -> dict[str, str]:
-    """§5.2 headers of one agent, in lowercase like the Rust client; built once per agent."""
+    """One agent's headers, lowercase (content type, bearer key, routing key, target
+    worker); built once per agent."""
     headers = {"content-type": "application/json"}
     if api_key:
         headers["authorization"] = f"Bearer {api_key}"
@@ -90,7 +93,7 @@ def request_headers(
 
 @dataclass(frozen=True)
 class BodyOptions:
-    """Run-wide body settings (§5.1)."""
+    """Run-wide body settings."""
 
     model: str
     sglang: bool = False
@@ -99,7 +102,7 @@ class BodyOptions:
 
 
 def body_tail(options: BodyOptions, output_tokens: int, tag: str | None) -> bytes:
-    """Everything after the messages array: ``],<token fields>,…}`` in §5.1 order."""
+    """Everything after the messages array: ``],<token fields>,…}`` in a fixed order."""
     cap = floor = output_tokens
     names = (
         (b"max_new_tokens", b"min_new_tokens") if options.sglang else (b"max_tokens", b"min_tokens")
@@ -162,7 +165,8 @@ _NORMALIZED_KEYS = ("reasoning_content", "name", "refusal")
 
 
 def normalized_assistant(message: dict) -> dict:
-    """§5.8: role, content (null when absent) and the present reasoning/name/refusal fields;
+    """The reply as it is replayed: role, content (null when absent) and the present
+    reasoning/name/refusal fields;
     the model's own tool calls are dropped."""
     normalized = {"role": "assistant", "content": message.get("content")}
     for key in _NORMALIZED_KEYS:
@@ -175,7 +179,7 @@ _KEEP = object()
 
 
 def assistant_with_tool_call(message: dict, call_id: str, content=_KEEP, reasoning=_KEEP) -> bytes:
-    """§5.9: the normalized reply carrying the synthetic ``environment`` tool call.
+    """The normalized reply carrying the synthetic ``environment`` tool call.
 
     ``content`` and ``reasoning`` replace the reply's content and ``reasoning_content``
     (the driver sends them trimmed, the way the prompt correction counted them)."""
@@ -211,7 +215,7 @@ class Conversation:
         self.messages = 1
 
     def append(self, *serialized: bytes) -> None:
-        """Append already-serialized messages (§5.9)."""
+        """Append already-serialized messages."""
         prefix = self._prefix
         for message in serialized:
             prefix += b","
@@ -273,7 +277,8 @@ def _usage_counts(usage) -> tuple[int, int, int | None]:
 
 
 def parse_response(raw: bytes) -> Reply:
-    """§5.6 for a non-streamed 2xx body; ``ResponseError`` when it cannot be used."""
+    """The reply and usage of a non-streamed 2xx body; ``ResponseError`` when it cannot be
+    used (not JSON, no usage, no integer prompt_tokens, no message object)."""
     try:
         document = _LOADS(raw)
     except orjson.JSONDecodeError as exc:
@@ -295,7 +300,8 @@ def parse_response(raw: bytes) -> Reply:
 
 
 class StreamAssembler:
-    """§5.7 SSE parsing with D5 timing; feed network reads as they arrive, then ``finish``.
+    """SSE parsing with streaming timings (TTFT, gaps between content chunks, time per output
+    token); feed network reads as they arrive, then ``finish``.
 
     Lines split across reads are reassembled; ``\\r\\n`` endings, comments, ``event:`` lines
     and ``[DONE]`` are ignored. Arrival times are those of the read that completed the line.
@@ -394,7 +400,7 @@ def status_text(status: int) -> str:
 
 
 def http_error_text(status: int, body: bytes) -> str:
-    """§5.4: ``request failed (<status> <reason>) <body, trimmed, cut at 500 chars>``."""
+    """``request failed (<status> <reason>) <body, trimmed, cut at 500 chars>``."""
     text = body.decode("utf-8", errors="replace").strip()
     if len(text) > ERROR_BODY_LIMIT:
         text = text[:ERROR_BODY_LIMIT] + "..."
@@ -402,7 +408,7 @@ def http_error_text(status: int, body: bytes) -> str:
 
 
 def is_retryable_status(status: int) -> bool:
-    """D4: 408, 409, 429 and every 5xx are retried; other statuses are final."""
+    """408, 409, 429 and every 5xx are retried; other statuses are final."""
     return status in RETRYABLE_STATUSES or 500 <= status <= 599
 
 
@@ -432,7 +438,7 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 
 
 def backoff_ms(base_ms: int, attempt: int, retry_after_s: float | None = None) -> int:
-    """§5.4 / D2 / D4: base × 2^attempt (exponent ≤ 31, saturating), under the ceiling, raised
+    """Backoff: base × 2^attempt (exponent ≤ 31, saturating), under the ceiling, raised
     to a valid Retry-After."""
     if base_ms == 0 and retry_after_s is None:
         return 0
@@ -445,7 +451,7 @@ def backoff_ms(base_ms: int, attempt: int, retry_after_s: float | None = None) -
 
 
 # ---------------------------------------------------------------------------------------
-# Verbose views (§5.12)
+# Verbose views (--verbose): request and response JSON with long strings cut
 
 VERBOSE_LIMIT = 50
 

@@ -1,4 +1,4 @@
-"""Trajectory manifests: JSONL parsing, validation and SHA-256 identity (COMPAT §3.3-§3.5, §6.7).
+"""Trajectory manifests: JSONL parsing, validation and SHA-256 identity (docs/manifest.md).
 
 A manifest is stored columnar: one numpy column per request field, grouped per trajectory
 by CSR offsets. Memory therefore scales with the number of trajectories (their ids) plus a
@@ -52,7 +52,7 @@ _WHITESPACE = (
 _V1_TRAJECTORY_FIELDS = ("schema_version", "trajectory_id", "requests", "metadata")
 _TRAJECTORY_FIELDS = (*_V1_TRAJECTORY_FIELDS, "start_after_ms")
 _V1_REQUEST_FIELDS = ("prompt_tokens", "output_tokens", "reset_before", "delay_after_ms")
-# Schema v2 request fields, in the order COMPAT §3.4 reports them for a v1 line.
+# Schema v2 request fields, in the order a v1 line reports them (the first found wins).
 _V2_REQUEST_FIELDS = (
     "overhead_tokens",
     "stream",
@@ -86,7 +86,7 @@ class Manifest:
 
     source: str
     sha256: str
-    schema_version: int  # the highest version present (§3.3)
+    schema_version: int  # the highest version present in the file
     trajectory_ids: list[str]
     line_numbers: np.ndarray  # int32, 1-based physical line of each trajectory
     request_offsets: np.ndarray  # int64, len(trajectory_ids) + 1
@@ -112,8 +112,17 @@ class Manifest:
         return slice(int(self.request_offsets[index]), int(self.request_offsets[index + 1]))
 
 
+def check_manifest_opens(path: str) -> None:
+    """Fail now, with the message hashing would give, when the manifest cannot be opened."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise ManifestError(f"failed to open {path} for hashing: {_os_reason(exc)}") from exc
+
+
 def hash_manifest(path: str) -> str:
-    """SHA-256 of the file's raw bytes in lowercase hex, read in 64 KiB chunks (§6.7)."""
+    """SHA-256 of the file's raw bytes in lowercase hex, read in 64 KiB chunks."""
     try:
         handle = open(path, "rb")  # noqa: SIM115 - the open and the reads fail differently
     except OSError as exc:
@@ -342,7 +351,7 @@ class _Builder:
 
 
 def _request_fields(request: Any, n: int) -> dict[str, Any]:
-    """One request's present, type-checked fields (null optional fields dropped, D11)."""
+    """One request's present, type-checked fields (a null optional field counts as absent)."""
     if type(request) is not dict:
         raise ManifestError(f"request {n} must be a JSON object, found {_describe(request)}")
     fields: dict[str, Any] = {}

@@ -1,4 +1,4 @@
-"""Size and latency specs for the sampled workload mode (COMPAT §2.3, §2.4, §3.2)."""
+"""Size and latency specs for the sampled workload mode (fixed or log-normal, per flag family)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ SizeSpec = FixedSpec | LogNormalSpec
 
 
 def short_float(value: float) -> str:
-    """Shortest decimal form without a trailing ``.0`` (COMPAT §6.2): 1, 0.5, 1000."""
+    """Shortest decimal form without a trailing ``.0``, as the banner prints it: 1, 0.5, 1000."""
     text = repr(float(value))
     if text.endswith(".0"):
         text = text[:-2]
@@ -101,7 +101,8 @@ def _lognormal(
 
 
 def resolve_size_spec(label: str, flags: FamilyFlags, default: int) -> SizeSpec:
-    """Apply COMPAT §2.3's rules 1-7, in order, with the primary flag names."""
+    """Resolve one flag family, checking conflicts first, then fixed, default, log-normal;
+    messages use the primary flag names."""
     fixed_flag = "--tool-invocations" if label == "tool-invocations" else f"--{label}-tokens"
     if flags.fixed is not None and flags.any_lognormal:
         raise UsageError(f"{fixed_flag} cannot be combined with --{label}-lognorm-* flags")
@@ -125,7 +126,7 @@ def resolve_size_spec(label: str, flags: FamilyFlags, default: int) -> SizeSpec:
 
 
 def resolve_latency_spec(flags: FamilyFlags) -> SizeSpec | None:
-    """COMPAT §2.4: None means latency disabled (no flag, or an explicit 0)."""
+    """The tool-call latency spec; None means disabled (no flag, or an explicit 0)."""
     if flags.fixed is not None and flags.any_lognormal:
         raise UsageError(
             "--tool-call-latency-ms cannot be combined with --tool-call-latency-lognorm-* flags"

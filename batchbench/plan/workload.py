@@ -1,4 +1,4 @@
-"""Compile a manifest or sampled specs into per-request turn shapes (COMPAT §3.2, §3.5).
+"""Compile a manifest or sampled specs into per-request turn shapes (docs/manifest.md).
 
 The result is columnar and text-free: a few numpy columns indexed by request, grouped
 per trajectory by ``request_offsets`` (CSR). Text is materialized later, per admitted
@@ -17,7 +17,7 @@ from batchbench.errors import PlanError
 from batchbench.plan.sampling import SizeSpec, sample_sizes
 from batchbench.rng import mix_seed
 
-# Sampling stream ids of COMPAT §3.2 (4 is unused).
+# Sampling stream ids: each sampled field of an agent has its own stream (4 is unused).
 if TYPE_CHECKING:
     from batchbench.plan.manifest import Manifest
 
@@ -82,7 +82,7 @@ def compile_manifest(
     turn_overhead: int = 0,
     time_scale: float = 1.0,
 ) -> Workload:
-    """Apply the effective-overhead rule, content targets and environment inference (§3.5)."""
+    """Apply the overheads, content targets and environment inference of the growth model."""
     offsets = np.asarray(manifest.request_offsets, dtype=np.int64)
     prompt = np.asarray(manifest.prompt_tokens, dtype=np.int64)
     output = np.asarray(manifest.output_tokens, dtype=np.int64)
@@ -166,7 +166,7 @@ class SampledShape:
 
 
 def compile_sampled(shape: SampledShape, agents: int, root_seed: int) -> Workload:
-    """Draw every agent's turns from its own streams (COMPAT §3.2)."""
+    """Draw every agent's turns from its own streams, one stream per sampled field."""
     counts = np.empty(agents, dtype=np.int64)
     firsts = np.empty(agents, dtype=np.int64)
     outputs, environments, latencies = [], [], []

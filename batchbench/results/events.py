@@ -1,4 +1,4 @@
-"""JSONL outputs: the lifecycle records (COMPAT §6.6, D7) and the per-request events.
+"""JSONL outputs: the lifecycle records and the per-request events (docs/outputs.md).
 
 Lines reach the file only whole, through unbuffered ``os.write`` calls of complete lines,
 so the file parses line by line at any moment, even after ``kill -9`` of the client.

@@ -1,4 +1,4 @@
-"""Percentiles and run totals as COMPAT §6.8 defines them."""
+"""Percentiles, run totals and streaming samples, as docs/metrics.md defines them."""
 
 from __future__ import annotations
 

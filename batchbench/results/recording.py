@@ -1,5 +1,5 @@
 """What a live run measures, as it happens: totals, streaming samples, per-rank figures,
-per-trajectory figures and the client's own health (COMPAT §6.8, D5).
+per-trajectory figures and the client's own health (docs/metrics.md).
 
 The driver calls ``request_succeeded`` / ``request_failed`` once per logical request; the
 report reads the result. Nothing here does I/O except the optional request-events file.

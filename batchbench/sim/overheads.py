@@ -1,8 +1,8 @@
 """Measure a template's replay overheads: the tokens it adds beyond message contents.
 
-COMPAT §3.5 models a prompt as contents plus an overhead that starts at
+The growth model (docs/manifest.md) sees a prompt as contents plus an overhead that starts at
 ``--replay-initial-overhead-tokens`` and grows by ``--replay-turn-overhead-tokens`` per
-appended turn. This renders real growth-mode conversations (COMPAT §5.9: user prompt,
+appended turn. This renders real growth-mode conversations (a user prompt,
 then per turn an assistant reply carrying the ``environment`` tool call and the tool
 result), with exact-length synthetic contents, and reads both numbers off the counts. It
 checks them over several turns, sizes and agent ids and refuses when they vary, since a

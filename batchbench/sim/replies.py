@@ -1,6 +1,6 @@
 """The simulated model's replies: how many tokens, and text of exactly that many.
 
-Output length follows the request's token fields (COMPAT §5.1 names and the SGLang ones).
+Output length follows the request's token fields (the OpenAI-style names and the SGLang ones).
 The cap is ``max_tokens`` (or ``max_new_tokens`` / ``max_completion_tokens``), else the
 server's default raised to the floor when only a floor is given. The floor is
 ``min_tokens`` (or ``min_new_tokens``) clipped to the cap. With ``ignore_eos``, or a floor

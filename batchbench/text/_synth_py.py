@@ -3,7 +3,7 @@
 The text RNG is a counter-based splitmix64: draw k of a stream is a pure function of
 (seed, k), so numpy can compute a whole stream at once with wrapping uint64 arithmetic and
 the compiled module can compute it in a C loop, both giving the same indices on every
-platform and Python version (COMPAT §4.5, D1). ``BATCHBENCH_NO_EXTENSIONS=1`` selects
+platform and Python version (texts are reproducible). ``BATCHBENCH_NO_EXTENSIONS=1`` selects
 this module; the test suite checks that both produce byte-identical output.
 """
 

@@ -1,4 +1,4 @@
-"""Materialize a trajectory's text on demand, deterministically (COMPAT §4.3, §4.5).
+"""Materialize a trajectory's text on demand, deterministically and at exact token counts.
 
 Every text is a pure function of (root seed, content salt, agent id, field, turn, size) and
 the tokenizer, so it never depends on which worker generated it or when. The size defaults

@@ -1,4 +1,4 @@
-"""Exact-length synthetic text (COMPAT §4.2-§4.5): the API the rest of the package uses.
+"""Exact-length synthetic text: the API the rest of the package uses.
 
 ``Synthesizer.prepare(loaded)`` inspects a tokenizer once. Most tokenizers have many
 **fast pieces**: a leading space plus one alphabetic word that is a single token and, being
@@ -7,7 +7,7 @@ them gives exactly n tokens with no re-encoding, so text costs a memcpy per toke
 (``PieceAssembler``, compiled or twin). The property is proven on long random joins at
 preparation, not assumed. Tokenizers where it fails or finds too few pieces (no
 pre-tokenizer, byte-level BPE without merges, normalizers that rewrite words) use the
-decode, re-encode and repair loop of §4.4, which is exact but costs several encodes a text.
+decode, re-encode and repair loop, which is exact but costs several encodes a text.
 
 Every text is **trim-stable**: it has no leading or trailing whitespace, so chat templates
 that trim message content (Gemma, Llama-3, Qwen3.5, GLM) cannot change its count. The fast
@@ -15,7 +15,8 @@ method starts each text with a **head**: a proven single-token word without a le
 space ("river" rather than " river"), then n-1 fast pieces; the repair loop strips what it
 measures.
 
-Both methods are deterministic functions of (tokenizer file, n, seed) (§4.5, D1).
+Both methods are deterministic functions of (tokenizer file, n, seed), so equal inputs
+give byte-identical text.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ PieceAssembler = _synth.PieceAssembler
 
 Method = Literal["fast", "repair"]
 
-# §4.4 reference bounds.
+# Bounds of the repair loop: rounds, trim cuts tried per round, identical resamples.
 REPAIR_ATTEMPTS = 256
 TRIM_BOUNDARIES = 16
 IDENTICAL_RESAMPLES = 8
@@ -96,7 +97,7 @@ SAME_CANDIDATE = "tokenizer produced the same candidate in 8 consecutive determi
 
 
 def failure_message(target: int, last_count: int | None) -> str:
-    """The §4.3 message for a target that the bounded loop could not reach."""
+    """The error message for a target that the bounded loop could not reach."""
     last = "unknown" if last_count is None else str(last_count)
     return (
         f"failed to generate synthetic text with exactly {target} tokens after "
@@ -110,7 +111,7 @@ def min_fast_pieces(usable: int) -> int:
 
 
 def eligible_ids(loaded: LoadedTokenizer) -> np.ndarray:
-    """§4.2 eligible ids: the base vocabulary minus special ids; raises when there are none."""
+    """Eligible ids: the base vocabulary minus special ids; raises when there are none."""
     if loaded.base_vocab_size <= 0:
         raise SynthesisError(EMPTY_VOCAB)
     ids = np.arange(loaded.base_vocab_size, dtype=np.int64)
@@ -132,7 +133,7 @@ def _is_word(candidate: str) -> bool:
 
 
 def decode_each(loaded: LoadedTokenizer, ids: np.ndarray) -> list[str]:
-    """The single-id decode of every id in ``ids`` (special tokens kept, §4.2)."""
+    """The single-id decode of every id in ``ids`` (special tokens kept)."""
     return loaded.tokenizer.decode_batch([[i] for i in ids.tolist()], skip_special_tokens=False)
 
 
@@ -383,7 +384,7 @@ class Synthesizer:
     def prepare(cls, loaded: LoadedTokenizer) -> Synthesizer:
         """The synthesizer of ``loaded``, built once per tokenizer file in this process.
 
-        Raises ``SynthesisError`` for a vocabulary with no base or no non-special ids (§4.2).
+        Raises ``SynthesisError`` for a vocabulary with no base or no non-special ids.
         """
         key = _cache_key(loaded)
         if key is None:
@@ -414,7 +415,7 @@ class Synthesizer:
     def _prepare_table(cls, loaded: LoadedTokenizer, started: float) -> Synthesizer:
         eligible = eligible_ids(loaded)
         usable = _without(eligible, loaded.added_ids)
-        if usable.size == 0:  # only added (non-special) ids left: §4.2 still allows them
+        if usable.size == 0:  # only added (non-special) ids left: still eligible
             usable = eligible
         decoded = decode_each(loaded, usable)
         needed = min_fast_pieces(usable.size)
@@ -432,7 +433,7 @@ class Synthesizer:
 
     @property
     def method(self) -> Method:
-        """``fast`` when proven pieces are assembled, ``repair`` for the §4.4 loop."""
+        """``fast`` when proven pieces are assembled, ``repair`` for the repair loop."""
         return "fast" if self._assembler is not None else "repair"
 
     @property
@@ -474,9 +475,9 @@ class Synthesizer:
         return self.repair_text(n, seed)
 
     def repair_text(self, n: int, seed: int) -> str:
-        """The §4.4 decode, re-encode and repair loop (the fallback, and a benchmark baseline).
+        """The decode, re-encode and repair loop (the fallback, and a benchmark baseline).
 
-        Beyond §4.4, a candidate that re-encodes to an added id is treated like one holding
+        In addition, a candidate that re-encodes to an added id is treated like one holding
         a special id (resampled), and every decode has its control characters replaced by
         spaces before it is measured, so the text never holds one.
         """
@@ -502,7 +503,7 @@ class Synthesizer:
                     return cut
                 text = cut if cut is not None else self._resample(draws, n, text)
             else:
-                # §4.4 joins with a space; a trimmed text cannot end with one, so every
+                # Extending joins with a space, but a trimmed text cannot end with one, so every
                 # other extension joins directly (else one more token than a byte-level
                 # vocabulary needs could never be cut back to a trim-stable text).
                 extra = draws.decode(max(n - last_count, 1)).strip()
@@ -527,7 +528,7 @@ class Synthesizer:
         raise SynthesisError(SAME_CANDIDATE)
 
     def _trim(self, text: str, offsets: list[tuple[int, int]], n: int) -> tuple[str | None, bool]:
-        """§4.4 trim repair: (exact cut, True), or (longest shorter cut or None, False)."""
+        """Trim repair: (exact cut, True), or (longest shorter cut or None, False)."""
         tried = 0
         previous = -1
         shorter: str | None = None
@@ -569,7 +570,7 @@ def _repair_pool(
     """Ids the repair loop draws, and ids its text must not re-encode to.
 
     Prefer usable ids whose own decode is non-empty and free of control characters; when
-    there are none, draw from all usable ids (§4.2 allows any non-special id).
+    there are none, draw from all usable ids (any non-special id is eligible).
     """
     clean = np.fromiter(
         (bool(text) and _CONTROL.search(text) is None for text in decoded),

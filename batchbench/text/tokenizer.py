@@ -1,4 +1,4 @@
-"""Load the tokenizer used for exact-length text (COMPAT §4.1) and describe its special ids."""
+"""Load the tokenizer used for exact-length text and describe its special ids."""
 
 from __future__ import annotations
 
