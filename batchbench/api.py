@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from batchbench.config import RunConfig
+from batchbench.config import RunConfig, host_ends_in_v1
 from batchbench.drive.calibrate import Calibration, calibrate
 from batchbench.drive.driver import (
     DriverSettings,
@@ -35,6 +35,7 @@ from batchbench.drive.driver import (
 from batchbench.drive.dryrun import DryRunLoop
 from batchbench.drive.engine import run_closed_loop, run_open_loop
 from batchbench.drive.oracle import PromptOracle, server_root
+from batchbench.drive.preflight import preflight
 from batchbench.drive.shutdown import Shutdown
 from batchbench.drive.simlaunch import SimProcess, sim_command
 from batchbench.drive.wire import (
@@ -67,6 +68,7 @@ from batchbench.text.synth import Synthesizer
 from batchbench.text.tokenizer import LoadedTokenizer, load_tokenizer
 
 NO_USAGE_ERRORS = (MISSING_USAGE, NO_STREAM_USAGE)
+EXIT_REQUESTS_FAILED = 3  # the run finished, but more requests failed than allowed
 SIM_TEMPLATES = ("chatml", "gemma", "llama3", "tokenizer")
 Failure = tuple[int, str, int, str]  # (agent, trajectory id, invocation, error)
 
@@ -100,7 +102,7 @@ class RunResult:
     stream: StreamSamples | None  # streamed latency samples (live runs)
     framing: dict | None  # what the run learned of the server's framing
     interrupted_by: str | None  # "SIGINT" or "SIGTERM" when a signal stopped the run
-    exit_status: int  # 0, or 130/143 after SIGINT/SIGTERM
+    exit_status: int  # 0; 3 when failures exceed --max-failure-rate; 130/143 interrupted
     workload: Workload
     engine: EngineResult
     written: tuple[tuple[str, str], ...] = ()  # (what, path) of every file written
@@ -151,6 +153,8 @@ async def run_async(
     if config.sim:
         sim, config = await asyncio.to_thread(start_sim, config)
     try:
+        if not config.dry_run:
+            config = await check_target(config, out)
         return await _run_loaded(config, out, manifest, workload, root_seed, sha256, started,
                                  handle_signals)  # fmt: skip
     finally:
@@ -178,11 +182,34 @@ def event_loop_runner() -> asyncio.Runner:
 def start_sim(config: RunConfig) -> tuple[SimProcess, RunConfig]:
     """Start the simulator child (sharing the tokenizer); the config that targets it."""
     extra = config.sim_args or ""
+    if config.tokenizer_download:
+        extra = f"--tokenizer-download {extra}"
     if config.chat_template is not None:
         extra = f"--chat-template {shlex.quote(config.chat_template)} {extra}"
     sim = SimProcess(sim_command(config.tokenizer, config.sim_dp_ranks, extra or None))
     sim.start()
     return sim, replace(config, host=sim.url, tokenizer_model=config.tokenizer)
+
+
+async def check_target(config: RunConfig, out: RunOutput) -> RunConfig:
+    """The preflight check (unless turned off); the config with the model it found."""
+    if host_ends_in_v1(config.host, config.endpoint):
+        out.warning(
+            f"note: --host ends in /v1 (an SDK base_url); requests go to {config.endpoint_url}"
+        )
+    if not config.preflight:
+        if config.model is None:
+            raise UsageError("give --model: with --no-preflight the server is not asked")
+        return config
+    headers = request_headers(api_key_text(config), None, None)
+    key_source = "--api-key" if config.api_key is not None else f"${config.api_key_env}"
+    async with aiohttp.ClientSession() as session:
+        found = await preflight(
+            session, config.endpoint_url, headers, config.model, body_options(config), key_source
+        )
+    for note in found.notes:
+        out.warning(note)
+    return config if found.model == config.model else replace(config, model=found.model)
 
 
 def build_workload(
@@ -261,7 +288,10 @@ def template_beside(loaded: LoadedTokenizer) -> bool:
 
 def body_options(config: RunConfig) -> BodyOptions:
     return BodyOptions(
-        model=config.model, sglang=config.sglang, ignore_eos=config.ignore_eos, stream=config.stream
+        model=config.model or "",
+        sglang=config.sglang,
+        ignore_eos=config.ignore_eos,
+        stream=config.stream,
     )
 
 
@@ -304,7 +334,9 @@ async def _run_loaded(
     started: str,
     handle_signals: bool,
 ) -> RunResult:
-    loaded = await asyncio.to_thread(load_tokenizer, config.tokenizer)
+    loaded = await asyncio.to_thread(
+        load_tokenizer, config.tokenizer, config.tokenizer_download or None
+    )
     synth = await asyncio.to_thread(Synthesizer.prepare, loaded)
     template_name, contexts = reply_context_template(config, loaded, out.warning)
     replies = ReplyAccounting.build(loaded, contexts)
@@ -433,6 +465,7 @@ def driver_settings(config: RunConfig) -> DriverSettings:
         timeout_seconds=float(config.request_timeout_secs),
         max_retries=config.max_retries,
         retry_delay_ms=config.retry_delay_ms,
+        max_retry_wait_seconds=config.max_retry_wait,
         verbose=config.verbose,
     )
 
@@ -553,12 +586,19 @@ def _finish(
             framing=live.framing.learned() if config.prompt_correction else None,
             no_usage_failures=sum(1 for f in totals.failures if f[3] in NO_USAGE_ERRORS),
         )
+    if live is not None:  # trajectories never started: all their requests were skipped
+        started = live.recorder.started_agents
+        never = sum(len(workload.turns(a)) for a in range(len(workload)) if a not in started)
+        live.recorder.requests_skipped(None, never)
     totals.agents = len(workload)
     totals.completed_agents = len(completed)
     totals.planned_tool_invocations = workload.n_requests
     totals.agent_latencies_ms = [r.loop_seconds * 1000.0 for r in completed]
     interrupted = live is not None and bool(live.interrupted_by)
     summary = build_summary(config, setup, totals, engine, figures, interrupted)
+    exit_status = live.exit_status if live is not None else 0
+    if exit_status == 0 and summary.verdict == "failed":
+        exit_status = EXIT_REQUESTS_FAILED
     failures = tuple(totals.failures)
     result = RunResult(
         config=config,
@@ -572,7 +612,7 @@ def _finish(
         stream=figures.stream if figures is not None else None,
         framing=figures.framing if figures is not None else None,
         interrupted_by=live.interrupted_by if live is not None else None,
-        exit_status=live.exit_status if live is not None else 0,
+        exit_status=exit_status,
         workload=workload,
         engine=engine,
         live=figures,

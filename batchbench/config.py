@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from batchbench.errors import UsageError
+from batchbench.plan.limits import MAX_REQUEST_TOKENS
 from batchbench.plan.manifest import check_manifest_opens
 from batchbench.plan.sampling import FamilyFlags, resolve_latency_spec, resolve_size_spec
 from batchbench.plan.workload import SampledShape
 
-DEFAULT_MODEL = "Qwen/Qwen3-VL-235B-A22B-Instruct-FP8"
-DEFAULT_HOST = "https://api.openai.com"
 DEFAULT_ENDPOINT = "/v1/chat/completions"
 SIM_DEFAULT_TOKENIZER = "deepseek-v3"
 
@@ -68,15 +68,30 @@ class ApiKey:
         return hash(("ApiKey", self._value))
 
 
+def host_ends_in_v1(host: str | None, endpoint: str) -> bool:
+    """True for the OpenAI SDK's ``base_url`` habit: ``--host http://x:8000/v1`` with the
+    default ``/v1/...`` endpoint path, which would otherwise become ``/v1/v1/...``."""
+    return (
+        host is not None
+        and host.rstrip("/").endswith("/v1")
+        and not endpoint.startswith(("http://", "https://"))
+        and endpoint.lstrip("/").startswith("v1/")
+    )
+
+
 def resolve_endpoint(host: str, endpoint: str) -> str:
     """The request URL: an endpoint that is a full URL replaces the host; otherwise the host
-    (https:// when it names no scheme, trailing slashes dropped) joined with the path."""
+    (https:// when it names no scheme, trailing slashes and a doubled /v1 dropped) joined
+    with the path."""
     if endpoint.startswith(("http://", "https://")):
         url = endpoint
     else:
         if not host.startswith(("http://", "https://")):
             host = "https://" + host
-        url = host.rstrip("/") + "/" + endpoint.lstrip("/")
+        host = host.rstrip("/")
+        if host_ends_in_v1(host, endpoint):
+            host = host[: -len("/v1")]
+        url = host + "/" + endpoint.lstrip("/")
     try:
         parts = urlsplit(url)
         valid = parts.scheme in ("http", "https") and bool(parts.hostname)
@@ -86,6 +101,47 @@ def resolve_endpoint(host: str, endpoint: str) -> str:
     if not valid:
         raise UsageError(f"invalid endpoint URL: {url}")
     return url
+
+
+def check_url(flag: str, value: str) -> None:
+    """An http:// or https:// URL, or a usage error that shows the fix."""
+    scheme, separator, rest = value.partition("://")
+    if not separator:
+        raise UsageError(
+            f"{flag} {value} has no scheme: use {flag} http://{value} (or https://{value})"
+        )
+    if scheme.lower() not in ("http", "https"):
+        raise UsageError(f"{flag} {value}: only http:// and https:// servers are supported")
+    if not rest.strip("/"):
+        raise UsageError(f"{flag} {value} names no host")
+
+
+def check_output_path(flag: str, path: str) -> None:
+    """Before the run: the file can be created or replaced (its directory exists, it is not
+    a directory, and it may be written), so no result is lost at the end."""
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path} is a directory; give a file name")
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        raise UsageError(f"{flag} {path}: the directory {parent} does not exist")
+    exists = os.path.exists(path)
+    if not os.access(parent, os.W_OK | os.X_OK) or (exists and not os.access(path, os.W_OK)):
+        raise UsageError(f"{flag} {path} cannot be written (permission denied)")
+
+
+def check_api_key(key: str, env: str) -> None:
+    """The key must fit an HTTP header: visible ASCII (spaces inside allowed)."""
+    for position, char in enumerate(key, 1):
+        if not " " <= char <= "~":
+            what = "a control character" if ord(char) < 32 or ord(char) == 127 else "non-ASCII"
+            raise UsageError(
+                f"the API key (--api-key or ${env}) cannot be sent in an HTTP header: "
+                f"character {position} is {what}"
+            )
+    if key != key.strip():
+        raise UsageError(
+            f"the API key (--api-key or ${env}) starts or ends with whitespace; remove it"
+        )
 
 
 def resolve_shape(options: dict[str, float | int]) -> SampledShape:
@@ -120,12 +176,13 @@ class RunConfig:
     arguments; ``batchbench.run(config)`` runs it."""
 
     # target
-    model: str = DEFAULT_MODEL
-    host: str = DEFAULT_HOST
+    model: str | None = None  # None: the one model the server lists (live runs)
+    host: str | None = None  # the server's base URL; None only for --sim and dry runs
     endpoint: str = DEFAULT_ENDPOINT
     api_key: ApiKey | None = None
     api_key_env: str = "OPENAI_API_KEY"  # where the key came from; the key is never written
     tokenizer_model: str | None = None  # None: the model name (with sim, deepseek-v3)
+    tokenizer_download: bool = False  # may fetch a hub id (otherwise offline only)
     # workload: a manifest, or sampled agents of a shape
     agent_plans_jsonl: str | None = None
     agents: int | None = None
@@ -152,12 +209,15 @@ class RunConfig:
     request_timeout_secs: int = 60
     max_retries: int = 2
     retry_delay_ms: int = 250
+    max_retry_wait: float = 300.0  # seconds: the longest wait before a retry (Retry-After)
+    max_failure_rate: float = 0.0  # failed / sent requests allowed before exit status 3
     sglang: bool = False
     ignore_eos: bool = False
     verbose: bool = False
     # run and outputs
     dry_run: bool = False
     grace_seconds: float = 5.0
+    preflight: bool = True  # check the target (GET /v1/models) before anything starts
     progress: bool = False  # a progress bar on stderr when it is a terminal
     results_csv: str | None = None
     results_json: str | None = None
@@ -170,8 +230,11 @@ class RunConfig:
 
     # -- derived values ---------------------------------------------------------------
     @property
-    def endpoint_url(self) -> str:
-        return resolve_endpoint(self.host, self.endpoint)
+    def endpoint_url(self) -> str | None:
+        """The request URL; None without a target (a dry run without --host)."""
+        if self.host is None and not self.endpoint.startswith(("http://", "https://")):
+            return None
+        return resolve_endpoint(self.host or "", self.endpoint)
 
     @property
     def replay(self) -> bool:
@@ -182,7 +245,7 @@ class RunConfig:
         return "trajectory_replay" if self.replay else "synthetic"
 
     @property
-    def tokenizer(self) -> str:
+    def tokenizer(self) -> str | None:
         """The tokenizer to load: --tokenizer-model, else the simulator's or the model's."""
         if self.tokenizer_model:
             return self.tokenizer_model
@@ -237,8 +300,12 @@ class RunConfig:
         if self.request_timeout_secs == 0:
             raise UsageError("request-timeout-secs must be greater than zero")
         _ = self.shape  # its errors name the family and the missing or bad option
-        if not self.model:
+        if self.model is not None and not self.model:
             raise UsageError("model must not be empty")
+        if self.dry_run and self.tokenizer is None:
+            raise UsageError(
+                "a dry run needs --tokenizer-model (or --model, whose name it defaults to)"
+            )
         if not self.replay:
             for value, flag in (
                 (self.replay_initial_overhead_tokens, "--replay-initial-overhead-tokens"),
@@ -271,7 +338,44 @@ class RunConfig:
                 "--calibrate cannot be combined with --dry-run; a dry-run sends nothing"
             )
         if not self.sim:
-            _ = self.endpoint_url  # an unusable URL is a usage error before anything runs
+            self._check_target()
+        if self.api_key is not None:
+            check_api_key(self.api_key.reveal(), self.api_key_env)
+        for flag, path in self.output_paths():
+            check_output_path(flag, path)
+        for name, value in self.shape_options:
+            sized = name.endswith(("-tokens", "-max")) and "latency" not in name
+            if sized and value > MAX_REQUEST_TOKENS:
+                raise UsageError(
+                    f"--{name} {value} is more than one request can hold "
+                    f"(at most {MAX_REQUEST_TOKENS} tokens)"
+                )
+
+    def _check_target(self) -> None:
+        """A live run needs an http(s) server: --host, or a full-URL --endpoint."""
+        full = self.endpoint.startswith(("http://", "https://"))
+        if self.host is None and not full:
+            if self.dry_run:
+                return
+            raise UsageError(
+                "no server to run against: give --host with its URL "
+                "(e.g. --host http://127.0.0.1:8000), or --sim for the embedded simulator"
+            )
+        if self.host is not None and not full:
+            check_url("--host", self.host)
+        if full:
+            check_url("--endpoint", self.endpoint)
+        _ = self.endpoint_url  # an unusable URL is a usage error before anything runs
+
+    def output_paths(self) -> list[tuple[str, str]]:
+        """(option, path) of every file the run will write."""
+        paths = [
+            ("--results-csv", self.results_csv),
+            ("--results-json", self.results_json),
+            ("--agent-events-jsonl", self.agent_events_jsonl),
+            ("--request-events-jsonl", None if self.dry_run else self.request_events_jsonl),
+        ]
+        return [(flag, path) for flag, path in paths if path is not None]
 
     # -- writing ----------------------------------------------------------------------
     def options(self) -> dict[str, object]:
@@ -280,6 +384,7 @@ class RunConfig:
         values: dict[str, object] = {
             "model": self.model,
             "tokenizer-model": self.tokenizer_model,
+            "tokenizer-download": self.tokenizer_download,
             "host": self.host,
             "endpoint": self.endpoint,
             "api-key-env": self.api_key_env,
@@ -305,11 +410,14 @@ class RunConfig:
             "request-timeout-secs": self.request_timeout_secs,
             "max-retries": self.max_retries,
             "retry-delay-ms": self.retry_delay_ms,
+            "max-retry-wait": self.max_retry_wait,
+            "max-failure-rate": self.max_failure_rate,
             "sglang": self.sglang,
             "ignore-eos": self.ignore_eos,
             "verbose": self.verbose,
             "dry-run": self.dry_run,
             "grace-seconds": self.grace_seconds,
+            "no-preflight": not self.preflight,
             "no-progress": not self.progress,
             "results-csv": self.results_csv,
             "results-json": self.results_json,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -55,9 +56,24 @@ def test_truncation_and_padding_are_switched_off(tmp_path):
     assert loaded.tokenizer.truncation is None and loaded.tokenizer.padding is None
 
 
-def test_non_path_is_a_hub_id(monkeypatch):
+def test_unknown_name_fails_at_once_without_downloads(monkeypatch):
+    monkeypatch.delenv("BATCHBENCH_TOKENIZER_DOWNLOAD", raising=False)
+    started = time.perf_counter()
+    with pytest.raises(TokenizerError) as caught:
+        load_tokenizer("zai-org/GLM-5.2-FP8")
+    assert time.perf_counter() - started < 2.0
+    assert str(caught.value) == (
+        "tokenizer 'zai-org/GLM-5.2-FP8' is not a tokenizer.json file, a directory holding one "
+        "or a built-in name (deepseek-v3); give one of those with --tokenizer-model, or allow a "
+        "download from the Hugging Face hub with --tokenizer-download "
+        "(BATCHBENCH_TOKENIZER_DOWNLOAD=1)"
+    )
+
+
+def test_non_path_is_a_hub_id_when_downloads_are_allowed(monkeypatch):
     # Offline mode makes the hub client fail at once instead of retrying the network.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("BATCHBENCH_TOKENIZER_DOWNLOAD", "1")
     with pytest.raises(TokenizerError) as caught:
         load_tokenizer("zai-org/GLM-5.2-FP8")
     message = str(caught.value)

@@ -1,6 +1,8 @@
 """``batchbench-agent``: parse the command line into a RunConfig, run it, render the result.
 
-Exit statuses: 0 done, 1 runtime error, 2 usage error, 130 after SIGINT, 143 after SIGTERM.
+Exit statuses: 0 done (no request failed beyond --max-failure-rate), 3 done but more
+requests failed than that allows, 1 runtime error, 2 usage error, 130 after SIGINT, 143
+after SIGTERM.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from batchbench.api import OutputError, RunResult, run
 from batchbench.cli.agent_args import config_from_argv
 from batchbench.errors import BatchbenchError, UsageError
-from batchbench.results.report import dry_run_lines, live_lines, summary_lines
+from batchbench.results.report import dry_run_lines, live_lines, summary_lines, verdict_lines
 
 
 class ConsoleOutput:
@@ -42,11 +44,14 @@ def render(result: RunResult) -> None:
     """The console report of a finished run: dry-run lines, summary, live figures, files."""
     if result.dry_run:
         write_lines(dry_run_lines(result.workload, result.engine))
-    write_lines(summary_lines(result.summary, result.failures, result.interrupted_by))
+    write_lines(
+        summary_lines(result.summary, result.failures, result.interrupted_by, result.config.verbose)
+    )
     if result.live is not None:
         write_lines(live_lines(result.live))
     for what, path in result.written:
         print(f"Wrote {what} to {path}")
+    write_lines(verdict_lines(result.summary))
     sys.stdout.flush()
 
 

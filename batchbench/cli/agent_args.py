@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import textwrap
 import tomllib
 from collections.abc import Sequence
 
 from batchbench import __version__
 from batchbench.cli.argtypes import (
     CommandParser,
+    failure_rate,
     non_negative_float,
     number,
     positive_finite,
@@ -18,7 +20,7 @@ from batchbench.cli.argtypes import (
     u64,
     uint,
 )
-from batchbench.config import DEFAULT_MODEL, ApiKey, RunConfig
+from batchbench.config import ApiKey, RunConfig
 from batchbench.config import resolve_shape as shape_from_options
 from batchbench.errors import UsageError
 from batchbench.plan.workload import SampledShape
@@ -83,7 +85,9 @@ def add_target_flags(target) -> None:
     """--model, --tokenizer-model, --host, --endpoint, --api-key, --api-key-env (the target);
     shared by ``batchbench-agent`` and ``batchbench calibrate``."""
     target.add_argument(
-        "--model", default=DEFAULT_MODEL, help="model name sent in each body (default: %(default)s)"
+        "--model",
+        help="model name sent in each body (default: the model the server lists at "
+        "GET /v1/models, when it lists exactly one)",
     )
     target.add_argument(
         "--tokenizer-model",
@@ -92,7 +96,16 @@ def add_target_flags(target) -> None:
         "(default: the --model value)",
     )
     target.add_argument(
-        "--host", default="https://api.openai.com", help="base URL (default: %(default)s)"
+        "--tokenizer-download",
+        action="store_true",
+        help="allow --tokenizer-model to name a Hugging Face hub id and download it "
+        "(otherwise only local files and built-in names are used, and nothing is fetched)",
+    )
+    target.add_argument(
+        "--host",
+        help="base URL of the OpenAI-compatible server, http:// or https:// (e.g. "
+        "http://127.0.0.1:8000; a trailing /v1 as in the OpenAI SDK's base_url is fine); "
+        "required unless --sim or --dry-run",
     )
     target.add_argument(
         "--endpoint",
@@ -158,21 +171,31 @@ def add_fidelity_flags(group) -> None:
     add_chat_template_flag(group)
 
 
+def _paragraphs(*texts: str) -> str:
+    """Help text paragraphs wrapped to the terminal's usual width."""
+    return "\n\n".join(textwrap.fill(text, 88, break_on_hyphens=False) for text in texts)
+
+
 def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
     """Every flag; defaults are None where "not given" must stay visible."""
     parser = AgentArgumentParser(
         prog=prog,
         allow_abbrev=False,
-        description=(
+        description=_paragraphs(
             "Replay agent trajectories (or sampled agents) against an OpenAI-compatible "
             "/v1/chat/completions server. Every prompt and tool result is synthetic text that "
             "re-encodes to exactly the planned token count."
         ),
-        epilog=(
+        epilog=_paragraphs(
+            "exit statuses: 0 every planned request succeeded (or the failures stayed within "
+            "--max-failure-rate); 3 the run finished but more requests failed than that "
+            "allows (outputs written, the last line says so); 1 a runtime error; 2 a usage "
+            "error; 130 / 143 interrupted by SIGINT / SIGTERM (outputs written).",
             "Replay does not reproduce the original text, the model's real replies or "
             "content-dependent effects; compare the live usage.prompt_tokens with the plan "
-            "before accepting a capacity result."
+            "before accepting a capacity result.",
         ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add = parser.add_argument
     add_target_flags(parser.add_argument_group("target and model"))
@@ -313,6 +336,22 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
         metavar="MS",
         help="base of the exponential backoff; 0 = no delay (default: %(default)s)",
     )
+    http.add_argument(
+        "--max-retry-wait",
+        type=non_negative_float,
+        default=300.0,
+        metavar="S",
+        help="longest wait before a retry, in seconds: a server's Retry-After is honoured "
+        "as sent up to this, and a capped wait is reported (default: %(default)g)",
+    )
+    http.add_argument(
+        "--max-failure-rate",
+        type=failure_rate,
+        default=0.0,
+        metavar="F",
+        help="share of sent requests that may fail (0..1, or a percentage such as 2%%) "
+        "before the run exits with status 3 (default: 0: any failure)",
+    )
     http.add_argument("--sglang", action="store_true", help="send max_new_tokens/min_new_tokens")
     http.add_argument(
         "--ignore-eos", action="store_true", help='add "ignore_eos": true to every body'
@@ -357,6 +396,13 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
         metavar="S",
         help="after Ctrl+C or SIGTERM, how long requests in flight may finish before they "
         "are cancelled (default: %(default)s)",
+    )
+    live.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="skip the check before the run (GET /v1/models, or a 1-token completion when "
+        "the server has no model list) that turns an unreachable or wrong target into one "
+        "clear error within seconds",
     )
     live.add_argument(
         "--no-progress",
@@ -541,6 +587,7 @@ def config_from_namespace(args: argparse.Namespace) -> RunConfig:
         api_key=ApiKey(key) if key else None,
         api_key_env=args.api_key_env,
         tokenizer_model=args.tokenizer_model,
+        tokenizer_download=args.tokenizer_download,
         agent_plans_jsonl=args.agent_plans_jsonl,
         agents=args.agents,
         shape_options=shape_options,
@@ -562,11 +609,14 @@ def config_from_namespace(args: argparse.Namespace) -> RunConfig:
         request_timeout_secs=args.request_timeout_secs,
         max_retries=args.max_retries,
         retry_delay_ms=args.retry_delay_ms,
+        max_retry_wait=args.max_retry_wait,
+        max_failure_rate=args.max_failure_rate,
         sglang=args.sglang,
         ignore_eos=args.ignore_eos,
         verbose=args.verbose,
         dry_run=args.dry_run,
         grace_seconds=args.grace_seconds,
+        preflight=not args.no_preflight,
         progress=not args.no_progress,
         results_csv=args.results_csv,
         results_json=args.results_json,

@@ -93,6 +93,17 @@ def positive_finite(text: str) -> float:
     return value
 
 
+def failure_rate(text: str) -> float:
+    """A share in [0, 1], or a percentage with ``%``."""
+    percent = text.endswith("%")
+    value = number(text[:-1] if percent else text)
+    if percent:
+        value /= 100.0
+    if not math.isfinite(value) or not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f'"{text}" is not a share between 0 and 1 (or 0%..100%)')
+    return value
+
+
 def rate(text: str) -> float:
     """A probability in [0, 1] (the simulator's fault rates)."""
     value = finite_at_least_zero(text)

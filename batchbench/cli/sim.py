@@ -77,6 +77,11 @@ def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
         "(default %(default)s)",
     )
     server.add_argument(
+        "--tokenizer-download",
+        action="store_true",
+        help="allow --tokenizer-model to name a Hugging Face hub id and download it",
+    )
+    server.add_argument(
         "--chat-template",
         choices=TEMPLATE_CHOICES,
         default="chatml",
@@ -321,7 +326,7 @@ def run(argv: Sequence[str], prog: str = "batchbench sim") -> int:
     parser = build_parser(prog)
     args = parser.parse_args(list(argv))
     try:
-        loaded = load_tokenizer(args.tokenizer_model)
+        loaded = load_tokenizer(args.tokenizer_model, args.tokenizer_download or None)
         config = config_from_args(args)
         if args.show_overheads:
             initial, turn = measure_overheads(loaded, config.chat_template)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import resource
 import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import aiohttp
@@ -47,6 +48,7 @@ from batchbench.drive.wire import (
 )
 from batchbench.errors import BatchbenchError
 from batchbench.plan.workload import Workload
+from batchbench.results.failures import AttemptError, ErrorKind
 from batchbench.results.lifecycle import Outcome
 from batchbench.results.recording import Recorder
 from batchbench.text.content import ContentFactory
@@ -77,19 +79,28 @@ class DriverSettings:
     timeout_seconds: float = 60.0
     max_retries: int = 2
     retry_delay_ms: int = 250
+    max_retry_wait_seconds: float = 300.0  # the longest wait before a retry (Retry-After)
     verbose: bool = False
 
 
+CANCELLED_IN_FLIGHT = "cancelled in flight when the grace period ended"
+CANCELLED_WAITING = "cancelled by the shutdown while waiting to retry"
+
+
 class _Final(Exception):
-    """An attempt error that is not retried: a 4xx other than 408, 409 and 429, or a local
-    error such as a header that cannot be built."""
+    """An HTTP status that is not retried: a 4xx other than 408, 409 and 429."""
+
+    def __init__(self, text: str, status: int) -> None:
+        super().__init__(text)
+        self.status = status
 
 
 class _Retry(Exception):
-    """An attempt error that is retried; may carry a Retry-After in seconds."""
+    """An HTTP status that is retried; may carry a Retry-After in seconds."""
 
-    def __init__(self, text: str, retry_after: float | None = None) -> None:
+    def __init__(self, text: str, status: int, retry_after: float | None = None) -> None:
         super().__init__(text)
+        self.status = status
         self.retry_after = retry_after
 
 
@@ -174,6 +185,7 @@ class HttpAgentLoop:
         self._origin = time.perf_counter()
         self._stream = settings.body.stream
         self._attempts = settings.max_retries + 1
+        self._max_retry_wait_ms = math.ceil(settings.max_retry_wait_seconds * 1000.0)
         self._timeout_text = f"request timed out after {_seconds_text(settings.timeout_seconds)}s"
         self._out = sys.stdout
 
@@ -287,6 +299,15 @@ class HttpAgentLoop:
             raise BatchbenchError(f"agent worker task failed: {type(exc).__name__}: {exc}") from exc
 
     async def _run(self, agent: int, slot: int, prepared: Prepared) -> int:
+        figures = self.recorder.agent_started(agent, slot)
+        planned = len(self.workload.turns(agent))
+        try:
+            return await self._turns(agent, slot, prepared, figures)
+        finally:
+            # Requests never sent: after a failure, or once a shutdown stopped the agent.
+            self.recorder.requests_skipped(figures, planned - figures.settled)
+
+    async def _turns(self, agent: int, slot: int, prepared: Prepared, figures) -> int:
         settings = self.settings
         workload = self.workload
         recorder = self.recorder
@@ -294,7 +315,6 @@ class HttpAgentLoop:
         fidelity = self.fidelity
         framing = fidelity.framing
         correct = fidelity.correct
-        figures = recorder.agent_started(agent, slot)
         ident = workload.trajectory_ids[agent]
         turns = workload.turns(agent)
         last = len(turns) - 1
@@ -318,10 +338,10 @@ class HttpAgentLoop:
         fresh = True  # the request holds a single fresh user message
         previous: tuple[int, int, int] | None = None  # (served, rendered reply, tool tokens)
 
-        def event(request, reply, started, elapsed, attempts, status, error, rendered=None):
+        def event(request, reply, started, elapsed, attempts, status, errors, rendered=None):
             self._request_event(
                 agent, ident, invocation, slot, rank, request, reply, started, elapsed,
-                attempts, status, error, sizing, rendered, oracle_seconds,
+                attempts, status, errors, sizing, rendered, oracle_seconds,
             )  # fmt: skip
 
         for turn, request in enumerate(turns):
@@ -346,21 +366,27 @@ class HttpAgentLoop:
             if sizing.correction or sizing.note is not None:
                 recorder.request_sized(bool(sizing.correction), sizing.note is not None)
 
+            errors: list[AttemptError] = []
             if tag_error:
-                reply, error, attempts, started, elapsed = None, ROUTING_KEY_HEADER_ERROR, 0, 0, 0
+                errors.append(AttemptError(0, ErrorKind.INVALID_REQUEST, ROUTING_KEY_HEADER_ERROR))
+                reply, attempts, started, elapsed = None, 0, 0.0, 0.0
             else:
                 try:
-                    reply, error, attempts, started, elapsed = await self._send(body, headers)
+                    reply, attempts, started, elapsed = await self._send(body, headers, errors)
                 except asyncio.CancelledError:
                     # Cut off after the grace period: neither successful nor failed.
-                    event(request, None, None, None, None, "cancelled", None)
+                    attempts = len(errors) + 1
+                    errors.append(AttemptError(attempts, ErrorKind.CANCELLED, CANCELLED_IN_FLIGHT))
+                    recorder.request_cancelled(figures, errors, attempts)
+                    event(request, None, None, None, attempts, "cancelled", errors)
                     raise
             if reply is None:
-                if error is None:  # cut short by the shutdown while waiting to retry
-                    event(request, None, started, elapsed, attempts, "cancelled", None)
+                if errors[-1].kind is ErrorKind.CANCELLED:  # the shutdown ended a retry wait
+                    recorder.request_cancelled(figures, errors, attempts)
+                    event(request, None, started, elapsed, attempts, "cancelled", errors)
                     return Outcome.INTERRUPTED
-                recorder.request_failed(figures, rank, agent, ident, invocation, error)
-                event(request, None, started, elapsed, attempts, "failed", error)
+                recorder.request_failed(figures, rank, agent, ident, invocation, errors, attempts)
+                event(request, None, started, elapsed, attempts, "failed", errors)
                 return Outcome.FAILED
             served = reply.prompt_tokens
             if correct:
@@ -371,7 +397,7 @@ class HttpAgentLoop:
             completion = reply.completion_tokens
             recorder.request_succeeded(
                 figures, rank, served, completion, reply.cached_tokens, elapsed, reply.ttft,
-                reply.gaps, reply.tpot,
+                reply.gaps, reply.tpot, attempts, errors,
             )  # fmt: skip
             recorder.request_fidelity(
                 figures, turn, sizing.target, served, completion, planned_output, fresh,
@@ -448,10 +474,10 @@ class HttpAgentLoop:
             except asyncio.CancelledError:
                 # Cut off during the delay: the request itself succeeded and is reported;
                 # the next one, half built, is abandoned.
-                event(request, reply, started, elapsed, attempts, "ok", None, rendered)
+                event(request, reply, started, elapsed, attempts, "ok", errors, rendered)
                 await _abandon(building)
                 raise
-            event(request, reply, started, elapsed, attempts, "ok", None, rendered)
+            event(request, reply, started, elapsed, attempts, "ok", errors, rendered)
             if not whole:
                 await _abandon(building)
                 return Outcome.INTERRUPTED
@@ -462,19 +488,18 @@ class HttpAgentLoop:
             )
             fresh = previous is None
             if fresh:
-                figures.previous_prompt = 0
-                figures.previous_completion = 0
+                recorder.conversation_reset(figures)
         return Outcome.COMPLETED
 
     # -- one logical request ------------------------------------------------------------
-    async def _send(self, body: bytes, headers: dict[str, str]):
-        """(reply | None, error | None, attempts, start offset, latency) after the last
-        attempt; (None, None, …) when a shutdown ended the backoff wait."""
+    async def _send(self, body: bytes, headers: dict[str, str], errors: list[AttemptError]):
+        """(reply | None, attempts, start offset, latency) after the last attempt; every
+        failed attempt is appended to ``errors`` (the last one ``cancelled`` when a shutdown
+        ended the wait before a retry)."""
         settings = self.settings
         recorder = self.recorder
         start = time.perf_counter()
         started = start - self._origin
-        error = ""
         attempt = 0
         while True:
             attempt += 1
@@ -488,25 +513,36 @@ class HttpAgentLoop:
                 )
                 if settings.verbose:
                     self._out.write(f"[AGENT RESPONSE] {verbose_response(reply)}\n")
-                return reply, None, attempt, started, time.perf_counter() - start
+                return reply, attempt, started, time.perf_counter() - start
             except _Final as exc:
-                return None, str(exc), attempt, started, time.perf_counter() - start
+                errors.append(AttemptError(attempt, ErrorKind.HTTP_STATUS, str(exc), exc.status))
+                return None, attempt, started, time.perf_counter() - start
             except _Retry as exc:
-                error, retry_after = str(exc), exc.retry_after
+                errors.append(AttemptError(attempt, ErrorKind.HTTP_STATUS, str(exc), exc.status))
+                retry_after = exc.retry_after
             except ResponseError as exc:
-                error = str(exc)
+                errors.append(AttemptError(attempt, exc.kind, str(exc)))
             except TimeoutError:
-                error = self._timeout_text
+                errors.append(AttemptError(attempt, ErrorKind.TIMEOUT, self._timeout_text))
             except (aiohttp.ClientError, OSError) as exc:
-                error = _transport_text(exc)
+                errors.append(AttemptError(attempt, transport_kind(exc), _transport_text(exc)))
             finally:
                 recorder.attempt_ended()
             if attempt >= self._attempts:
-                return None, error, attempt, started, time.perf_counter() - start
+                return None, attempt, started, time.perf_counter() - start
             wait = backoff_ms(settings.retry_delay_ms, attempt - 1, retry_after)
+            if wait > self._max_retry_wait_ms:
+                recorder.retry_wait_capped()
+                errors[-1] = replace(
+                    errors[-1],
+                    message=f"{errors[-1].message} (Retry-After {wait / 1000:g}s capped at "
+                    f"{self._max_retry_wait_ms / 1000:g}s by --max-retry-wait)",
+                )
+                wait = self._max_retry_wait_ms
             slept = await self.shutdown.sleep(wait / 1000.0) if wait > 0 else True
             if not slept or self.shutdown.stopped:
-                return None, None, attempt, started, time.perf_counter() - start
+                errors.append(AttemptError(attempt, ErrorKind.CANCELLED, CANCELLED_WAITING))
+                return None, attempt, started, time.perf_counter() - start
 
     async def _post(self, body: bytes, headers: dict[str, str]) -> Reply:
         async with self.session.post(self.settings.url, data=body, headers=headers) as response:
@@ -532,7 +568,7 @@ class HttpAgentLoop:
 
     def _request_event(
         self, agent, ident, invocation, slot, rank, request, reply, started, elapsed, attempts,
-        status, error, sizing, rendered, oracle_seconds,
+        status, errors, sizing, rendered, oracle_seconds,
     ) -> None:  # fmt: skip
         sink = self.recorder.request_events
         if sink is None:
@@ -556,7 +592,10 @@ class HttpAgentLoop:
                 "ttft_seconds": reply.ttft if reply else None,
                 "attempts": attempts,
                 "status": status,
-                "error": error,
+                "error": errors[-1].message if status != "ok" and errors else None,
+                "error_kind": str(errors[-1].kind) if status != "ok" and errors else None,
+                "status_code": errors[-1].status if status != "ok" and errors else None,
+                "errors": [error.as_dict() for error in errors],
                 "prompt_drift": served - sizing.target if served is not None else None,
                 "prompt_correction_tokens": sizing.correction,
                 "correction_note": sizing.note,
@@ -593,8 +632,15 @@ def _raise_status(status: int, raw: bytes, retry_after: str | None) -> None:
     text = http_error_text(status, raw)
     if is_retryable_status(status):
         wait = parse_retry_after(retry_after) if status in (429, 503) else None
-        raise _Retry(text, wait)
-    raise _Final(text)
+        raise _Retry(text, status, wait)
+    raise _Final(text, status)
+
+
+def transport_kind(exc: Exception) -> ErrorKind:
+    """connect when no connection was made; disconnect when it broke during the exchange."""
+    if isinstance(exc, aiohttp.ClientConnectorError | ConnectionRefusedError):
+        return ErrorKind.CONNECT
+    return ErrorKind.DISCONNECT
 
 
 def _transport_text(exc: Exception) -> str:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import orjson
 
+from batchbench.results.failures import ErrorKind
+
 _DUMPS = orjson.dumps
 _LOADS = orjson.loads
 
@@ -29,6 +31,7 @@ NO_STREAM_USAGE = (
     "streamed response missing usage; the backend must honor stream_options.include_usage"
 )
 BAD_CHUNK = "invalid JSON in streamed response chunk"
+TRUNCATED_STREAM = "streamed response ended before [DONE] and usage after {chunks} chunks"
 MISSING_USAGE = "response missing usage field"
 BAD_PROMPT_TOKENS = "usage.prompt_tokens missing or not an integer"
 MISSING_MESSAGE = "response missing choices[0].message"
@@ -45,7 +48,11 @@ _RETRY_AFTER_MAX_S = float(1 << 31)
 
 
 class ResponseError(Exception):
-    """A 2xx response that cannot be used (retried like a 5xx)."""
+    """A 2xx response that cannot be used (retried like a 5xx); ``kind`` classifies it."""
+
+    def __init__(self, message: str, kind: ErrorKind = ErrorKind.MALFORMED_JSON) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 # ---------------------------------------------------------------------------------------
@@ -262,7 +269,7 @@ class Reply:
 
 def _usage_counts(usage) -> tuple[int, int, int | None]:
     if not isinstance(usage, dict):
-        raise ResponseError(MISSING_USAGE)
+        raise ResponseError(MISSING_USAGE, ErrorKind.MISSING_USAGE)
     prompt = usage.get("prompt_tokens")
     if type(prompt) is not int:
         raise ResponseError(BAD_PROMPT_TOKENS)
@@ -286,7 +293,7 @@ def parse_response(raw: bytes) -> Reply:
     if not isinstance(document, dict):
         raise ResponseError("response body is not a JSON object")
     if "usage" not in document or document["usage"] is None:
-        raise ResponseError(MISSING_USAGE)
+        raise ResponseError(MISSING_USAGE, ErrorKind.MISSING_USAGE)
     prompt, completion, cached = _usage_counts(document["usage"])
     choices = document.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
@@ -304,14 +311,18 @@ class StreamAssembler:
     token); feed network reads as they arrive, then ``finish``.
 
     Lines split across reads are reassembled; ``\\r\\n`` endings, comments, ``event:`` lines
-    and ``[DONE]`` are ignored. Arrival times are those of the read that completed the line.
+    are ignored, and ``[DONE]`` is noted: a stream without usage that never sent it was cut
+    off (a truncated stream). Arrival times are those of the read that completed the line.
     """
 
-    __slots__ = ("_carry", "_chunks", "_content", "_last_read", "_reasoning", "_times", "_usage")
+    __slots__ = (
+        "_carry", "_chunks", "_content", "_done", "_last_read", "_reasoning", "_times", "_usage"
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self._carry = b""
         self._last_read = 0.0
+        self._done = False  # the [DONE] line arrived
         self._chunks = 0
         self._content: list[str] = []
         self._reasoning: list[str] = []
@@ -332,7 +343,10 @@ class StreamAssembler:
                 self._payload(line[5:].strip(), arrived)
 
     def _payload(self, payload: bytes, arrived: float) -> None:
-        if not payload or payload == b"[DONE]":
+        if not payload:
+            return
+        if payload == b"[DONE]":
+            self._done = True
             return
         try:
             chunk = _LOADS(payload)
@@ -371,9 +385,15 @@ class StreamAssembler:
             if line[:5] == b"data:":
                 self._payload(line[5:].strip(), self._last_read)
         if self._chunks == 0:
-            raise ResponseError(NO_CHUNKS)
+            if not self._done:
+                raise ResponseError(TRUNCATED_STREAM.format(chunks=0), ErrorKind.TRUNCATED_STREAM)
+            raise ResponseError(NO_CHUNKS, ErrorKind.MISSING_USAGE)
         if self._usage is None:
-            raise ResponseError(NO_STREAM_USAGE)
+            if not self._done:
+                raise ResponseError(
+                    TRUNCATED_STREAM.format(chunks=self._chunks), ErrorKind.TRUNCATED_STREAM
+                )
+            raise ResponseError(NO_STREAM_USAGE, ErrorKind.MISSING_USAGE)
         prompt, completion, cached = _usage_counts(self._usage)
         message: dict = {"role": "assistant", "content": "".join(self._content)}
         if self._reasoning:
@@ -438,15 +458,16 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 
 
 def backoff_ms(base_ms: int, attempt: int, retry_after_s: float | None = None) -> int:
-    """Backoff: base × 2^attempt (exponent ≤ 31, saturating), under the ceiling, raised
-    to a valid Retry-After."""
+    """Backoff: base × 2^attempt (exponent ≤ 31, saturating) under the ceiling, or a valid
+    Retry-After when that is longer (honoured as sent; the driver bounds it with
+    --max-retry-wait and says so)."""
     if base_ms == 0 and retry_after_s is None:
         return 0
     computed = min(base_ms * (1 << min(attempt, 31)), _U64_MAX)
     ceiling = max(BACKOFF_CEILING_MS, base_ms)
     delay = min(computed, ceiling)
     if retry_after_s is not None:
-        delay = min(max(math.ceil(retry_after_s * 1000.0), delay), ceiling)
+        delay = max(math.ceil(retry_after_s * 1000.0), delay)
     return delay
 
 

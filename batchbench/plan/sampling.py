@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from batchbench.errors import UsageError
+from batchbench.plan.limits import MAX_REQUEST_TOKENS
 from batchbench.rng import standard_normal
 
 
@@ -51,12 +52,24 @@ def short_float(value: float) -> str:
 def sample_sizes(spec: SizeSpec, seed: int, count: int, label: str) -> np.ndarray:
     """``count`` draws of ``spec`` from the stream ``seed`` as int64 (draw k is fixed by k)."""
     if isinstance(spec, FixedSpec):
-        return np.full(count, spec.value, dtype=np.int64)
-    with np.errstate(over="ignore"):
-        values = np.exp(spec.mu + spec.sigma * standard_normal(seed, count))
-    if count and not np.all(np.isfinite(values)):
-        raise UsageError(f"{label} log-normal distribution produced a non-finite sample")
-    return round_samples(values, spec.cap)
+        values = np.full(count, spec.value, dtype=np.int64)
+    else:
+        with np.errstate(over="ignore"):
+            drawn = np.exp(spec.mu + spec.sigma * standard_normal(seed, count))
+        if count and not np.all(np.isfinite(drawn)):
+            raise UsageError(f"{label} log-normal distribution produced a non-finite sample")
+        values = round_samples(drawn, spec.cap)
+    if label != "tool-invocations" and count and int(values.max()) > MAX_REQUEST_TOKENS:
+        advice = (
+            f"lower --{label}-tokens"
+            if isinstance(spec, FixedSpec)
+            else f"cap it with --{label}-lognorm-max"
+        )
+        raise UsageError(
+            f"{label} size {int(values.max())} tokens is more than one request can hold "
+            f"(at most {MAX_REQUEST_TOKENS}); {advice}"
+        )
+    return values
 
 
 def round_samples(values: np.ndarray, cap: int | None) -> np.ndarray:

@@ -6,6 +6,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from batchbench.results.failures import ErrorTally
+
 QUANTILES = (0.50, 0.90, 0.99)
 
 
@@ -48,6 +50,11 @@ class RunTotals:
     estimated_cached_input_tokens: int = 0
     total_tool_call_latency_seconds: float = 0.0
     live_block_fallbacks: int = 0
+    cancelled_requests: int = 0  # cut short by a shutdown (in flight or waiting to retry)
+    skipped_requests: int = 0  # planned but never sent
+    attempts: int = 0  # HTTP attempts of every sent request
+    retry_waits_capped: int = 0  # Retry-After waits shortened to --max-retry-wait
+    errors: ErrorTally = field(default_factory=ErrorTally)  # failed attempts by kind
     request_latencies_ms: list[float] = field(default_factory=list)
     agent_latencies_ms: list[float] = field(default_factory=list)
     failures: list[tuple[int, str, int, str]] = field(default_factory=list)

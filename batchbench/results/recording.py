@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchbench.results.events import JsonlFile
+from batchbench.results.failures import AttemptError
 from batchbench.results.metrics import RunTotals, StreamSamples, median_seconds, percentile
 
 LAG_INTERVAL_SECONDS = 0.010
@@ -36,6 +37,13 @@ class AgentFigures:
     previous_completion: int = 0
     prompt_exact: int = 0
     output_exact: int = 0
+    cancelled: int = 0
+    skipped: int = 0
+
+    @property
+    def settled(self) -> int:
+        """Requests with an outcome: succeeded, failed or cancelled (the rest were skipped)."""
+        return self.requests + self.cancelled
 
     def as_fields(self) -> dict[str, Any]:
         ttft = median_seconds(self.ttfts) if self.ttfts else None
@@ -50,6 +58,8 @@ class AgentFigures:
             "error": self.error,
             "prompt_exact_requests": self.prompt_exact,
             "output_exact_requests": self.output_exact,
+            "cancelled_requests": self.cancelled,
+            "skipped_requests": self.skipped,
         }
 
 
@@ -131,6 +141,7 @@ class Recorder:
     server_cached_tokens: int | None = None
     ranks: list[RankFigures] = field(default_factory=list)
     agents: dict[int, AgentFigures] = field(default_factory=dict)
+    started_agents: set[int] = field(default_factory=set)
     request_events: JsonlFile | None = None
     in_flight: int = 0
     peak_in_flight: int = 0
@@ -148,6 +159,7 @@ class Recorder:
     # -- trajectories ---------------------------------------------------------------
     def agent_started(self, agent: int, slot: int) -> AgentFigures:
         figures = AgentFigures()
+        self.started_agents.add(agent)
         self.agents[agent] = figures
         if self.dp_ranks:
             self.ranks[slot % self.dp_ranks].trajectories += 1
@@ -168,11 +180,18 @@ class Recorder:
         ttft: float | None = None,
         gaps: list[float] | None = None,
         tpot: float | None = None,
+        attempts: int = 1,
+        errors: list[AttemptError] | None = None,
     ) -> None:
         """A request succeeded: the server's usage counts, its latency and, when streamed,
-        its time to first token, gaps between content chunks and time per output token."""
+        its time to first token, gaps between content chunks and time per output token;
+        ``errors`` are its attempts that failed before."""
         totals = self.totals
         totals.successful_requests += 1
+        totals.attempts += attempts
+        if errors:
+            for error in errors:
+                totals.errors.add(error)
         totals.total_input_tokens += prompt
         totals.total_output_tokens += completion
         totals.estimated_cached_input_tokens += min(figures.previous_prompt, prompt)
@@ -244,15 +263,48 @@ class Recorder:
         agent: int,
         trajectory_id: str,
         invocation: int,
-        error: str,
+        errors: list[AttemptError],
+        attempts: int,
     ) -> None:
-        self.totals.failed_requests += 1
-        self.totals.failures.append((agent, trajectory_id, invocation, error))
+        """A request failed after its last attempt; ``errors`` holds every failed attempt."""
+        totals = self.totals
+        totals.failed_requests += 1
+        totals.attempts += attempts
+        for attempt_error in errors:
+            totals.errors.add(attempt_error)
+        error = errors[-1].message
+        totals.failures.append((agent, trajectory_id, invocation, error))
         figures.requests += 1
         figures.failed_requests += 1
         figures.error = error
         if rank is not None:
             self.ranks[rank].requests += 1
+
+    def request_cancelled(
+        self, figures: AgentFigures, errors: list[AttemptError], attempts: int
+    ) -> None:
+        """A shutdown cut the request short: in flight, or waiting to retry."""
+        totals = self.totals
+        totals.cancelled_requests += 1
+        totals.attempts += attempts
+        for error in errors:
+            totals.errors.add(error)
+        figures.cancelled += 1
+
+    def requests_skipped(self, figures: AgentFigures | None, count: int) -> None:
+        """Planned requests that were never sent (the agent stopped, or never started)."""
+        self.totals.skipped_requests += count
+        if figures is not None:
+            figures.skipped = count
+
+    def retry_wait_capped(self) -> None:
+        """A Retry-After longer than --max-retry-wait was shortened to it."""
+        self.totals.retry_waits_capped += 1
+
+    def conversation_reset(self, figures: AgentFigures) -> None:
+        """A reset: the next request starts a new conversation, with nothing to reuse."""
+        figures.previous_prompt = 0
+        figures.previous_completion = 0
 
     def request_done(self, figures: AgentFigures, prompt: int, completion: int) -> None:
         """After the request's figures are recorded: it becomes the agent's previous one."""

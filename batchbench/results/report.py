@@ -58,8 +58,8 @@ def banner_lines(config: RunConfig, setup: RunSetup) -> list[str]:
     """The configuration banner, ending with the blank line that follows it."""
     lines = [
         "=== Agent Loop Benchmark Configuration ===",
-        f"Endpoint: {config.endpoint_url}",
-        f"Model: {config.model}",
+        f"Endpoint: {config.endpoint_url or 'none (dry run)'}",
+        f"Model: {config.model or 'none'}",
         f"Tokenizer: {config.tokenizer}",
         f"Tokenizer file: {setup.tokenizer_source}",
     ]
@@ -169,10 +169,14 @@ def _percentile_line(label: str, p50: float | None, p90: float | None, p99: floa
 
 
 def summary_lines(
-    summary: Summary, failures: Sequence[Failure] = (), interrupted_by: str | None = None
+    summary: Summary,
+    failures: Sequence[Failure] = (),
+    interrupted_by: str | None = None,
+    verbose: bool = False,
 ) -> list[str]:
-    """The console summary: admission, requests, tokens, throughput and latency; the
-    interruption line first and one line per failed agent last."""
+    """The console summary: admission, requests and where each planned one went, tokens,
+    throughput and latency; the interruption line first; failed attempts by kind last (with
+    ``verbose``, one line per failed agent too)."""
     s = summary
     lines = []
     if interrupted_by:
@@ -196,6 +200,15 @@ def summary_lines(
         f"Tool invocations: {s.planned_tool_invocations} planned; requests "
         f"{s.total_requests} (success {s.successful_requests}, failure "
         f"{s.failed_requests})",
+    ]
+    if s.stream is not None:  # a live run: every planned request in exactly one bucket
+        lines.append(
+            f"Requests by outcome: {s.planned_tool_invocations} planned = "
+            f"{s.successful_requests} succeeded + {s.failed_requests} failed + "
+            f"{s.cancelled_requests} cancelled + {s.skipped_requests} skipped; "
+            f"{s.attempts} attempts ({s.retries} retries)"
+        )
+    lines += [
         f"Total input tokens sent: {s.total_input_tokens}",
         f"Total output tokens generated: {s.total_output_tokens}",
         "Estimated cached input tokens (perfect server-side caching): "
@@ -231,11 +244,55 @@ def summary_lines(
                 s.tpot_p50_ms, s.tpot_p90_ms, s.tpot_p99_ms,
             ),
         ]  # fmt: skip
-    for agent, ident, invocation, error in failures:
-        lines.append(
-            f'Failure: agent {agent} trajectory "{ident}" invocation {invocation}: {error}'
-        )
+    lines += error_lines(s)
+    if verbose:
+        for agent, ident, invocation, error in failures:
+            lines.append(
+                f'Failure: agent {agent} trajectory "{ident}" invocation {invocation}: {error}'
+            )
     return lines
+
+
+EXAMPLE_LIMIT = 100
+
+
+def error_lines(summary: Summary) -> list[str]:
+    """Failed attempts by kind: a count and the first message of each kind."""
+    kinds = summary.errors_by_kind
+    if not kinds:
+        return []
+    rows = []
+    for kind, entry in sorted(kinds.items(), key=lambda item: (-int(item[1]["count"]), item[0])):
+        label = kind
+        statuses = entry.get("statuses")
+        if statuses:
+            label += " (" + ", ".join(f"{code}: {n}" for code, n in statuses.items()) + ")"
+        example = str(entry["example"])
+        if len(example) > EXAMPLE_LIMIT:
+            example = example[: EXAMPLE_LIMIT - 1] + "…"
+        rows.append((label, str(entry["count"]), example))
+    total = sum(int(entry["count"]) for entry in kinds.values())
+    width = max(len("kind"), *(len(row[0]) for row in rows))
+    count_width = max(len("attempts"), *(len(row[1]) for row in rows))
+    lines = [f"Failed attempts by kind ({total}; every one is in the JSON and request events):"]
+    lines.append(f"  {'kind'.ljust(width)}  {'attempts'.rjust(count_width)}  example")
+    for label, count, example in rows:
+        lines.append(f"  {label.ljust(width)}  {count.rjust(count_width)}  {example}")
+    if summary.retry_waits_capped:
+        lines.append(f"Retry-After waits capped at --max-retry-wait: {summary.retry_waits_capped}")
+    return lines
+
+
+def verdict_lines(summary: Summary) -> list[str]:
+    """The last line of a run whose failures exceed --max-failure-rate (exit status 3)."""
+    if summary.verdict != "failed":
+        return []
+    sent = summary.successful_requests + summary.failed_requests
+    return [
+        f"Result: FAILED: {summary.failed_requests} of {sent} sent requests failed "
+        f"({summary.failure_rate * 100:.1f}%; --max-failure-rate "
+        f"{summary.max_failure_rate * 100:g}%); exit status 3"
+    ]
 
 
 def drift_line(label: str, figures: DriftFigures, no_usage: bool) -> str:

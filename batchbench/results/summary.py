@@ -88,7 +88,15 @@ FIDELITY_CSV_COLUMNS = (
     "output_drift_max_abs_tokens", "corrected_requests", "correction_limited_requests",
     "explainable_cached_input_tokens",
 )  # fmt: skip
-ALL_CSV_COLUMNS = CSV_COLUMNS + EXTRA_CSV_COLUMNS + LIVE_CSV_COLUMNS + FIDELITY_CSV_COLUMNS
+# Where every planned request went, and the run's verdict.
+OUTCOME_CSV_COLUMNS = (
+    "cancelled_requests", "skipped_requests", "attempts", "retries", "retry_waits_capped",
+    "failure_rate", "max_failure_rate", "verdict",
+)  # fmt: skip
+ALL_CSV_COLUMNS = (
+    CSV_COLUMNS + EXTRA_CSV_COLUMNS + LIVE_CSV_COLUMNS + FIDELITY_CSV_COLUMNS + OUTCOME_CSV_COLUMNS
+)
+JSON_ONLY_METRICS = ("errors_by_kind",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +105,7 @@ class Summary:
     a live run has are None in a dry run; percentiles are None without samples."""
 
     timestamp: str
-    model: str
+    model: str | None
     workload_mode: str
     agent_plans_jsonl: str | None
     agent_plans_sha256: str | None
@@ -131,8 +139,8 @@ class Summary:
     agent_end_to_end_latency_p50_ms: float | None
     agent_end_to_end_latency_p90_ms: float | None
     agent_end_to_end_latency_p99_ms: float | None
-    host: str
-    endpoint: str
+    host: str | None
+    endpoint: str | None
     sglang: bool
     ignore_eos: bool
     user_tagging: bool
@@ -185,13 +193,38 @@ class Summary:
     corrected_requests: int | None
     correction_limited_requests: int | None
     explainable_cached_input_tokens: int | None
+    cancelled_requests: int
+    skipped_requests: int
+    attempts: int
+    retries: int
+    retry_waits_capped: int
+    failure_rate: float
+    max_failure_rate: float
+    verdict: str  # "ok", "failed" (failures beyond --max-failure-rate) or "interrupted"
+    errors_by_kind: dict[str, dict[str, object]]  # JSON only: failed attempts by kind
+
+    @property
+    def planned_requests(self) -> int:
+        return self.planned_tool_invocations
 
     def as_dict(self) -> dict[str, object]:
         """Field name -> value, in column order (the results JSON's ``metrics``)."""
-        return {name: getattr(self, name) for name in ALL_CSV_COLUMNS}
+        return {name: getattr(self, name) for name in ALL_CSV_COLUMNS + JSON_ONLY_METRICS}
 
 
-assert tuple(f.name for f in dataclasses.fields(Summary)) == ALL_CSV_COLUMNS
+assert tuple(f.name for f in dataclasses.fields(Summary)) == ALL_CSV_COLUMNS + JSON_ONLY_METRICS
+
+
+def verdict_of(failed: int, succeeded: int, max_failure_rate: float, interrupted: bool):
+    """(failure rate, verdict): the share of sent requests that failed, and "failed" when it
+    is above the allowed rate."""
+    sent = failed + succeeded
+    failure_rate = failed / sent if sent else 0.0
+    if interrupted:
+        return failure_rate, "interrupted"
+    if failed and failure_rate > max_failure_rate:
+        return failure_rate, "failed"
+    return failure_rate, "ok"
 
 
 def rate(total: float, seconds: float) -> float:
@@ -230,6 +263,10 @@ def build_summary(
     prompt = fidelity.prompt if fidelity is not None else None
     output = fidelity.output if fidelity is not None else None
     calibration = setup.calibration or {}
+    failure_rate, verdict = verdict_of(
+        totals.failed_requests, totals.successful_requests, config.max_failure_rate, interrupted
+    )
+    sent = totals.successful_requests + totals.failed_requests + totals.cancelled_requests
     return Summary(
         timestamp=setup.timestamp,
         model=config.model,
@@ -328,4 +365,13 @@ def build_summary(
         explainable_cached_input_tokens=(
             fidelity.explainable_cached_tokens if fidelity is not None else None
         ),
+        cancelled_requests=totals.cancelled_requests,
+        skipped_requests=totals.skipped_requests,
+        attempts=totals.attempts,
+        retries=max(totals.attempts - sent, 0),
+        retry_waits_capped=totals.retry_waits_capped,
+        failure_rate=failure_rate,
+        max_failure_rate=config.max_failure_rate,
+        verdict=verdict,
+        errors_by_kind=totals.errors.as_dict(),
     )

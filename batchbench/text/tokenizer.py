@@ -71,8 +71,18 @@ def _load_file(path: Path, spec: str) -> LoadedTokenizer:
     return LoadedTokenizer.wrap(tokenizer, spec, str(path))
 
 
-def load_tokenizer(spec: str) -> LoadedTokenizer:
-    """Resolve ``--tokenizer-model``: a directory, a file, a built-in name or a hub id."""
+DOWNLOAD_ENV = "BATCHBENCH_TOKENIZER_DOWNLOAD"
+
+
+def downloads_allowed() -> bool:
+    """Hub downloads only when asked for: ``BATCHBENCH_TOKENIZER_DOWNLOAD=1``."""
+    return os.environ.get(DOWNLOAD_ENV) == "1"
+
+
+def load_tokenizer(spec: str, allow_download: bool | None = None) -> LoadedTokenizer:
+    """Resolve ``--tokenizer-model``: a directory, a file, a built-in name, or (only when
+    downloads are allowed: ``allow_download`` or the environment) a hub id. Offline by
+    default, so a name that is none of these fails at once with the built-in names."""
     path = Path(spec)
     if path.is_dir():
         candidate = path / "tokenizer.json"
@@ -92,6 +102,15 @@ def load_tokenizer(spec: str) -> LoadedTokenizer:
                 f"{package.replace('_', '-')} package, which is not installed"
             )
         return _load_file(builtin, spec)
+    if allow_download is None:
+        allow_download = downloads_allowed()
+    if not allow_download:
+        raise TokenizerError(
+            f"tokenizer {spec!r} is not a tokenizer.json file, a directory holding one or a "
+            f"built-in name ({', '.join(sorted(BUILTIN_TOKENIZERS))}); give one of those "
+            f"with --tokenizer-model, or allow a download from the Hugging Face hub with "
+            f"--tokenizer-download ({DOWNLOAD_ENV}=1)"
+        )
     return _load_hub(spec)
 
 

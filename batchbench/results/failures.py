@@ -1,0 +1,70 @@
+"""What went wrong, classified: every failed attempt gets a kind, its HTTP status when it
+had one, and its message; a tally counts them by kind with one example each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class ErrorKind(StrEnum):
+    """The kind of a failed attempt (or of a request that never got one)."""
+
+    HTTP_STATUS = "http_status"  # a non-2xx answer; the status is kept
+    TIMEOUT = "timeout"  # the attempt took longer than --request-timeout-secs
+    CONNECT = "connect"  # no connection: refused, unreachable, DNS, TLS handshake
+    DISCONNECT = "disconnect"  # the connection closed while the answer was on its way
+    TRUNCATED_STREAM = "truncated_stream"  # a stream that ended before [DONE] and usage
+    MALFORMED_JSON = "malformed_json"  # a 2xx body or stream chunk that is not usable JSON
+    MISSING_USAGE = "missing_usage"  # a 2xx answer without usage counts
+    CANCELLED = "cancelled"  # cut short by Ctrl+C / SIGTERM (in flight or waiting to retry)
+    INVALID_REQUEST = "invalid_request"  # the client could not build the request
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptError:
+    """One failed attempt of a request."""
+
+    attempt: int  # 1-based; 0 when the request was never sent
+    kind: ErrorKind
+    message: str
+    status: int | None = None  # HTTP status for http_status
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "attempt": self.attempt,
+            "kind": str(self.kind),
+            "status": self.status,
+            "message": self.message,
+        }
+
+
+@dataclass
+class ErrorTally:
+    """Failed attempts by kind: counts, HTTP statuses and the first message of each kind."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    statuses: dict[int, int] = field(default_factory=dict)
+    examples: dict[str, str] = field(default_factory=dict)
+
+    def add(self, error: AttemptError) -> None:
+        kind = str(error.kind)
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        if kind not in self.examples:
+            self.examples[kind] = error.message
+        if error.status is not None:
+            self.statuses[error.status] = self.statuses.get(error.status, 0) + 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def as_dict(self) -> dict[str, dict[str, object]]:
+        """``{kind: {"count": n, "example": message[, "statuses": {code: n}]}}`` by kind."""
+        document: dict[str, dict[str, object]] = {}
+        for kind in sorted(self.counts):
+            entry: dict[str, object] = {"count": self.counts[kind], "example": self.examples[kind]}
+            if kind == ErrorKind.HTTP_STATUS:
+                entry["statuses"] = {str(s): n for s, n in sorted(self.statuses.items())}
+            document[kind] = entry
+        return document
