@@ -14,10 +14,12 @@ import gc
 import os
 import secrets
 import shlex
+import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -69,7 +71,6 @@ from batchbench.text.tokenizer import LoadedTokenizer, load_tokenizer
 
 NO_USAGE_ERRORS = (MISSING_USAGE, NO_STREAM_USAGE)
 EXIT_REQUESTS_FAILED = 3  # the run finished, but more requests failed than allowed
-SIM_TEMPLATES = ("chatml", "gemma", "llama3", "tokenizer")
 Failure = tuple[int, str, int, str]  # (agent, trajectory id, invocation, error)
 
 
@@ -124,24 +125,55 @@ class OutputError(BatchbenchError):
 def run(config: RunConfig, *, output: RunOutput | None = None) -> RunResult:
     """Run the benchmark ``config`` describes on a new event loop (uvloop when installed);
     Ctrl+C and SIGTERM stop admission, let requests in flight finish for the grace period,
-    and return what was measured (``exit_status`` 130/143)."""
+    and return what was measured (``exit_status`` 130/143). For its duration the garbage
+    collector is tuned for many short-lived objects."""
     with event_loop_runner() as runner:
-        return runner.run(run_async(config, output=output, handle_signals=True))
+        return runner.run(_run(config, output, handle_signals=True, offload=False, tune_gc=True))
 
 
 async def run_async(
     config: RunConfig, *, output: RunOutput | None = None, handle_signals: bool = False
 ) -> RunResult:
-    """``run`` for callers that own the event loop. ``handle_signals`` routes SIGINT and
-    SIGTERM to a graceful stop (off by default: the loop's handlers are the caller's)."""
+    """``run`` for callers that own the event loop: slow setup steps (manifest, tokenizer,
+    simulator start) run in threads, and process-wide state is left alone unless asked:
+    ``handle_signals`` replaces the loop's SIGINT/SIGTERM handlers with a graceful stop for
+    the run (main thread only)."""
+    if handle_signals and threading.current_thread() is not threading.main_thread():
+        raise UsageError("handle_signals needs the main thread's event loop")
+    return await _run(config, output, handle_signals, offload=True, tune_gc=False)
+
+
+async def _offloaded(function, *args):
+    return await asyncio.to_thread(function, *args)
+
+
+async def _direct(function, *args):
+    return function(*args)
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """How this run treats the process: blocking steps direct or in threads, signals, GC."""
+
+    call: Any
+    handle_signals: bool
+    tune_gc: bool
+
+
+async def _run(
+    config: RunConfig,
+    output: RunOutput | None,
+    handle_signals: bool,
+    offload: bool,
+    tune_gc: bool,
+) -> RunResult:
     config.check()
+    call = _offloaded if offload else _direct
     started = datetime.now(UTC).isoformat(timespec="seconds")
     out = output if output is not None else _Silent()
-    sha256 = (
-        await asyncio.to_thread(hash_manifest, config.agent_plans_jsonl) if config.replay else None
-    )
+    sha256 = await call(hash_manifest, config.agent_plans_jsonl) if config.replay else None
     manifest = (
-        await asyncio.to_thread(load_manifest, config.agent_plans_jsonl, sha256=sha256)
+        await call(partial(load_manifest, sha256=sha256), config.agent_plans_jsonl)
         if config.replay
         else None
     )
@@ -149,17 +181,19 @@ async def run_async(
     workload = None
     if not config.calibrate:  # plans are compiled before the tokenizer loads
         workload = build_workload(config, manifest, root_seed, starting_overheads(config, None))
-    sim = None
-    if config.sim:
-        sim, config = await asyncio.to_thread(start_sim, config)
+    sim = sim_process(config) if config.sim else None
     try:
+        if sim is not None:
+            await call(sim.start)
+            config = replace(config, host=sim.url, tokenizer_model=config.tokenizer)
         if not config.dry_run:
             config = await check_target(config, out)
+        steps = _Steps(call, handle_signals, tune_gc)
         return await _run_loaded(config, out, manifest, workload, root_seed, sha256, started,
-                                 handle_signals)  # fmt: skip
+                                 steps)  # fmt: skip
     finally:
         if sim is not None:
-            await asyncio.to_thread(sim.stop)
+            sim.stop()  # also ends a start still running in its thread
 
 
 class _Silent:
@@ -181,14 +215,19 @@ def event_loop_runner() -> asyncio.Runner:
 # -- before the run -------------------------------------------------------------------
 def start_sim(config: RunConfig) -> tuple[SimProcess, RunConfig]:
     """Start the simulator child (sharing the tokenizer); the config that targets it."""
+    sim = sim_process(config)
+    sim.start()
+    return sim, replace(config, host=sim.url, tokenizer_model=config.tokenizer)
+
+
+def sim_process(config: RunConfig) -> SimProcess:
+    """The simulator child of ``--sim``, not started yet."""
     extra = config.sim_args or ""
     if config.tokenizer_download:
         extra = f"--tokenizer-download {extra}"
     if config.chat_template is not None:
         extra = f"--chat-template {shlex.quote(config.chat_template)} {extra}"
-    sim = SimProcess(sim_command(config.tokenizer, config.sim_dp_ranks, extra or None))
-    sim.start()
-    return sim, replace(config, host=sim.url, tokenizer_model=config.tokenizer)
+    return SimProcess(sim_command(config.tokenizer, config.sim_dp_ranks, extra or None))
 
 
 async def check_target(config: RunConfig, out: RunOutput) -> RunConfig:
@@ -296,7 +335,7 @@ def body_options(config: RunConfig) -> BodyOptions:
 
 
 def api_key_text(config: RunConfig) -> str | None:
-    return config.api_key.reveal() if config.api_key is not None else None
+    return config.resolved_api_key()
 
 
 async def calibrate_target(
@@ -332,12 +371,10 @@ async def _run_loaded(
     root_seed: int,
     sha256: str | None,
     started: str,
-    handle_signals: bool,
+    steps: _Steps,
 ) -> RunResult:
-    loaded = await asyncio.to_thread(
-        load_tokenizer, config.tokenizer, config.tokenizer_download or None
-    )
-    synth = await asyncio.to_thread(Synthesizer.prepare, loaded)
+    loaded = await steps.call(load_tokenizer, config.tokenizer, config.tokenizer_download or None)
+    synth = await steps.call(Synthesizer.prepare, loaded)
     template_name, contexts = reply_context_template(config, loaded, out.warning)
     replies = ReplyAccounting.build(loaded, contexts)
     calibration = None
@@ -387,13 +424,11 @@ async def _run_loaded(
         if config.dry_run:
             engine = await _dry_run(config, workload, factory, events)
         else:
-            live = await _live_run(
-                config, setup, workload, factory, events, replies, out, handle_signals
-            )
+            live = await _live_run(config, setup, workload, factory, events, replies, out, steps)
             engine = live.engine
     finally:
         events.close()
-    return _finish(config, setup, workload, engine, live, tuple(lifecycle))
+    return _finish(config, setup, workload, engine, live, tuple(lifecycle), out)
 
 
 async def _dry_run(
@@ -432,25 +467,26 @@ async def _live_run(
     events: LifecycleWriter,
     replies: ReplyAccounting,
     out: RunOutput,
-    handle_signals: bool,
+    steps: _Steps,
 ) -> LiveRun:
-    # Freeze what setup allocated (tokenizer, tables, workload) so collections skip it.
     thresholds = gc.get_threshold()
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
+    if steps.tune_gc:  # freeze what setup allocated so collections skip it
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
     pool = ThreadPoolExecutor(
         max_workers=generation_workers(), thread_name_prefix="batchbench-text"
     )
     try:
         return await _drive(
-            config, setup, workload, factory, pool, events, replies, out, handle_signals
+            config, setup, workload, factory, pool, events, replies, out, steps.handle_signals
         )
     finally:
         # Texts prepared ahead for turns that will never run are not waited for.
         pool.shutdown(wait=False, cancel_futures=True)
-        gc.unfreeze()
-        gc.set_threshold(*thresholds)
+        if steps.tune_gc:
+            gc.unfreeze()
+            gc.set_threshold(*thresholds)
 
 
 def driver_settings(config: RunConfig) -> DriverSettings:
@@ -567,6 +603,7 @@ def _finish(
     engine: EngineResult,
     live: LiveRun | None,
     lifecycle: tuple[dict[str, Any], ...],
+    out: RunOutput,
 ) -> RunResult:
     completed = [r for r in engine.records if r.completed]
     if live is None:
@@ -617,21 +654,23 @@ def _finish(
         engine=engine,
         live=figures,
     )
-    return write_outputs(result)
+    return write_outputs(result, out)
 
 
 def config_file_path(config: RunConfig) -> str | None:
-    """Where the resolved options go: beside the results JSON, else beside the CSV."""
+    """Where the resolved options go: beside the results JSON, else beside the CSV; only
+    beside a regular file (not a pipe or a device)."""
     results = config.results_json or config.results_csv
-    if results is None:
+    if results is None or not os.path.isfile(results):
         return None
     path = Path(results)
     return str(path.with_name(path.stem + ".config.toml"))
 
 
-def write_outputs(result: RunResult) -> RunResult:
+def write_outputs(result: RunResult, out: RunOutput | None = None) -> RunResult:
     """Write the summary files the config names; every one is attempted, and a failure
-    raises OutputError carrying the result (with what was written)."""
+    raises OutputError carrying the result (with what was written). The resolved options
+    file is a convenience: failing to write it is a warning."""
     config = result.config
     written: list[tuple[str, str]] = []
     if config.agent_events_jsonl:
@@ -654,16 +693,18 @@ def write_outputs(result: RunResult) -> RunResult:
             written.append(("agent benchmark JSON summary", config.results_json))
         except BatchbenchError as exc:
             errors.append(str(exc))
-    options_path = config_file_path(config)
-    if options_path is not None and not errors:
-        resolved = replace(
-            _as_given(config), seed=result.setup.root_seed, content_salt=result.setup.content_salt
-        )
+    options_path = config_file_path(config) if not errors else None
+    if options_path is not None:
+        resolved = replace(_as_given(config), seed=result.setup.root_seed)
+        text = resolved.to_toml(salt_used=result.setup.content_salt)
         try:
-            Path(options_path).write_text(resolved.to_toml(), encoding="utf-8")
+            Path(options_path).write_text(text, encoding="utf-8")
             written.append(("resolved options", options_path))
-        except OSError as exc:
-            errors.append(f"failed to write {options_path}: {exc.strerror or exc}")
+        except (OSError, ValueError) as exc:
+            if out is not None:
+                out.warning(
+                    f"warning: the resolved options were not written to {options_path}: {exc}"
+                )
     result = replace(result, written=tuple(written))
     if errors:
         raise OutputError("; ".join(errors), result)
@@ -671,7 +712,8 @@ def write_outputs(result: RunResult) -> RunResult:
 
 
 def _as_given(config: RunConfig) -> RunConfig:
-    """The options a user would pass again: with --sim, not the simulator's URL."""
+    """The options a user would pass again: with --sim, no host (the simulator's URL is
+    new every run)."""
     if config.sim:
-        return replace(config, host=RunConfig().host)
+        return replace(config, host=None)
     return config

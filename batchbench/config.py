@@ -19,6 +19,7 @@ from batchbench.plan.workload import SampledShape
 
 DEFAULT_ENDPOINT = "/v1/chat/completions"
 SIM_DEFAULT_TOKENIZER = "deepseek-v3"
+SIM_TEMPLATES = ("chatml", "gemma", "llama3", "tokenizer")  # what the simulator renders
 
 # (label, option names of the fixed size, log-normal option prefixes, default fixed size)
 SIZE_FAMILIES = (
@@ -280,10 +281,21 @@ class RunConfig:
             raise SystemExit(0)
         return config
 
+    def __post_init__(self) -> None:
+        if isinstance(self.api_key, str):  # a plain string from Python: hide it at once
+            object.__setattr__(self, "api_key", ApiKey(self.api_key) if self.api_key else None)
+
+    def resolved_api_key(self) -> str | None:
+        """The key to send: ``api_key``, else the variable named by ``api_key_env``."""
+        if self.api_key is not None:
+            return self.api_key.reveal()
+        return os.environ.get(self.api_key_env) or None
+
     def check(self) -> None:
         """The checks a command line gets after parsing, in the same order and words, for
         configs built in Python too; raises UsageError (ManifestError for a manifest that
         cannot be opened)."""
+        self._check_values()
         if self.replay and self.agents is not None:
             raise UsageError(
                 "--agents cannot be combined with --agent-plans-jsonl; "
@@ -339,8 +351,9 @@ class RunConfig:
             )
         if not self.sim:
             self._check_target()
-        if self.api_key is not None:
-            check_api_key(self.api_key.reveal(), self.api_key_env)
+        key = self.resolved_api_key()
+        if key is not None:
+            check_api_key(key, self.api_key_env)
         for flag, path in self.output_paths():
             check_output_path(flag, path)
         for name, value in self.shape_options:
@@ -349,6 +362,56 @@ class RunConfig:
                 raise UsageError(
                     f"--{name} {value} is more than one request can hold "
                     f"(at most {MAX_REQUEST_TOKENS} tokens)"
+                )
+
+    def _check_values(self) -> None:
+        """Types and ranges a command line's parser guarantees, for configs built in Python."""
+        known = set(shape_option_names())
+        for name, value in self.shape_options:
+            if name not in known:
+                raise UsageError(f"unknown shape option {name!r}")
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise UsageError(f"shape option {name!r} must be a number, not {value!r}")
+        at_least = (
+            ("agents", self.agents, 0),
+            ("max-active-agents", self.max_active_agents, 1),
+            ("request-timeout-secs", self.request_timeout_secs, 0),
+            ("max-retries", self.max_retries, 0),
+            ("retry-delay-ms", self.retry_delay_ms, 0),
+            ("dp-rank-perfect-routing-num", self.dp_ranks, 1),
+            ("sim-dp-ranks", self.sim_dp_ranks, 1),
+            ("replay-initial-overhead-tokens", self.replay_initial_overhead_tokens, 0),
+            ("replay-turn-overhead-tokens", self.replay_turn_overhead_tokens, 0),
+        )
+        for name, value, low in at_least:
+            if value is not None and (not isinstance(value, int) or value < low):
+                raise UsageError(f"--{name} must be an integer of at least {low}, not {value!r}")
+        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 1 << 64):
+            raise UsageError(f"--seed must be an integer in 0..2^64-1, not {self.seed!r}")
+        for name, value in (
+            ("grace-seconds", self.grace_seconds),
+            ("max-retry-wait", self.max_retry_wait),
+        ):
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise UsageError(f"--{name} must be a non-negative number, not {value!r}")
+        if not (isinstance(self.max_failure_rate, int | float) and 0 <= self.max_failure_rate <= 1):
+            raise UsageError(
+                f"--max-failure-rate must be between 0 and 1, not {self.max_failure_rate!r}"
+            )
+        if self.sim:
+            if self.endpoint.startswith(("http://", "https://")):
+                raise UsageError(
+                    "--sim cannot be combined with a full-URL --endpoint; give a path such as "
+                    "/v1/chat/completions"
+                )
+            if self.chat_template not in (None, *SIM_TEMPLATES):
+                raise UsageError(
+                    "with --sim, --chat-template must be chatml, gemma, llama3 or tokenizer "
+                    "(the simulator's templates)"
+                )
+            if self.chat_template is not None and "--chat-template" in (self.sim_args or ""):
+                raise UsageError(
+                    "give --chat-template once: as a flag or inside --sim-args, not both"
                 )
 
     def _check_target(self) -> None:
@@ -429,24 +492,45 @@ class RunConfig:
         }
         return {name: value for name, value in values.items() if value is not None}
 
-    def to_toml(self) -> str:
-        """The options as a TOML document (one ``name = value`` line each)."""
-        lines = ["# batchbench-agent options; run again with: batchbench-agent --config FILE"]
-        for name, value in self.options().items():
-            lines.append(f"{name} = {toml_value(value)}")
+    def to_toml(self, salt_used: str | None = None) -> str:
+        """The options as a TOML document (one ``name = value`` line each). Output paths,
+        and a random content salt (``salt_used``), are written as comments: a run from this
+        file neither overwrites the first run's results nor, unless asked, reuses its
+        salt (a warm server could then answer from its cache)."""
+        lines = [
+            "# batchbench-agent options: batchbench-agent --config FILE [more options]",
+            "# Uncomment the output paths to write results, and the salt to repeat the",
+            "# exact bytes of the run (a warm server may then answer from its prefix cache).",
+        ]
+        options = self.options()
+        if self.content_salt is None and salt_used is not None:
+            options["content-salt"] = salt_used
+        commented = set(OUTPUT_OPTIONS)
+        if self.content_salt is None:
+            commented.add("content-salt")
+        for name, value in options.items():
+            prefix = "# " if name in commented else ""
+            lines.append(f"{prefix}{name} = {toml_value(value)}")
         return "\n".join(lines) + "\n"
 
 
+OUTPUT_OPTIONS = ("results-csv", "results-json", "agent-events-jsonl", "request-events-jsonl")
+TOML_INT_MAX = (1 << 63) - 1
+
+
 def toml_value(value: object) -> str:
-    """A TOML scalar: JSON's string escapes are valid TOML basic strings."""
+    """A TOML scalar: JSON's string escapes are valid TOML basic strings (DEL, which TOML
+    forbids raw, is escaped too); integers beyond TOML's 64-bit signed range are written
+    as strings, which the options reader accepts."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
-        return str(value)
+        return str(value) if -TOML_INT_MAX - 1 <= value <= TOML_INT_MAX else f'"{value}"'
+
     if isinstance(value, float):
         if math.isnan(value):
             return "nan"
         if math.isinf(value):
             return "inf" if value > 0 else "-inf"
         return repr(value)
-    return json.dumps(str(value), ensure_ascii=False)
+    return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")

@@ -12,9 +12,11 @@ import orjson
 import pytest
 
 import batchbench
+import batchbench.api as api_module
 from batchbench import RunConfig, RunResult, Summary, run, run_async
 from batchbench.api import OutputError
 from batchbench.cli.agent_args import config_from_argv
+from batchbench.errors import BatchbenchError, UsageError
 from batchbench.results.report import ALL_CSV_COLUMNS, csv_row
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "trajectory-replay" / "plans.jsonl"
@@ -70,6 +72,7 @@ def test_run_async_inside_a_loop():
 
 
 def test_files_render_the_summary_record(tmp_path):
+    (tmp_path / "out").mkdir()
     config = replay(
         dry_run=True,
         tokenizer_model="deepseek-v3",
@@ -83,14 +86,16 @@ def test_files_render_the_summary_record(tmp_path):
     assert rows[1] == csv_row(result.summary)
     document = orjson.loads((tmp_path / "out" / "r.json").read_bytes())
     assert document["metrics"] == orjson.loads(orjson.dumps(dataclasses.asdict(result.summary)))
-    assert list(document["metrics"]) == list(ALL_CSV_COLUMNS)
+    assert list(document["metrics"]) == [*ALL_CSV_COLUMNS, "errors_by_kind"]
     events = [orjson.loads(line) for line in (tmp_path / "events.jsonl").read_bytes().splitlines()]
     assert events == [dict(record) for record in result.lifecycle]
     written = dict((what, path) for what, path in result.written)
     options = tmp_path / "out" / "r.config.toml"
     assert written["resolved options"] == str(options)
     again = config_from_argv(["--config", str(options)])
-    assert again == config
+    assert again == dataclasses.replace(
+        config, results_csv=None, results_json=None, agent_events_jsonl=None
+    )
     rerun = run(again)
     assert [r["trajectory_id"] for r in rerun.lifecycle] == [
         r["trajectory_id"] for r in result.lifecycle
@@ -102,23 +107,43 @@ def test_random_seed_and_salt_are_written_for_a_rerun(tmp_path):
         agents=2, dry_run=True, tokenizer_model="deepseek-v3", results_json=str(tmp_path / "r.json")
     )
     result = run(config)
-    again = config_from_argv(["--config", str(tmp_path / "r.config.toml")])
-    assert again.seed == result.setup.root_seed and again.content_salt == result.setup.content_salt
-    assert again == dataclasses.replace(
-        config, seed=result.setup.root_seed, content_salt=result.setup.content_salt
-    )
+    options = tmp_path / "r.config.toml"
+    assert f'# content-salt = "{result.setup.content_salt}"' in options.read_text()
+    again = config_from_argv(["--config", str(options)])
+    assert again == dataclasses.replace(config, seed=result.setup.root_seed, results_json=None)
 
 
-def test_an_unwritable_output_keeps_the_result(tmp_path):
+def test_output_paths_are_checked_before_the_run(tmp_path):
     blocked = tmp_path / "a-directory"
     blocked.mkdir()
+    for option, path, message in [
+        ("results_csv", str(blocked), f"--results-csv {blocked} is a directory; give a file name"),
+        (
+            "results_json",
+            str(tmp_path / "missing" / "r.json"),
+            f"--results-json {tmp_path / 'missing' / 'r.json'}: the directory "
+            f"{tmp_path / 'missing'} does not exist",
+        ),
+    ]:
+        config = replay(dry_run=True, tokenizer_model="deepseek-v3", **{option: path})
+        with pytest.raises(UsageError) as caught:
+            run(config)
+        assert str(caught.value) == message
+    assert sorted(os.listdir(tmp_path)) == ["a-directory"]
+
+
+def test_one_failed_output_keeps_the_others_and_the_result(tmp_path, monkeypatch):
+    def failing(path, row):
+        raise BatchbenchError(f"failed to write {path}: disk full")
+
+    monkeypatch.setattr(api_module, "write_csv", failing)
     config = replay(
         dry_run=True,
         tokenizer_model="deepseek-v3",
-        results_csv=str(blocked),
+        results_csv=str(tmp_path / "r.csv"),
         results_json=str(tmp_path / "r.json"),
     )
-    with pytest.raises(OutputError, match=f"failed to write {blocked}") as caught:
+    with pytest.raises(OutputError, match="disk full") as caught:
         run(config)
     result = caught.value.result
     assert result.summary.completed_agents == 3

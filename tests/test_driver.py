@@ -49,6 +49,7 @@ from batchbench.results.report import (
 from batchbench.text.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL = "Qwen/Qwen3-VL-235B-A22B-Instruct-FP8"  # the model named in the bodies
 ENDPOINT_PATH = "/v1/chat/completions"
 DONE = b"data: [DONE]\n\n"
 UUID4_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
@@ -168,6 +169,9 @@ def argv(stub: StubServer, plans: Path, *extra: str) -> list[str]:
         "--no-prompt-correction",
         "--content-salt",
         "test",
+        "--model",
+        DEFAULT_MODEL,
+        "--no-preflight",  # the stub's request counts are the tests' subject
         *extra,
     ]
 

@@ -494,7 +494,7 @@ def parse_agent_args(
     argv = list(argv)
     parser = build_parser(prog)
     path = config_file_argument(argv)
-    if path is not None:
+    if path is not None and not {"-h", "--help", "--version"} & set(argv):
         parser.set_defaults(**toml_defaults(parser, path))
     try:
         args = parser.parse_args(argv)
@@ -529,13 +529,15 @@ def toml_defaults(parser: argparse.ArgumentParser, path: str) -> dict[str, objec
             document = tomllib.load(handle)
     except OSError as exc:
         raise UsageError(f"--config {path}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"--config {path}: invalid TOML: {exc}") from None
     actions = parser._option_string_actions
     defaults: dict[str, object] = {}
     for name, value in document.items():
         action = actions.get(f"--{name}")
-        if action is None or name in ("config", "help", "version"):
+        if name in ("config", "help", "version"):
+            raise UsageError(f'{path}: "{name}" cannot be set in an options file')
+        if action is None:
             hint = suggestion(parser, f"unrecognized arguments: --{name}")
             hint = hint.split("(", 1)[1].rstrip(")") if "(" in hint else ""
             raise UsageError(f'{path}: unknown option "{name}"' + (f" ({hint})" if hint else ""))

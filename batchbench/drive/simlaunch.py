@@ -49,6 +49,7 @@ class SimProcess:
         self.command = command
         self.url = ""
         self._process: subprocess.Popen | None = None
+        self._stopped = threading.Event()  # set by stop(): a start still running gives up
 
     def __enter__(self) -> SimProcess:
         self.start()
@@ -58,6 +59,10 @@ class SimProcess:
         self.stop()
 
     def start(self, timeout: float = START_TIMEOUT_SECONDS) -> str:
+        """Start the child and wait until it is healthy. ``stop()`` from another thread (a
+        cancelled run) ends the wait and the child."""
+        if self._stopped.is_set():
+            raise SimError("the simulator was stopped before it started")
         process = subprocess.Popen(
             self.command,
             stdin=subprocess.DEVNULL,
@@ -67,24 +72,25 @@ class SimProcess:
         )
         self._process = process
         try:
+            if self._stopped.is_set():
+                raise SimError("the simulator was stopped while it started")
             assert process.stdout is not None
             line = process.stdout.readline()
             if not line.startswith(LISTENING):
-                self.stop()  # a child that is still running is terminated, not waited for
+                _terminate(process)  # a child still running is terminated first
                 raise SimError(
                     f"the simulator did not start (exit status {process.returncode}); "
                     f"command: {shlex.join(self.command[1:])}"
                 )
             self.url = line[len(LISTENING) :].strip()
             threading.Thread(target=_drain, args=(process.stdout,), daemon=True).start()
-            self._wait_healthy(time.monotonic() + timeout)
+            self._wait_healthy(process, time.monotonic() + timeout)
         except BaseException:  # SimError, KeyboardInterrupt: never leave the child running
-            self.stop()
+            _terminate(process)
             raise
         return self.url
 
-    def _wait_healthy(self, deadline: float) -> None:
-        assert self._process is not None
+    def _wait_healthy(self, process: subprocess.Popen, deadline: float) -> None:
         while True:
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2.0) as response:
@@ -92,16 +98,24 @@ class SimProcess:
                         return
             except (urllib.error.URLError, OSError):
                 pass
-            if self._process.poll() is not None:
-                raise SimError(f"the simulator exited with status {self._process.returncode}")
+            if self._stopped.is_set():
+                raise SimError("the simulator was stopped while it started")
+            if process.poll() is not None:
+                raise SimError(f"the simulator exited with status {process.returncode}")
             if time.monotonic() > deadline:
                 raise SimError(f"the simulator at {self.url} did not become healthy")
             time.sleep(0.05)
 
     def stop(self) -> None:
+        self._stopped.set()
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
+        if process is not None:
+            _terminate(process)
+
+
+def _terminate(process: subprocess.Popen) -> None:
+    """Terminate, wait, and kill when it will not go."""
+    if process.poll() is None:
         process.terminate()
         try:
             process.wait(STOP_TIMEOUT_SECONDS)
