@@ -76,6 +76,8 @@ LIFECYCLE_EXTRA_FIELDS = [
     "error",
     "prompt_exact_requests",
     "output_exact_requests",
+    "cancelled_requests",
+    "skipped_requests",
 ]
 REQUEST_EVENT_FIELDS = [
     "agent_id",
@@ -93,6 +95,9 @@ REQUEST_EVENT_FIELDS = [
     "attempts",
     "status",
     "error",
+    "error_kind",
+    "status_code",
+    "errors",
     "prompt_drift",
     "prompt_correction_tokens",
     "correction_note",
@@ -101,11 +106,12 @@ REQUEST_EVENT_FIELDS = [
     "reply_rendered_tokens",
     "oracle_seconds",
 ]
-# The spec's messages, quoted verbatim.
+# The error messages, quoted verbatim.
 NO_STREAM_USAGE = (
     "streamed response missing usage; the backend must honor stream_options.include_usage"
 )
 NO_CHUNKS = "streamed response contained no chunks"
+TRUNCATED_STREAM = "streamed response ended before [DONE] and usage after {chunks} chunks"
 INTERRUPTED_LINE = (
     "Interrupted by {}: admission stopped; results cover work finished before shutdown"
 )
@@ -176,6 +182,16 @@ def argv(stub: StubServer, plans: Path, *extra: str) -> list[str]:
     ]
 
 
+def with_stub_defaults(args: list[str]) -> list[str]:
+    """The stub serves canned answers: name the model and skip the preflight request."""
+    extra = []
+    if "--model" not in args:
+        extra += ["--model", DEFAULT_MODEL]
+    if "--no-preflight" not in args and "--sim" not in args:
+        extra.append("--no-preflight")
+    return [*args, *extra]
+
+
 @dataclass
 class Run:
     lines: list[str]
@@ -202,9 +218,14 @@ class Run:
         return self.lines[end + 2 :]
 
 
-def run_agent(capsys, args: list[str]) -> Run:
-    assert main(args) == 0
+def run_agent(capsys, args: list[str], status: int = 0) -> Run:
+    """Run in-process against the stub; a model and no preflight unless the test says."""
+    args = with_stub_defaults(args)
+    code = main(args)
     captured = capsys.readouterr()
+    # The exit status and the verdict line agree: 3 exactly when requests failed.
+    failed = "Result: FAILED" in captured.out
+    assert code == (3 if failed and status == 0 else status), captured.out[-500:]
     return Run(captured.out.splitlines(), captured.out, captured.err)
 
 
@@ -948,7 +969,7 @@ STREAM_ERRORS = {
         Stream([(0, b": keep-alive\n\n"), (0, b"event: ping\n\n"), (0, DONE)]),
         NO_CHUNKS,
     ),
-    "empty-body": (Stream([]), NO_CHUNKS),
+    "empty-body": (Stream([]), TRUNCATED_STREAM.format(chunks=0)),
     "invalid-chunk": (
         Stream([(0, b"data: {not json}\n\n"), (0, sse(usage_chunk(1, 1)))]),
         "invalid JSON in streamed response chunk",
@@ -1156,6 +1177,7 @@ def test_no_connection_pool_cap_below_active_agents(capsys, stub, tmp_path, admi
 def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
     plans = write_plans(tmp_path / "p.jsonl", {"ok": [req(24, 4), req(40, 4)], "bad": [req(24, 4)]})
     out = tmp_path / "out" / "nested"
+    out.mkdir(parents=True)
     results, summary_json = out / "s.csv", out / "s.json"
     events, requests = out / "e.jsonl", out / "r.jsonl"
     stub.script(
@@ -1172,12 +1194,14 @@ def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
             "--agent-events-jsonl", str(events), "--request-events-jsonl", str(requests),
         ),
     )  # fmt: skip
-    assert run.lines[-5:] == [
+    assert run.lines[-6:] == [
         f"Wrote agent lifecycle events to {events}",
         f"Wrote request events to {requests}",
         f"Wrote agent benchmark summary to {results}",
         f"Wrote agent benchmark JSON summary to {summary_json}",
         f"Wrote resolved options to {summary_json.with_name('s.config.toml')}",
+        "Result: FAILED: 1 of 2 sent requests failed (50.0%; --max-failure-rate 0%); "
+        "exit status 3",
     ]
     assert run.line("Server-reported cached input tokens") == (
         "Server-reported cached input tokens (usage.prompt_tokens_details): 100"

@@ -231,26 +231,40 @@ def one_request_manifest(path: Path) -> Path:
 
 
 FAULTS = [
-    # (sim flags, agent flags, fault kind in /metrics, attempts, error prefix or None)
+    # (sim flags, agent flags, fault kind in /metrics, attempts, error prefix or None, kind)
     ("--fault-error-rate 1 --fault-error-statuses 503", [], "error", 3,
-     "request failed (503 Service Unavailable)"),
+     "request failed (503 Service Unavailable)", "http_status"),
+    ("--fault-error-rate 1 --fault-error-statuses 503", ["--stream"], "error", 3,
+     "request failed (503 Service Unavailable)", "http_status"),
     ("--fault-error-rate 1 --fault-error-statuses 400", [], "error", 1,
-     "request failed (400 Bad Request)"),
+     "request failed (400 Bad Request)", "http_status"),
     ("--fault-429-rate 1 --fault-retry-after-s 1", ["--max-retries", "1"], "rate_limit", 2,
-     "request failed (429 Too Many Requests)"),
-    ("--fault-drop-rate 1", [], "drop", 3, "request failed: "),
-    ("--fault-truncate-rate 1", ["--stream"], "truncate", 3, NO_STREAM_USAGE),
-    ("--fault-malformed-rate 1", [], "malformed", 3, "invalid JSON in response body"),
+     "request failed (429 Too Many Requests)", "http_status"),
+    ("--fault-429-rate 1 --fault-retry-after-s 1", ["--max-retries", "1", "--stream"],
+     "rate_limit", 2, "request failed (429 Too Many Requests)", "http_status"),
+    ("--fault-drop-rate 1", [], "drop", 3, "request failed: ", "disconnect"),
+    ("--fault-drop-rate 1", ["--stream"], "drop", 3, "request failed: ", "disconnect"),
+    ("--fault-truncate-rate 1", ["--stream"], "truncate", 3,
+     "streamed response ended before [DONE] and usage after", "truncated_stream"),
+    ("--fault-truncate-rate 1", [], "truncate", 0, None, None),  # only streams are cut
+    ("--fault-malformed-rate 1", [], "malformed", 3, "invalid JSON in response body",
+     "malformed_json"),
     ("--fault-malformed-rate 1", ["--stream"], "malformed", 3,
-     "invalid JSON in streamed response chunk"),
-    ("--fault-missing-usage-rate 1", [], "missing_usage", 3, "response missing usage field"),
-    ("--fault-spike-rate 1 --fault-spike-ms 300", [], "latency_spike", 1, None),
+     "invalid JSON in streamed response chunk", "malformed_json"),
+    ("--fault-missing-usage-rate 1", [], "missing_usage", 3, "response missing usage field",
+     "missing_usage"),
+    ("--fault-missing-usage-rate 1", ["--stream"], "missing_usage", 3, NO_STREAM_USAGE,
+     "missing_usage"),
+    ("--fault-spike-rate 1 --fault-spike-ms 300", [], "latency_spike", 1, None, None),
+    ("--fault-spike-rate 1 --fault-spike-ms 300", ["--stream"], "latency_spike", 1, None, None),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("sim_flags", "agent_flags", "kind", "attempts", "error"), FAULTS)
+@pytest.mark.parametrize(
+    ("sim_flags", "agent_flags", "kind", "attempts", "error", "error_kind"), FAULTS
+)
 def test_each_fault_is_seen_as_the_right_retry_or_failure(
-    tmp_path, capsys, sim_flags, agent_flags, kind, attempts, error
+    tmp_path, capsys, sim_flags, agent_flags, kind, attempts, error, error_kind
 ):
     manifest = one_request_manifest(tmp_path / "m.jsonl")
     with SimProcess(sim_command("deepseek-v3", None, f"--speed 0 {sim_flags}")) as sim:
@@ -260,18 +274,31 @@ def test_each_fault_is_seen_as_the_right_retry_or_failure(
             "--retry-delay-ms", "0", *agent_flags,
         )  # fmt: skip
         faults = metric(sim.url, "batchbench_sim_faults_total")
-    assert status == 0  # a failed request stops its agent, not the run
     out = capsys.readouterr().out
+    metrics = summary["metrics"]
+    buckets = ("successful", "failed", "cancelled", "skipped")
+    assert metrics["planned_tool_invocations"] == sum(metrics[f"{b}_requests"] for b in buckets)
     [request] = requests
-    assert request["attempts"] == attempts
-    assert faults[f'{{kind="{kind}"}}'] == attempts
+    assert request["attempts"] == max(attempts, 1)
+    assert faults.get(f'{{kind="{kind}"}}', 0) == attempts
     if error is None:
-        assert request["status"] == "ok" and request["latency_seconds"] >= 0.3
-        assert summary["metrics"]["failed_requests"] == 0
+        assert status == 0 and metrics["verdict"] == "ok"
+        assert request["status"] == "ok" and request["errors"] == []
+        assert metrics["failed_requests"] == 0 and metrics["errors_by_kind"] == {}
+        if kind == "latency_spike":
+            assert request["latency_seconds"] >= 0.3
         return
+    assert status == 3  # the run finished, but a request failed
     assert request["status"] == "failed" and request["error"].startswith(error)
-    assert summary["metrics"]["failed_requests"] == 1
+    assert request["error_kind"] == error_kind
+    assert [e["kind"] for e in request["errors"]] == [error_kind] * attempts
+    assert [e["attempt"] for e in request["errors"]] == list(range(1, attempts + 1))
+    assert metrics["failed_requests"] == 1 and metrics["attempts"] == attempts
+    assert metrics["retries"] == attempts - 1 and metrics["verdict"] == "failed"
+    assert metrics["errors_by_kind"][error_kind]["count"] == attempts
     assert events[0]["completed"] is False and events[0]["error"] == request["error"]
-    assert f'Failure: agent 0 trajectory "f" invocation 1: {error}' in out
+    assert out.count("Failure: agent 0 ") == 1
+    assert f"Failed attempts by kind ({attempts}; " in out
+    assert out.rstrip().splitlines()[-1].startswith("Result: FAILED: 1 of 1 sent requests failed")
     if kind == "rate_limit":
         assert request["latency_seconds"] >= 1.0  # Retry-After: 1 over a 0 ms backoff

@@ -175,8 +175,8 @@ def summary_lines(
     verbose: bool = False,
 ) -> list[str]:
     """The console summary: admission, requests and where each planned one went, tokens,
-    throughput and latency; the interruption line first; failed attempts by kind last (with
-    ``verbose``, one line per failed agent too)."""
+    throughput and latency; the interruption line first; failed attempts by kind and the
+    first failed agents last (all of them with ``verbose``)."""
     s = summary
     lines = []
     if interrupted_by:
@@ -245,12 +245,20 @@ def summary_lines(
             ),
         ]  # fmt: skip
     lines += error_lines(s)
-    if verbose:
-        for agent, ident, invocation, error in failures:
-            lines.append(
-                f'Failure: agent {agent} trajectory "{ident}" invocation {invocation}: {error}'
-            )
+    shown = failures if verbose else failures[:FAILURES_SHOWN]
+    for agent, ident, invocation, error in shown:
+        lines.append(
+            f'Failure: agent {agent} trajectory "{ident}" invocation {invocation}: {error}'
+        )
+    if len(failures) > len(shown):
+        lines.append(
+            f"… and {len(failures) - len(shown)} more failed agents (all of them in the results "
+            "JSON, the request events and --verbose)"
+        )
     return lines
+
+
+FAILURES_SHOWN = 10  # failed agents listed one per line; the rest are counted
 
 
 EXAMPLE_LIMIT = 100
