@@ -1200,7 +1200,7 @@ def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
         f"Wrote agent benchmark summary to {results}",
         f"Wrote agent benchmark JSON summary to {summary_json}",
         f"Wrote resolved options to {summary_json.with_name('s.config.toml')}",
-        "Result: FAILED: 1 of 2 sent requests failed (50.0%; --max-failure-rate 0%); "
+        "Result: FAILED: 1 of 3 sent requests failed (33.3%; --max-failure-rate 0%); "
         "exit status 3",
     ]
     assert run.line("Server-reported cached input tokens") == (
