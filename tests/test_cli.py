@@ -120,7 +120,8 @@ def test_admission_and_time_scale(tmp_path):
     assert "invalid value" in usage_error(["--agent-plans-jsonl", "p", "--admission", "sometimes"])
     manifest = tmp_path / "p.jsonl"
     manifest.write_text("")
-    assert RunConfig.from_args(["--agent-plans-jsonl", str(manifest)]).admission_mode == (
+    host = ["--host", "http://127.0.0.1:8000"]
+    assert RunConfig.from_args(["--agent-plans-jsonl", str(manifest), *host]).admission_mode == (
         "closed-loop"
     )
 
@@ -173,7 +174,8 @@ def test_console_exit_statuses(capsys, tmp_path):
     assert err == "Error: argument --max-active-agents: value must be greater than zero\n"
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"schema_version":1,"trajectory_id":"a","requests":[]}\n')
-    assert run_console(["--agent-plans-jsonl", str(bad), "--dry-run"], "batchbench-agent") == 1
+    dry = ["--dry-run", "--tokenizer-model", "deepseek-v3"]
+    assert run_console(["--agent-plans-jsonl", str(bad), *dry], "batchbench-agent") == 1
     assert capsys.readouterr().err == (
         f"Error: invalid trajectory plan at {bad}:1: requests must contain at least one request\n"
     )

@@ -45,6 +45,7 @@ from batchbench.results.report import (
     EXTRA_CSV_COLUMNS,
     FIDELITY_CSV_COLUMNS,
     LIVE_CSV_COLUMNS,
+    OUTCOME_CSV_COLUMNS,
 )
 from batchbench.text.tokenizer import load_tokenizer
 
@@ -1200,8 +1201,7 @@ def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
         f"Wrote agent benchmark summary to {results}",
         f"Wrote agent benchmark JSON summary to {summary_json}",
         f"Wrote resolved options to {summary_json.with_name('s.config.toml')}",
-        "Result: FAILED: 1 of 3 sent requests failed (33.3%; --max-failure-rate 0%); "
-        "exit status 3",
+        "Result: FAILED: 1 of 3 sent requests failed (33.3%; --max-failure-rate 0%); exit status 3",
     ]
     assert run.line("Server-reported cached input tokens") == (
         "Server-reported cached input tokens (usage.prompt_tokens_details): 100"
@@ -1214,7 +1214,13 @@ def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
     assert text.count("\n") == 2 and text.endswith("\n") and "\r" not in text
     header, values = read_csv(results)
     assert header[:51] == list(CSV_COLUMNS)
-    assert header == [*CSV_COLUMNS, *EXTRA_CSV_COLUMNS, *LIVE_CSV_COLUMNS, *FIDELITY_CSV_COLUMNS]
+    assert header == [
+        *CSV_COLUMNS,
+        *EXTRA_CSV_COLUMNS,
+        *LIVE_CSV_COLUMNS,
+        *FIDELITY_CSV_COLUMNS,
+        *OUTCOME_CSV_COLUMNS,
+    ]
     # The stub's canned usage is far from the plan: 24 -> 100 and 40 -> 150 prompt tokens,
     # 4 -> 3 and 4 -> 7 output tokens. Perfect caching explains min(100 + 3, 150) tokens of
     # the second request, and the whole 100 of the first one's retry (after a 503).
@@ -1446,6 +1452,17 @@ def test_signal_cancels_requests_after_the_grace_period(stub, tmp_path, sig, sta
     assert sorted((r["agent_id"], r["status"]) for r in cancelled) == [(0, "cancelled"), (1, "cancelled")]  # fmt: skip
     document = json.loads(files["json"].read_text())
     assert (document["interrupted"], document["interrupted_by"]) == (True, sig.name)
+    metrics = document["metrics"]
+    # Every planned request in one bucket: 2 in flight were cancelled, the rest never sent.
+    assert (metrics["cancelled_requests"], metrics["skipped_requests"]) == (2, 6)
+    assert metrics["verdict"] == "interrupted" and metrics["errors_by_kind"]["cancelled"] == {
+        "count": 2,
+        "example": "cancelled in flight when the grace period ended",
+    }
+    assert run.line("Requests by outcome: ") == (
+        "Requests by outcome: 8 planned = 0 succeeded + 0 failed + 2 cancelled + 6 skipped; "
+        "2 attempts (0 retries)"
+    )
     assert run.lines[-5:] == [
         f"Wrote agent lifecycle events to {files['events']}",
         f"Wrote request events to {files['requests']}",

@@ -16,6 +16,7 @@ from batchbench.results.report import (
     EXTRA_CSV_COLUMNS,
     FIDELITY_CSV_COLUMNS,
     LIVE_CSV_COLUMNS,
+    OUTCOME_CSV_COLUMNS,
 )
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "trajectory-replay" / "plans.jsonl"
@@ -49,8 +50,8 @@ def test_readme_example_banner_lines_and_summary(capsys):
     digest = hashlib.sha256(EXAMPLE.read_bytes()).hexdigest()
     assert lines[:16] == [
         "=== Agent Loop Benchmark Configuration ===",
-        "Endpoint: https://api.openai.com/v1/chat/completions",
-        "Model: Qwen/Qwen3-VL-235B-A22B-Instruct-FP8",
+        "Endpoint: none (dry run)",  # a dry run needs no server
+        "Model: none",
         "Tokenizer: deepseek-v3",
         lines[4],
         f"Workload: trajectory replay from {EXAMPLE}",
@@ -113,6 +114,7 @@ def test_dry_run_is_deterministic(capsys):
 def test_events_and_csv_in_dry_run(capsys, tmp_path):
     events = tmp_path / "out" / "events.jsonl"
     results = tmp_path / "out" / "nested" / "summary.csv"
+    results.parent.mkdir(parents=True)
     lines, _ = run(
         capsys,
         [
@@ -159,7 +161,9 @@ def test_events_and_csv_in_dry_run(capsys, tmp_path):
     header, row = list(csv.reader(text.splitlines()))
     assert header[:51] == list(CSV_COLUMNS)
     assert header[51:61] == list(EXTRA_CSV_COLUMNS)
-    assert header[61:] == list(LIVE_CSV_COLUMNS) + list(FIDELITY_CSV_COLUMNS)
+    assert header[61:] == (
+        list(LIVE_CSV_COLUMNS) + list(FIDELITY_CSV_COLUMNS) + list(OUTCOME_CSV_COLUMNS)
+    )
     values = dict(zip(header, row, strict=True))
     assert values["workload_mode"] == "trajectory_replay"
     assert values["agent_plans_sha256"] == hashlib.sha256(EXAMPLE.read_bytes()).hexdigest()

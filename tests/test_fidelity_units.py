@@ -334,11 +334,12 @@ def test_fidelity_is_not_measurable_when_the_server_sends_no_usage(tmp_path, cap
         status = main(
             [
                 "--host", stub.url, "--agent-plans-jsonl", str(plans), "--tokenizer-model",
-                "deepseek-v3", "--no-progress", "--retry-delay-ms", "0",
+                "deepseek-v3", "--no-progress", "--retry-delay-ms", "0", "--model", "m",
+                "--no-preflight",
             ]
         )  # fmt: skip
     out = capsys.readouterr().out.splitlines()
-    assert status == 0
+    assert status == 3  # every request failed
     assert "Prompt fidelity: not measurable (server sent no usage)" in out
     assert "Output fidelity: not measurable (server sent no usage)" in out
 

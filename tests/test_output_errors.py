@@ -26,17 +26,21 @@ def test_a_full_disk_is_a_one_line_error(capsys):
     assert err == "Error: failed to write /dev/full: No space left on device\n"
 
 
-def test_a_directory_as_results_file_is_a_one_line_error(tmp_path, capsys):
-    assert run_console([*DRY, "--results-json", str(tmp_path)], "batchbench-agent") == 1
-    assert capsys.readouterr().err == f"Error: failed to write {tmp_path}: Is a directory\n"
+def test_a_directory_as_results_file_is_a_usage_error_before_the_run(tmp_path, capsys):
+    assert run_console([*DRY, "--results-json", str(tmp_path)], "batchbench-agent") == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"Error: --results-json {tmp_path} is a directory; give a file name\n"
+    assert captured.out == ""  # refused before anything ran
 
 
-def test_an_uncreatable_events_file_is_a_one_line_error(tmp_path, capsys):
+def test_an_uncreatable_events_file_is_a_usage_error_before_the_run(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")
     target = blocker / "events.jsonl"  # a path under a regular file
-    assert run_console([*DRY, "--agent-events-jsonl", str(target)], "batchbench-agent") == 1
-    assert capsys.readouterr().err.startswith(f"Error: failed to create {blocker}")
+    assert run_console([*DRY, "--agent-events-jsonl", str(target)], "batchbench-agent") == 2
+    assert capsys.readouterr().err == (
+        f"Error: --agent-events-jsonl {target}: the directory {blocker} does not exist\n"
+    )
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")

@@ -11,6 +11,9 @@ import csv
 import itertools
 import json
 import re
+import subprocess
+import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -302,3 +305,39 @@ def test_each_fault_is_seen_as_the_right_retry_or_failure(
     assert out.rstrip().splitlines()[-1].startswith("Result: FAILED: 1 of 1 sent requests failed")
     if kind == "rate_limit":
         assert request["latency_seconds"] >= 1.0  # Retry-After: 1 over a 0 ms backoff
+
+
+def test_a_server_killed_mid_run_is_a_failed_run_with_every_request_accounted(tmp_path):
+    """The simulator dies while agents are between requests: the run still ends by itself,
+    exits 3, writes every output, and puts each planned request in one bucket."""
+    summary, events, requests = tmp_path / "s.json", tmp_path / "e.jsonl", tmp_path / "r.jsonl"
+    with SimProcess(sim_command("deepseek-v3", None, "--speed 0")) as sim:
+        agent = subprocess.Popen(
+            [
+                sys.executable, "-m", "batchbench", "agent", "--host", sim.url,
+                "--agents", "8", "--tool-invocations", "6", "--tool-call-latency-ms", "400",
+                "--tokenizer-model", "deepseek-v3", "--retry-delay-ms", "0", "--no-progress",
+                "--results-json", str(summary), "--agent-events-jsonl", str(events),
+                "--request-events-jsonl", str(requests),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while (
+            not requests.exists() or requests.stat().st_size == 0
+        ) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+    out, err = agent.communicate(timeout=120)  # the simulator is gone
+    assert agent.returncode == 3, err
+    metrics = json.loads(summary.read_text())["metrics"]
+    buckets = [metrics[f"{b}_requests"] for b in ("successful", "failed", "cancelled", "skipped")]
+    assert sum(buckets) == metrics["planned_tool_invocations"] == 48
+    assert metrics["failed_requests"] > 0 and metrics["successful_requests"] > 0
+    assert set(metrics["errors_by_kind"]) <= {"connect", "disconnect"}
+    statuses = [r["status"] for r in lines(requests)]
+    assert statuses.count("ok") == buckets[0] and statuses.count("failed") == buckets[1]
+    assert len(lines(events)) == 8
+    assert out.rstrip().splitlines()[-1].startswith("Result: FAILED: ")

@@ -11,6 +11,7 @@ import orjson
 
 from batchbench.api import (
     calibrate_target,
+    check_target,
     event_loop_runner,
     reply_context_template,
     start_sim,
@@ -112,13 +113,24 @@ def probe_config(args: argparse.Namespace) -> RunConfig:
     )
 
 
+class _StderrNotes:
+    def lines(self, lines) -> None:
+        for line in lines:
+            print(line)
+
+    def warning(self, text: str) -> None:
+        print(text, file=sys.stderr)
+
+
 def _calibrate(config: RunConfig, as_json: bool) -> int:
     sim = None
     if config.sim:
         sim, config = start_sim(config)
     try:
-        if not config.model:
-            raise UsageError("model must not be empty")
+        config.check()
+        if config.model is None:  # the one model the server lists
+            with event_loop_runner() as runner:
+                config = runner.run(check_target(config, _StderrNotes()))
         url = config.endpoint_url
         loaded = load_tokenizer(config.tokenizer)
         synth = Synthesizer.prepare(loaded)

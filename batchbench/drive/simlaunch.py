@@ -86,6 +86,7 @@ class SimProcess:
             threading.Thread(target=_drain, args=(process.stdout,), daemon=True).start()
             self._wait_healthy(process, time.monotonic() + timeout)
         except BaseException:  # SimError, KeyboardInterrupt: never leave the child running
+            self._process = None
             _terminate(process)
             raise
         return self.url

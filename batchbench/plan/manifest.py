@@ -32,7 +32,6 @@ import numpy as np
 import orjson
 
 from batchbench.errors import ManifestError
-from batchbench.plan.limits import MAX_REQUEST_TOKENS
 
 SUPPORTED_SCHEMA_VERSIONS = (1, 2)
 HASH_CHUNK_BYTES = 64 * 1024
@@ -315,12 +314,6 @@ class _Builder:
                 raise ManifestError(f"request {n} prompt_tokens must be greater than zero")
             if output == 0:
                 raise ManifestError(f"request {n} output_tokens must be greater than zero")
-            for name, value in (("prompt_tokens", prompt), ("output_tokens", output)):
-                if value > MAX_REQUEST_TOKENS:
-                    raise ManifestError(
-                        f"request {n} {name} ({value}) is more than one request can hold "
-                        f"(at most {MAX_REQUEST_TOKENS})"
-                    )
             if n == 1 and reset:
                 raise ManifestError("the first request cannot set reset_before")
             if n > 1 and not reset and prompt < needed:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from batchbench.errors import PlanError
+from batchbench.plan.limits import MAX_REQUEST_TOKENS
 from batchbench.plan.sampling import SizeSpec, sample_sizes
 from batchbench.rng import mix_seed
 
@@ -103,6 +104,7 @@ def compile_manifest(
         environment[:-1] = np.where(appends, content[1:] - content[:-1] - output[:-1], 0)
 
     _raise_first_plan_error(manifest, offsets, prompt, overhead, content, environment)
+    _raise_oversized(manifest, offsets, prompt, output)
     latency = np.asarray(manifest.delay_after_ms, dtype=np.float64)
     if time_scale != 1.0:
         latency = latency / time_scale
@@ -118,6 +120,22 @@ def compile_manifest(
         reset_before=reset,
         schema_version=manifest.schema_version,
     )
+
+
+def _raise_oversized(
+    manifest: Manifest, offsets: np.ndarray, prompt: np.ndarray, output: np.ndarray
+) -> None:
+    """A request larger than one request can hold is refused before any text is made."""
+    for name, values in (("prompt_tokens", prompt), ("output_tokens", output)):
+        over = np.flatnonzero(values > MAX_REQUEST_TOKENS)
+        if len(over):
+            request = int(over[0])
+            trajectory = int(np.searchsorted(offsets, request, side="right") - 1)
+            raise PlanError(
+                f'trajectory "{manifest.trajectory_ids[trajectory]}" request '
+                f"{request - int(offsets[trajectory]) + 1} {name} ({int(values[request])}) is "
+                f"more than one request can hold (at most {MAX_REQUEST_TOKENS})"
+            )
 
 
 def _raise_first_plan_error(
