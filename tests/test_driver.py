@@ -1280,6 +1280,14 @@ def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
         "corrected_requests": "0",
         "correction_limited_requests": "0",
         "explainable_cached_input_tokens": "203",
+        "cancelled_requests": "0",
+        "skipped_requests": "0",
+        "attempts": "4",  # the stub's first answer is retried
+        "retries": "1",
+        "retry_waits_capped": "0",
+        "failure_rate": repr(1 / 3),
+        "max_failure_rate": "0.0",
+        "verdict": "failed",
     }
     assert {k: values[k] for k in expected} == expected
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", values["timestamp"])
@@ -1288,7 +1296,11 @@ def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
     # JSON summary.
     document = json.loads(summary_json.read_text())
     assert document["manifest"] == {"path": str(plans), "sha256": digest, "schema_version": 1}
-    assert list(document["metrics"]) == header
+    assert list(document["metrics"]) == [*header, "errors_by_kind"]
+    assert document["metrics"]["errors_by_kind"] == {
+        "http_status": {"count": 2, "example": "request failed (503 Service Unavailable) busy",
+                        "statuses": {"400": 1, "503": 1}},
+    }  # fmt: skip
     assert document["metrics"]["successful_requests"] == 2
     assert document["metrics"]["total_input_tokens"] == 250
     assert (document["interrupted"], document["interrupted_by"], document["dry_run"]) == (False, None, False)  # fmt: skip
