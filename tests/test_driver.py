@@ -1324,14 +1324,16 @@ def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
         "agent_id": 0, "trajectory_id": "ok", "routing_slot": 0, "completed": True,
         "requests": 2, "successful_requests": 2, "failed_requests": 0, "input_tokens": 250,
         "output_tokens": 10, "cached_tokens": 100, "ttft_p50_seconds": None, "error": None,
-        "prompt_exact_requests": 0, "output_exact_requests": 0,
+        "prompt_exact_requests": 0, "output_exact_requests": 0, "cancelled_requests": 0,
+        "skipped_requests": 0,
     }  # fmt: skip
     assert {k: bad[k] for k in ["agent_id", "trajectory_id", "routing_slot", "completed", *LIFECYCLE_EXTRA_FIELDS]} == {
         "agent_id": 1, "trajectory_id": "bad", "routing_slot": 0, "completed": False,
         "requests": 1, "successful_requests": 0, "failed_requests": 1, "input_tokens": 0,
         "output_tokens": 0, "cached_tokens": None, "ttft_p50_seconds": None,
         "error": "request failed (400 Bad Request) bad request body",
-        "prompt_exact_requests": 0, "output_exact_requests": 0,
+        "prompt_exact_requests": 0, "output_exact_requests": 0, "cancelled_requests": 0,
+        "skipped_requests": 0,
     }  # fmt: skip
 
     # Request events: one line per logical request.
