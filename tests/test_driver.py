@@ -1505,6 +1505,10 @@ def test_requests_finishing_in_the_grace_period_count(stub, tmp_path):
         (False, True, 1),
     ]
     assert sorted(r["status"] for r in read_jsonl(files["requests"])) == ["ok", "ok"]
+    assert run.line("Requests by outcome: ") == (
+        "Requests by outcome: 4 planned = 2 succeeded + 0 failed + 0 cancelled + 2 skipped; "
+        "2 attempts (0 retries)"
+    )
 
 
 @pytest.mark.parametrize("sleep", ["tool", "backoff"])
@@ -1536,6 +1540,16 @@ def test_signal_ends_pending_sleeps_at_once(stub, tmp_path, sleep):
     )
     [record] = read_jsonl(files["events"])
     assert (record["completed"], record["interrupted"]) == (False, True)
+    buckets = (1, 0, 0, 1) if sleep == "tool" else (0, 0, 1, 0)
+    assert run.line("Requests by outcome: ").startswith(
+        f"Requests by outcome: {sum(buckets)} planned = {buckets[0]} succeeded + {buckets[1]} "
+        f"failed + {buckets[2]} cancelled + {buckets[3]} skipped; "
+    )
+    if sleep == "backoff":  # cancelled while waiting to retry: named, not null
+        [event] = read_jsonl(files["requests"])
+        assert (event["status"], event["error_kind"]) == ("cancelled", "cancelled")
+        assert event["error"] == "cancelled by the shutdown while waiting to retry"
+        assert [e["kind"] for e in event["errors"]] == ["http_status", "cancelled"]
     if sleep == "tool":
         slept = float(re.search(r"([\d.]+)s$", run.line("Total simulated tool-call latency")).group(1))  # fmt: skip
         assert 0.2 <= slept < 3.0  # the part of the 20 s sleep that happened
@@ -1557,6 +1571,8 @@ def test_second_signal_ends_the_grace_period(stub, tmp_path):
     assert time.perf_counter() - signalled < 3.0
     assert run.summary[0] == INTERRUPTED_LINE.format("SIGINT")
     assert [r["status"] for r in read_jsonl(files["requests"])] == ["cancelled"]
+    metrics = json.loads(files["json"].read_text())["metrics"]
+    assert (metrics["cancelled_requests"], metrics["skipped_requests"]) == (1, 0)
 
 
 def test_sigkill_leaves_whole_jsonl_lines(stub, tmp_path):
