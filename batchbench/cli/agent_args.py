@@ -432,8 +432,9 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
         metavar="FILE",
         help="read options from a TOML file (`name = value`, names as the long options "
         "without dashes, e.g. `max-active-agents = 8`); options given on the command line "
-        "override it. Runs that write --results-json or --results-csv write their resolved "
-        "options beside them as <name>.config.toml, which --config reads back",
+        "override it (a switch set true in the file stays on); relative paths are taken from "
+        "the working directory. Runs that write --results-json or --results-csv write their "
+        "resolved options beside them as <name>.config.toml, which --config reads back",
     )
     add("--version", action="version", version=version_text())
     return parser

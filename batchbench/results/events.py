@@ -23,14 +23,11 @@ REQUEST_FLUSH_BYTES = 1 << 18
 
 
 class JsonlFile:
-    """A file created (with parents) and truncated at start, receiving whole lines only."""
+    """A file created and truncated at start, receiving whole lines only."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         try:
-            parent = os.path.dirname(path)
-            if parent:
-                os.makedirs(parent, exist_ok=True)
             self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         except OSError as exc:
             raise BatchbenchError(f"failed to create {path}: {exc.strerror or exc}") from None

@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import os
 from collections.abc import Iterable, Sequence
 
 import orjson
@@ -410,18 +409,9 @@ def csv_row(summary: Summary) -> list[str]:
     return [_cell(getattr(summary, name)) for name in ALL_CSV_COLUMNS]
 
 
-def _ensure_parent(path: str) -> None:
-    parent = os.path.dirname(path)
-    if parent:
-        try:
-            os.makedirs(parent, exist_ok=True)
-        except OSError as exc:
-            raise BatchbenchError(f"failed to create {parent}: {exc.strerror or exc}") from None
-
-
 def write_csv(path: str, row: list[str]) -> None:
-    """Overwrite ``path`` with the header and one row, creating parent directories."""
-    _ensure_parent(path)
+    """Overwrite ``path`` with the header and one row (its directory was checked before
+    the run)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(ALL_CSV_COLUMNS)
@@ -524,7 +514,6 @@ def fidelity_document(live: LiveFigures) -> dict:
 
 
 def write_json(path: str, document: dict) -> None:
-    _ensure_parent(path)
     try:
         with open(path, "wb") as handle:
             handle.write(
