@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -69,9 +70,10 @@ class StreamSamples:
     """Latency samples of successful streamed requests, in milliseconds: time to first token,
     every gap between content chunks, and time per output token after the first."""
 
-    ttft_ms: list[float] = field(default_factory=list)
-    itl_ms: list[float] = field(default_factory=list)
-    tpot_ms: list[float] = field(default_factory=list)
+    # Compact arrays of doubles: a long streamed run keeps one sample per content chunk.
+    ttft_ms: array = field(default_factory=lambda: array("d"))
+    itl_ms: array = field(default_factory=lambda: array("d"))
+    tpot_ms: array = field(default_factory=lambda: array("d"))
 
     def add(self, ttft: float | None, gaps: list[float] | None, tpot: float | None) -> None:
         """One request's figures in seconds."""
