@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             "--input-tokens", "64", "--output-tokens", "16", "--environment-tokens", "16",
             "--max-active-agents", str(args.agents_active), "--stream", "--seed", "1",
             "--retry-delay-ms", "0", "--max-failure-rate", "1", "--no-progress",
+            "--no-preflight",  # a fault on the check request would stop the soak
             "--results-json", str(summary), "--request-events-jsonl", str(events),
         ]  # fmt: skip
         started = time.perf_counter()

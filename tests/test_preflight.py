@@ -86,10 +86,17 @@ def test_models_url_beside_the_endpoint():
 
 
 def test_the_one_listed_model_is_used_and_said():
-    result, seen = check([models("qwen3")], None)
+    result, seen = check([models("qwen3"), completion()], None)
     assert result.model == "qwen3" and result.models == ("qwen3",)
     assert result.notes == ("note: --model not given; using qwen3, the one model the server lists",)
-    assert seen == ["GET /v1/models"]
+    assert seen == ["GET /v1/models", "POST /v1/chat/completions"]
+
+
+def test_a_wrong_path_is_found_even_with_a_model_list():
+    error, seen = check([models("qwen3")], "qwen3")  # nothing serves chat completions
+    assert isinstance(error, PreflightError)
+    assert "does not serve chat completions: request failed (404 Not Found)" in str(error)
+    assert seen == ["GET /v1/models", "POST /v1/chat/completions"]
 
 
 def test_several_models_need_a_choice():
@@ -99,7 +106,7 @@ def test_several_models_need_a_choice():
 
 
 def test_a_model_the_server_does_not_list_is_a_warning():
-    result, _ = check([models("a")], "b")
+    result, _ = check([models("a"), completion()], "b")
     assert result.model == "b"
     assert result.notes == (
         "warning: the server does not list model 'b' (it lists: a); requests may fail",

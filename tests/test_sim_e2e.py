@@ -65,6 +65,9 @@ def run_agent(tmp_path: Path, *args: str) -> tuple[int, dict, list[dict], list[d
             str(events),
             "--request-events-jsonl",
             str(requests),
+            "--no-preflight",  # the simulator's counters are compared with the run's
+            "--model",
+            "batchbench-sim",
         ]
     )
     return status, json.loads(summary.read_text()), lines(events), lines(requests)

@@ -400,9 +400,9 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
     live.add_argument(
         "--no-preflight",
         action="store_true",
-        help="skip the check before the run (GET /v1/models, or a 1-token completion when "
-        "the server has no model list) that turns an unreachable or wrong target into one "
-        "clear error within seconds",
+        help="skip the check before the run (GET /v1/models, then a 1-token completion) "
+        "that turns an unreachable or wrong target (host, path, model, key) into one clear "
+        "error within seconds",
     )
     live.add_argument(
         "--no-progress",

@@ -1,6 +1,7 @@
-"""Before the first agent starts: is the target there, does it take the key, and which model
-does it serve? One request (two when the server keeps no model list) turns a wrong host,
-port, path or key into one clear error within seconds instead of a run of failures."""
+"""Before the first agent starts: is the target there, does it take the key, which model does
+it serve, and does the chat endpoint answer? Two small requests (the model list, then a
+completion of one token) turn a wrong host, port, path, model or key into one clear error
+within seconds instead of a run of failures."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import orjson
 
-from batchbench.drive.wire import BodyOptions, Conversation, body_tail, http_error_text
+from batchbench.drive.wire import (
+    BodyOptions,
+    Conversation,
+    body_tail,
+    http_error_text,
+    is_retryable_status,
+)
 from batchbench.errors import BatchbenchError, UsageError
 
 PREFLIGHT_TIMEOUT_SECONDS = 10.0
@@ -70,8 +77,7 @@ async def preflight(
             f"warning: the server does not list model {model!r} (it lists: "
             f"{', '.join(models) or 'none'}); requests may fail"
         )
-    if models is None:
-        await _one_token(session, endpoint_url, headers, model, options, key_source, notes)
+    await _one_token(session, endpoint_url, headers, model, options, key_source, notes)
     return Preflight(model, tuple(models) if models is not None else None, tuple(notes))
 
 
@@ -112,7 +118,8 @@ async def _one_token(
     key_source: str,
     notes: list[str],
 ) -> None:
-    """A server without a model list: one completion of one token must succeed."""
+    """One completion of one token must succeed (a 5xx, 408, 409 or 429 is only a warning:
+    the server may be busy or warming up, and the run retries those)."""
     conversation = Conversation(model)
     conversation.reset("Hello")
     single = BodyOptions(
@@ -133,7 +140,7 @@ async def _one_token(
     _refused(status, raw, endpoint_url, key_source)
     if 200 <= status < 300:
         return
-    if status >= 500:
+    if is_retryable_status(status):  # busy or rate-limited now: the run's retries handle it
         notes.append(
             f"warning: a 1-token completion at {endpoint_url} failed: "
             f"{http_error_text(status, raw)}; the run goes on"
