@@ -205,3 +205,13 @@ def test_library_reads_the_key_variable(monkeypatch):
     monkeypatch.setenv("BB_LIB_KEY", "bad\nkey")
     with pytest.raises(UsageError, match="character 4 is a control character"):
         RunConfig(api_key_env="BB_LIB_KEY", host="http://127.0.0.1:1").check()
+
+
+def test_a_misspelled_command_gets_a_suggestion(capsys):
+    from batchbench.cli.main import run as batchbench
+
+    assert batchbench(["calibrat"]) == 2
+    assert capsys.readouterr().err == (
+        "Error: unknown command 'calibrat' (did you mean calibrate?); expected agent, sim, "
+        "calibrate or tokenizers\n"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import sys
 from collections.abc import Sequence
 
@@ -47,11 +48,16 @@ def run(argv: Sequence[str]) -> int:
         for name, path in describe_builtins():
             print(f"{name}\t{path}")
         return 0
+    close = difflib.get_close_matches(command, COMMANDS, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
     print(
-        f"Error: unknown command {command!r}; expected agent, sim, calibrate or tokenizers",
+        f"Error: unknown command {command!r}{hint}; expected agent, sim, calibrate or tokenizers",
         file=sys.stderr,
     )
     return 2
+
+
+COMMANDS = ("agent", "sim", "calibrate", "tokenizers")
 
 
 def main() -> None:
