@@ -104,6 +104,66 @@ def resolve_endpoint(host: str, endpoint: str) -> str:
     return url
 
 
+def api_key_from(flag_value: str | None, env: str) -> ApiKey | None:
+    """--api-key, else the variable named by --api-key-env; empty means none."""
+    key = flag_value if flag_value is not None else os.environ.get(env)
+    return ApiKey(key) if key else None
+
+
+def check_flag_combinations(
+    *,
+    replay: bool,
+    replay_only: tuple[tuple[str, object], ...],
+    sim: bool,
+    sim_only: tuple[tuple[str, object], ...],
+    endpoint: str,
+    dry_run: bool,
+    prompt_oracle: str,
+    prompt_correction: bool,
+    chat_template: str | None,
+    calibrate: bool,
+    routing_pair: tuple[bool, int | None] | None = None,
+) -> None:
+    """Options that need another option, or exclude one; ``(flag, value)`` pairs count as
+    given when the value is not None. The command line checks them right after parsing
+    (with the --dp-rank-perfect-routing pair, which a config holds as one value)."""
+    if not replay:
+        for flag, value in replay_only:
+            if value is not None:
+                raise UsageError(f"{flag} requires --agent-plans-jsonl")
+    if routing_pair is not None:
+        enabled, ranks = routing_pair
+        if enabled and ranks is None:
+            raise UsageError("--dp-rank-perfect-routing requires --dp-rank-perfect-routing-num")
+        if ranks is not None and not enabled:
+            raise UsageError("--dp-rank-perfect-routing-num requires --dp-rank-perfect-routing")
+    if not sim:
+        for flag, value in sim_only:
+            if value is not None:
+                raise UsageError(f"{flag} requires --sim")
+    if sim and endpoint.startswith(("http://", "https://")):
+        raise UsageError(
+            "--sim cannot be combined with a full-URL --endpoint; give a path such as "
+            "/v1/chat/completions"
+        )
+    if sim and dry_run:
+        raise UsageError("--sim cannot be combined with --dry-run; a dry-run sends nothing")
+    if prompt_oracle == "server" and not prompt_correction:
+        raise UsageError("--prompt-oracle server cannot be combined with --no-prompt-correction")
+    if prompt_oracle == "server" and dry_run:
+        raise UsageError("--prompt-oracle server cannot be combined with --dry-run")
+    if sim and chat_template is not None:
+        if chat_template not in SIM_TEMPLATES:
+            raise UsageError(
+                "with --sim, --chat-template must be chatml, gemma, llama3 or tokenizer "
+                "(the simulator's templates)"
+            )
+        if "--chat-template" in str(dict(sim_only).get("--sim-args") or ""):
+            raise UsageError("give --chat-template once: as a flag or inside --sim-args, not both")
+    if calibrate and dry_run:
+        raise UsageError("--calibrate cannot be combined with --dry-run; a dry-run sends nothing")
+
+
 def check_url(flag: str, value: str) -> None:
     """An http:// or https:// URL, or a usage error that shows the fix."""
     scheme, separator, rest = value.partition("://")
@@ -318,15 +378,23 @@ class RunConfig:
             raise UsageError(
                 "a dry run needs --tokenizer-model (or --model, whose name it defaults to)"
             )
-        if not self.replay:
-            for value, flag in (
-                (self.replay_initial_overhead_tokens, "--replay-initial-overhead-tokens"),
-                (self.replay_turn_overhead_tokens, "--replay-turn-overhead-tokens"),
-                (self.admission, "--admission"),
-                (self.time_scale, "--time-scale"),
-            ):
-                if value is not None:
-                    raise UsageError(f"{flag} requires --agent-plans-jsonl")
+        check_flag_combinations(
+            replay=self.replay,
+            replay_only=(
+                ("--replay-initial-overhead-tokens", self.replay_initial_overhead_tokens),
+                ("--replay-turn-overhead-tokens", self.replay_turn_overhead_tokens),
+                ("--admission", self.admission),
+                ("--time-scale", self.time_scale),
+            ),
+            sim=self.sim,
+            sim_only=(("--sim-dp-ranks", self.sim_dp_ranks), ("--sim-args", self.sim_args)),
+            endpoint=self.endpoint,
+            dry_run=self.dry_run,
+            prompt_oracle=self.prompt_oracle,
+            prompt_correction=self.prompt_correction,
+            chat_template=self.chat_template,
+            calibrate=self.calibrate,
+        )
         if self.admission not in (None, "closed-loop", "open-loop"):
             raise UsageError(f'invalid admission "{self.admission}" (closed-loop or open-loop)')
         if self.time_scale is not None and not (
@@ -335,20 +403,6 @@ class RunConfig:
             raise UsageError("time-scale must be a positive finite number")
         if self.prompt_oracle not in ("none", "server"):
             raise UsageError(f'invalid prompt oracle "{self.prompt_oracle}" (none or server)')
-        if not self.sim and (self.sim_dp_ranks is not None or self.sim_args is not None):
-            raise UsageError("--sim-dp-ranks and --sim-args require --sim")
-        if self.sim and self.dry_run:
-            raise UsageError("--sim cannot be combined with --dry-run; a dry-run sends nothing")
-        if self.prompt_oracle == "server" and not self.prompt_correction:
-            raise UsageError(
-                "--prompt-oracle server cannot be combined with --no-prompt-correction"
-            )
-        if self.prompt_oracle == "server" and self.dry_run:
-            raise UsageError("--prompt-oracle server cannot be combined with --dry-run")
-        if self.calibrate and self.dry_run:
-            raise UsageError(
-                "--calibrate cannot be combined with --dry-run; a dry-run sends nothing"
-            )
         if not self.sim:
             self._check_target()
         key = self.resolved_api_key()
@@ -398,21 +452,6 @@ class RunConfig:
             raise UsageError(
                 f"--max-failure-rate must be between 0 and 1, not {self.max_failure_rate!r}"
             )
-        if self.sim:
-            if self.endpoint.startswith(("http://", "https://")):
-                raise UsageError(
-                    "--sim cannot be combined with a full-URL --endpoint; give a path such as "
-                    "/v1/chat/completions"
-                )
-            if self.chat_template not in (None, *SIM_TEMPLATES):
-                raise UsageError(
-                    "with --sim, --chat-template must be chatml, gemma, llama3 or tokenizer "
-                    "(the simulator's templates)"
-                )
-            if self.chat_template is not None and "--chat-template" in (self.sim_args or ""):
-                raise UsageError(
-                    "give --chat-template once: as a flag or inside --sim-args, not both"
-                )
 
     def _check_target(self) -> None:
         """A live run needs an http(s) server: --host, or a full-URL --endpoint."""

@@ -170,10 +170,13 @@ def test_stopping_a_simulator_that_is_still_starting_ends_it():
 
     thread = threading.Thread(target=start)
     thread.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while sim._process is None and time.monotonic() < deadline:
+        time.sleep(0.01)
     process = sim._process
+    assert process is not None and not sim.url  # started, not yet listening
     sim.stop()
     thread.join(30)
     assert not thread.is_alive()
     assert len(failures) == 1 and isinstance(failures[0], SimError)
-    assert process is None or process.poll() is not None
+    assert process.poll() is not None  # the child is gone

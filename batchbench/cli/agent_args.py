@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import textwrap
 import tomllib
 from collections.abc import Sequence
@@ -20,7 +19,7 @@ from batchbench.cli.argtypes import (
     u64,
     uint,
 )
-from batchbench.config import ApiKey, RunConfig
+from batchbench.config import RunConfig, api_key_from, check_flag_combinations
 from batchbench.config import resolve_shape as shape_from_options
 from batchbench.errors import UsageError
 from batchbench.plan.workload import SampledShape
@@ -448,43 +447,24 @@ def version_text() -> str:
 
 def check_companions(args: argparse.Namespace) -> None:
     """Flags that need another flag, or exclude one: checked right after parsing."""
-    if args.agent_plans_jsonl is None:
-        for dest, flag in (
-            ("replay_initial_overhead_tokens", "--replay-initial-overhead-tokens"),
-            ("replay_turn_overhead_tokens", "--replay-turn-overhead-tokens"),
-            ("admission", "--admission"),
-            ("time_scale", "--time-scale"),
-        ):
-            if getattr(args, dest) is not None:
-                raise UsageError(f"{flag} requires --agent-plans-jsonl")
-    if args.dp_rank_perfect_routing and args.dp_rank_perfect_routing_num is None:
-        raise UsageError("--dp-rank-perfect-routing requires --dp-rank-perfect-routing-num")
-    if args.dp_rank_perfect_routing_num is not None and not args.dp_rank_perfect_routing:
-        raise UsageError("--dp-rank-perfect-routing-num requires --dp-rank-perfect-routing")
-    for dest, flag in (("sim_dp_ranks", "--sim-dp-ranks"), ("sim_args", "--sim-args")):
-        if getattr(args, dest) is not None and not args.sim:
-            raise UsageError(f"{flag} requires --sim")
-    if args.sim and args.endpoint.startswith(("http://", "https://")):
-        raise UsageError(
-            "--sim cannot be combined with a full-URL --endpoint; give a path such as "
-            "/v1/chat/completions"
-        )
-    if args.sim and args.dry_run:
-        raise UsageError("--sim cannot be combined with --dry-run; a dry-run sends nothing")
-    if args.prompt_oracle == "server" and not args.prompt_correction:
-        raise UsageError("--prompt-oracle server cannot be combined with --no-prompt-correction")
-    if args.prompt_oracle == "server" and args.dry_run:
-        raise UsageError("--prompt-oracle server cannot be combined with --dry-run")
-    if args.sim and args.chat_template is not None:
-        if args.chat_template not in ("chatml", "gemma", "llama3", "tokenizer"):
-            raise UsageError(
-                "with --sim, --chat-template must be chatml, gemma, llama3 or tokenizer "
-                "(the simulator's templates)"
-            )
-        if "--chat-template" in (args.sim_args or ""):
-            raise UsageError("give --chat-template once: as a flag or inside --sim-args, not both")
-    if args.calibrate and args.dry_run:
-        raise UsageError("--calibrate cannot be combined with --dry-run; a dry-run sends nothing")
+    check_flag_combinations(
+        replay=args.agent_plans_jsonl is not None,
+        replay_only=(
+            ("--replay-initial-overhead-tokens", args.replay_initial_overhead_tokens),
+            ("--replay-turn-overhead-tokens", args.replay_turn_overhead_tokens),
+            ("--admission", args.admission),
+            ("--time-scale", args.time_scale),
+        ),
+        sim=args.sim,
+        sim_only=(("--sim-dp-ranks", args.sim_dp_ranks), ("--sim-args", args.sim_args)),
+        endpoint=args.endpoint,
+        dry_run=args.dry_run,
+        prompt_oracle=args.prompt_oracle,
+        prompt_correction=args.prompt_correction,
+        chat_template=args.chat_template,
+        calibrate=args.calibrate,
+        routing_pair=(args.dp_rank_perfect_routing, args.dp_rank_perfect_routing_num),
+    )
 
 
 def parse_agent_args(
@@ -577,7 +557,6 @@ def config_from_argv(argv: Sequence[str], prog: str = "batchbench-agent") -> Run
 
 def config_from_namespace(args: argparse.Namespace) -> RunConfig:
     """The one place that reads argparse's namespace; checks the result."""
-    key = args.api_key if args.api_key is not None else os.environ.get(args.api_key_env)
     shape_options = tuple(
         (option, getattr(args, dest))
         for dest, option in shape_option_names_by_dest().items()
@@ -587,7 +566,7 @@ def config_from_namespace(args: argparse.Namespace) -> RunConfig:
         model=args.model,
         host=args.host,
         endpoint=args.endpoint,
-        api_key=ApiKey(key) if key else None,
+        api_key=api_key_from(args.api_key, args.api_key_env),
         api_key_env=args.api_key_env,
         tokenizer_model=args.tokenizer_model,
         tokenizer_download=args.tokenizer_download,

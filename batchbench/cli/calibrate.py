@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
@@ -18,7 +17,7 @@ from batchbench.api import (
 )
 from batchbench.cli.agent_args import add_chat_template_flag, add_target_flags
 from batchbench.cli.argtypes import CommandParser, positive_uint
-from batchbench.config import ApiKey, RunConfig
+from batchbench.config import RunConfig, api_key_from
 from batchbench.errors import BatchbenchError, UsageError
 from batchbench.text.framing import ReplyAccounting
 from batchbench.text.synth import Synthesizer
@@ -94,12 +93,11 @@ def run(argv: Sequence[str], prog: str = "batchbench calibrate") -> int:
 def probe_config(args: argparse.Namespace) -> RunConfig:
     """The probes' settings, as a run configuration (the options mean what they mean in
     batchbench-agent)."""
-    key = args.api_key if args.api_key is not None else os.environ.get(args.api_key_env)
     return RunConfig(
         model=args.model,
         host=args.host,
         endpoint=args.endpoint,
-        api_key=ApiKey(key) if key else None,
+        api_key=api_key_from(args.api_key, args.api_key_env),
         api_key_env=args.api_key_env,
         tokenizer_model=args.tokenizer_model,
         sglang=args.sglang,

@@ -203,10 +203,6 @@ class Summary:
     verdict: str  # "ok", "failed" (failures beyond --max-failure-rate) or "interrupted"
     errors_by_kind: dict[str, dict[str, object]]  # JSON only: failed attempts by kind
 
-    @property
-    def planned_requests(self) -> int:
-        return self.planned_tool_invocations
-
     def as_dict(self) -> dict[str, object]:
         """Field name -> value, in column order (the results JSON's ``metrics``)."""
         return {name: getattr(self, name) for name in ALL_CSV_COLUMNS + JSON_ONLY_METRICS}
