@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from batchbench.config import RunConfig, host_ends_in_v1
+from batchbench.drive.blocks import TemplateCounter
 from batchbench.drive.calibrate import Calibration, calibrate
 from batchbench.drive.driver import (
     DriverSettings,
@@ -265,6 +266,25 @@ def build_workload(
     )
 
 
+def start_offsets(config: RunConfig, workload: Workload, root_seed: int) -> list[float]:
+    """Open-loop start times in seconds: the manifest's scaled ``start_after_ms``, else the
+    arrival process of ``--arrival-rate``, else 0 for every trajectory."""
+    rate = getattr(config, "arrival_rate", None)
+    if rate is not None:
+        if workload.start_seconds is not None:
+            raise UsageError(
+                "--arrival-rate cannot be combined with a manifest whose trajectories set "
+                "start_after_ms; drop one of them"
+            )
+        from batchbench.plan.arrivals import arrival_offsets
+
+        process = getattr(config, "arrival_process", None) or "poisson"
+        return arrival_offsets(len(workload), rate, process, root_seed).tolist()
+    if workload.start_seconds is not None:
+        return workload.start_seconds.tolist()
+    return [0.0] * len(workload)
+
+
 def starting_overheads(config: RunConfig, calibration: Calibration | None) -> tuple[int, int]:
     """(initial, turn): explicit options win, then calibration, then 0."""
     initial = config.replay_initial_overhead_tokens
@@ -388,6 +408,10 @@ async def _run_loaded(
     overheads = starting_overheads(config, calibration)
     if workload is None:
         workload = build_workload(config, manifest, root_seed, overheads)
+        for warning in workload.warnings:
+            out.warning(warning)
+    if config.admission_mode == "open-loop":
+        start_offsets(config, workload, root_seed)  # a bad combination fails before the run
     salt = config.content_salt if config.content_salt is not None else secrets.token_hex(8)
     replay = config.replay
     calibrated = calibration is not None and replay
@@ -415,16 +439,26 @@ async def _run_loaded(
     )
     out.lines(banner_lines(config, setup))
     factory = ContentFactory(synth, workload, root_seed, salt)
+    counter = None
+    if workload.blocks is not None and config.prompt_correction and template_name is not None:
+        counter = TemplateCounter(load_chat_template(template_name, loaded), loaded)
     lifecycle: list[dict[str, Any]] = []
     events = LifecycleWriter(
-        config.agent_events_jsonl, config.dp_ranks, workload.trajectory_ids, lifecycle
+        config.agent_events_jsonl,
+        config.dp_ranks,
+        workload.trajectory_ids,
+        lifecycle,
+        workload.recorded_start_after_ms,
+        workload.request_offsets,
     )
     live: LiveRun | None = None
     try:
         if config.dry_run:
             engine = await _dry_run(config, workload, factory, events)
         else:
-            live = await _live_run(config, setup, workload, factory, events, replies, out, steps)
+            live = await _live_run(
+                config, setup, workload, factory, events, replies, out, steps, counter
+            )
             engine = live.engine
     finally:
         events.close()
@@ -440,7 +474,7 @@ async def _dry_run(
     ) as pool:
         agents = DryRunLoop(factory, workload, pool)
         if config.admission_mode == "open-loop":
-            offsets = [0.0] * len(workload)  # schema v1 trajectories all start at once
+            offsets = start_offsets(config, workload, factory.root_seed)
             return await run_open_loop(offsets, config.max_active_agents, agents, events.write)
         return await run_closed_loop(len(workload), config.max_active_agents, agents, events.write)
 
@@ -468,6 +502,7 @@ async def _live_run(
     replies: ReplyAccounting,
     out: RunOutput,
     steps: _Steps,
+    counter: TemplateCounter | None = None,
 ) -> LiveRun:
     thresholds = gc.get_threshold()
     if steps.tune_gc:  # freeze what setup allocated so collections skip it
@@ -479,7 +514,16 @@ async def _live_run(
     )
     try:
         return await _drive(
-            config, setup, workload, factory, pool, events, replies, out, steps.handle_signals
+            config,
+            setup,
+            workload,
+            factory,
+            pool,
+            events,
+            replies,
+            out,
+            steps.handle_signals,
+            counter,
         )
     finally:
         # Texts prepared ahead for turns that will never run are not waited for.
@@ -516,6 +560,7 @@ async def _drive(
     replies: ReplyAccounting,
     out: RunOutput,
     handle_signals: bool,
+    counter: TemplateCounter | None = None,
 ) -> LiveRun:
     settings = driver_settings(config)
     recorder = Recorder(dp_ranks=config.dp_ranks)
@@ -553,6 +598,7 @@ async def _drive(
                 measured=setup.framing_measured,
             ),
             replies if config.prompt_correction else None,
+            prompt_counter=counter,
         )
         if config.prompt_oracle == "server":
             oracle = PromptOracle(
@@ -567,7 +613,7 @@ async def _drive(
             shutdown.install()  # after the oracle's detection, which Ctrl+C interrupts as usual
             installed = True
         if config.admission_mode == "open-loop":
-            offsets = [0.0] * len(workload)  # schema v1 trajectories all start at once
+            offsets = start_offsets(config, workload, factory.root_seed)
             running = run_open_loop(offsets, config.max_active_agents, agents, sink, shutdown)
         else:
             running = run_closed_loop(

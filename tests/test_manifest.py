@@ -244,10 +244,11 @@ def test_v2_field_report_order():
     )
 
 
-def test_schema_version_2_is_not_supported_yet():
-    assert error(traj(req(), ident="ok"), traj(req(), ident="v2", version=2)) == (
-        f"{CONTEXT}:2: schema_version 2 is not supported yet"
-    )
+def test_schema_version_2_lines_are_accepted_next_to_v1_lines():
+    m = parse(traj(req(), ident="v1"), traj(req(), ident="v2", version=2))
+    assert m.trajectory_ids == ["v1", "v2"]
+    assert m.schema_version == 2
+    assert m.schema_versions.tolist() == [1, 2]
 
 
 # --- validation messages verbatim ---------------------------------------------------------

@@ -1,4 +1,4 @@
-"""``batchbench``: one command for the package's tools (``agent``, ``tokenizers``)."""
+"""``batchbench``: one command for the package's tools (``agent``, ``validate``, ...)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ commands:
   agent        replay trajectories or sampled agents (same as batchbench-agent)
   sim          run the OpenAI-compatible serving simulator (DP ranks, prefix caches, faults)
   calibrate    measure a server's chat-template overheads with probe requests
+  validate     check trajectory manifests, report every invalid line, summarize valid files
   tokenizers   list the built-in tokenizer names usable with --tokenizer-model
 
 options:
@@ -44,6 +45,10 @@ def run(argv: Sequence[str]) -> int:
         from batchbench.cli.calibrate import run as run_calibrate
 
         return run_calibrate(rest)
+    if command == "validate":
+        from batchbench.cli.validate import run as run_validate
+
+        return run_validate(rest)
     if command == "tokenizers":
         for name, path in describe_builtins():
             print(f"{name}\t{path}")
@@ -57,7 +62,7 @@ def run(argv: Sequence[str]) -> int:
     return 2
 
 
-COMMANDS = ("agent", "sim", "calibrate", "tokenizers")
+COMMANDS = ("agent", "sim", "calibrate", "validate", "tokenizers")
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ from functools import partial
 
 import aiohttp
 
+from batchbench.drive.blockturns import BlockTurns
 from batchbench.drive.oracle import PromptOracle
 from batchbench.drive.shutdown import Shutdown
 from batchbench.drive.sizing import Sizing, TrajectorySizer
@@ -144,6 +145,8 @@ class Fidelity:
     framing: Framing
     replies: ReplyAccounting | None = None  # None: replies replayed as received, not counted
     oracle: PromptOracle | None = None
+    # Counts a block request in the server's chat template, when the client knows it.
+    prompt_counter: Callable[[list, list], int] | None = None
 
     @property
     def correct(self) -> bool:
@@ -159,7 +162,7 @@ class Prepared:
     oracle_seconds: float | None = None
 
 
-class HttpAgentLoop:
+class HttpAgentLoop(BlockTurns):
     """Runs one trajectory per ``run`` call; shared by every agent of the run."""
 
     def __init__(
@@ -188,6 +191,7 @@ class HttpAgentLoop:
         self._max_retry_wait_ms = math.ceil(settings.max_retry_wait_seconds * 1000.0)
         self._timeout_text = f"request timed out after {_seconds_text(settings.timeout_seconds)}s"
         self._out = sys.stdout
+        self._setup_blocks()
 
     def clock_started(self, origin: float) -> None:
         """The engine started the benchmark clock: offsets and client CPU count from here."""
@@ -267,6 +271,8 @@ class HttpAgentLoop:
         return text, sizing, elapsed
 
     async def prepare(self, agent: int) -> Prepared:
+        if self.workload.has_blocks(agent):
+            return await self._prepare_block_agent(agent)
         factory = self.factory
         sizer = TrajectorySizer(self.workload, agent, self.fidelity.framing, self.fidelity.correct)
         sizing = sizer.fresh(0)
@@ -302,6 +308,8 @@ class HttpAgentLoop:
         figures = self.recorder.agent_started(agent, slot)
         planned = len(self.workload.turns(agent))
         try:
+            if self.workload.has_blocks(agent):
+                return await self._block_turns(agent, slot, prepared, figures)
             return await self._turns(agent, slot, prepared, figures)
         finally:
             # Requests never sent: after a failure, or once a shutdown stopped the agent.
@@ -322,6 +330,8 @@ class HttpAgentLoop:
         output = workload.output_tokens
         environment = workload.environment_tokens
         latency_ms = workload.tool_call_latency_ms
+        stream_column = workload.request_stream
+        cap_column = workload.request_max_tokens
         rank = slot % settings.dp_ranks if settings.dp_ranks else None
         sizer = TrajectorySizer(workload, agent, framing, correct)
 
@@ -362,7 +372,12 @@ class HttpAgentLoop:
                     factory.reset_prompt, agent, turn + 1, next_planned
                 )
             planned_output = int(output[request])
-            body = conversation.body(body_tail(settings.body, planned_output, tag))
+            cap = int(cap_column[request]) if cap_column is not None else 0
+            stream = int(stream_column[request]) if stream_column is not None else -1
+            streamed = settings.body.stream if stream < 0 else bool(stream)
+            body = conversation.body(
+                body_tail(settings.body, planned_output, tag, cap or None, streamed)
+            )
             if sizing.correction or sizing.note is not None:
                 recorder.request_sized(bool(sizing.correction), sizing.note is not None)
 
@@ -372,7 +387,9 @@ class HttpAgentLoop:
                 reply, attempts, started, elapsed = None, 0, 0.0, 0.0
             else:
                 try:
-                    reply, attempts, started, elapsed = await self._send(body, headers, errors)
+                    reply, attempts, started, elapsed = await self._send(
+                        body, headers, errors, streamed
+                    )
                 except asyncio.CancelledError:
                     # Cut off after the grace period: neither successful nor failed.
                     attempts = len(errors) + 1
@@ -492,7 +509,13 @@ class HttpAgentLoop:
         return Outcome.COMPLETED
 
     # -- one logical request ------------------------------------------------------------
-    async def _send(self, body: bytes, headers: dict[str, str], errors: list[AttemptError]):
+    async def _send(
+        self,
+        body: bytes,
+        headers: dict[str, str],
+        errors: list[AttemptError],
+        stream: bool | None = None,
+    ):
         """(reply | None, attempts, start offset, latency) after the last attempt; every
         failed attempt is appended to ``errors`` (the last one ``cancelled`` when a shutdown
         ended the wait before a retry)."""
@@ -500,6 +523,7 @@ class HttpAgentLoop:
         recorder = self.recorder
         start = time.perf_counter()
         started = start - self._origin
+        streamed = self._stream if stream is None else stream
         attempt = 0
         while True:
             attempt += 1
@@ -509,7 +533,7 @@ class HttpAgentLoop:
             retry_after = None
             try:
                 reply = await (
-                    self._post_stream(body, headers) if self._stream else self._post(body, headers)
+                    self._post_stream(body, headers) if streamed else self._post(body, headers)
                 )
                 if settings.verbose:
                     self._out.write(f"[AGENT RESPONSE] {verbose_response(reply)}\n")

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import Executor
 
+from batchbench.drive.blocks import TrajectoryBlocks, prepare_blocks
 from batchbench.plan.workload import Workload
 from batchbench.results.lifecycle import Outcome
+from batchbench.text.blocks import BlockTexts
 from batchbench.text.content import ContentFactory
 
 
@@ -22,16 +24,38 @@ class DryRunLoop:
         self.workload = workload
         self.pool = pool
         self._last_finish: asyncio.Future | None = None
+        self._blocks = BlockTexts(factory.synth) if workload.blocks is not None else None
 
-    async def prepare(self, agent: int) -> str:
+    async def prepare(self, agent: int):
         loop = asyncio.get_running_loop()
+        if self.workload.has_blocks(agent):
+            return await loop.run_in_executor(self.pool, self._first_blocks, agent)
         return await loop.run_in_executor(self.pool, self.factory.initial_prompt, agent)
 
-    def _materialize_rest(self, agent: int) -> int:
-        """Every environment text but the last turn's (never sent) and every reset prompt;
-        bytes made."""
+    def _first_blocks(self, agent: int) -> TrajectoryBlocks:
+        """The first request's blocks, live ones generated from their seeds (a dry run has
+        no replies, and counts no fallback)."""
+        state = TrajectoryBlocks(self.workload.blocks)
+        self._fill(state, self.workload.turns(agent)[0])
+        return state
+
+    def _fill(self, state: TrajectoryBlocks, request: int) -> None:
+        prepare_blocks(state, request, self._blocks, 0, 0, None, resolve_live=False)
+
+    def _materialize_rest(self, agent: int, state: TrajectoryBlocks | None = None) -> int:
+        """Every environment text but the last turn's (never sent) and every reset prompt,
+        or every block of a block trajectory; bytes (or blocks) made."""
         produced = 0
         turns = self.workload.turns(agent)
+        if state is not None:
+            for turn, request in enumerate(turns):
+                if turn == 0:
+                    continue
+                if self.workload.reset_before[request]:
+                    state.reset()
+                self._fill(state, request)
+                produced += len(state.cache)
+            return produced
         reset = self.workload.reset_before
         for turn, request in enumerate(turns):
             if turn > 0 and reset[request]:
@@ -40,12 +64,13 @@ class DryRunLoop:
                 produced += len(self.factory.environment(agent, turn))
         return produced
 
-    async def run(self, agent: int, slot: int, prepared: str) -> Outcome:
+    async def run(self, agent: int, slot: int, prepared) -> Outcome:
         loop = asyncio.get_running_loop()
         previous, finished = self._last_finish, loop.create_future()
         self._last_finish = finished
+        state = prepared if isinstance(prepared, TrajectoryBlocks) else None
         try:
-            await loop.run_in_executor(self.pool, self._materialize_rest, agent)
+            await loop.run_in_executor(self.pool, self._materialize_rest, agent, state)
             if previous is not None:
                 await previous
         finally:

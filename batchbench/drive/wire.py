@@ -108,14 +108,36 @@ class BodyOptions:
     stream: bool = False
 
 
-def body_tail(options: BodyOptions, output_tokens: int, tag: str | None) -> bytes:
+def body_tail(
+    options: BodyOptions,
+    output_tokens: int,
+    tag: str | None,
+    cap: int | None = None,
+    stream: bool | None = None,
+) -> bytes:
     """Everything after the messages array: ``],<token fields>,…}`` in a fixed order."""
-    cap = floor = output_tokens
+    return b"]," + body_fields(options, output_tokens, tag, cap, stream)
+
+
+def body_fields(
+    options: BodyOptions,
+    output_tokens: int,
+    tag: str | None,
+    cap: int | None = None,
+    stream: bool | None = None,
+) -> bytes:
+    """The fields after ``messages`` (and ``tools``): ``<token fields>,…}``.
+
+    The cap is the request's own ``max_tokens`` when it has one, else the planned output;
+    the floor is min(planned output, cap). A request's own ``stream`` wins over the run's.
+    """
+    cap = output_tokens if cap is None else cap
+    floor = min(output_tokens, cap)
     names = (
         (b"max_new_tokens", b"min_new_tokens") if options.sglang else (b"max_tokens", b"min_tokens")
     )
     parts = [
-        b'],"',
+        b'"',
         names[0],
         b'":',
         str(cap).encode(),
@@ -126,7 +148,7 @@ def body_tail(options: BodyOptions, output_tokens: int, tag: str | None) -> byte
     ]
     if options.ignore_eos:
         parts.append(b',"ignore_eos":true')
-    if options.stream:
+    if options.stream if stream is None else stream:
         parts.append(b',"stream":true,"stream_options":{"include_usage":true}')
     if tag is not None:
         parts += [b',"user":', _DUMPS(tag)]

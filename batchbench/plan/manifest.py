@@ -1,8 +1,9 @@
 """Trajectory manifests: JSONL parsing, validation and SHA-256 identity (docs/manifest.md).
 
 A manifest is stored columnar: one numpy column per request field, grouped per trajectory
-by CSR offsets. Memory therefore scales with the number of trajectories (their ids) plus a
-few bytes per request, instead of one Python object per request.
+by CSR offsets, and one column per block field, grouped per request by a second CSR.
+Memory therefore scales with the number of trajectories (their ids) and distinct block
+seeds plus a few bytes per request and per block, instead of one Python object each.
 
 Validation order within a line, so that the first error reported is deterministic:
 
@@ -10,14 +11,27 @@ Validation order within a line, so that the first error reported is deterministi
 2. ``schema_version`` (present, an integer, supported) — the version decides the schema;
 3. trajectory-level fields in document order (unknown fields, types), then missing ones;
 4. ``trajectory_id`` not blank, ``start_after_ms`` in v1, ``requests`` not empty;
-5. every request's structure (object, unknown fields, types, missing fields), in order;
+5. every request's structure, in order: object, unknown fields and types in document
+   order, missing fields; in v2 then each of its blocks, in order: object, unknown fields
+   and types in document order (a ``role`` must name a known role), missing fields;
 6. v1 only: the first request using a schema v2 field;
-7. per request, in order: positive prompt, positive output, no reset on the first request,
-   growth feasibility against the previous request;
+7. per request, in order: positive prompt, positive output, positive ``max_tokens`` (v2),
+   no reset on the first request (v1), blocks present exactly when the first request has
+   them (v2), then the blocks: at least one, and per block a non-empty seed and ``live``
+   on assistant blocks only; finally growth feasibility against the previous request
+   (trajectories without blocks);
 8. the ``trajectory_id`` is not a duplicate.
 
+Growth feasibility compares contents: a prompt minus its effective overhead. Parsing
+knows no global overheads, so the effective overhead is a v2 request's own
+``overhead_tokens`` when set, otherwise 0 for the first request and after a reset, and
+the previous request's effective overhead for an appended request. In v1 every
+overhead is 0 and contents are the prompts.
+
 A fast path accepts well-formed v1 lines without building per-request state; anything it
-does not accept is re-checked by the full validator, which alone produces error messages.
+does not accept (every v2 line included) is re-checked by the full validator, which alone
+produces error messages. Columns that only v2 lines fill are allocated for v1-only files
+in one numpy fill at the end.
 """
 
 from __future__ import annotations
@@ -25,7 +39,8 @@ from __future__ import annotations
 import array
 import hashlib
 import io
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,6 +50,11 @@ from batchbench.errors import ManifestError
 
 SUPPORTED_SCHEMA_VERSIONS = (1, 2)
 HASH_CHUNK_BYTES = 64 * 1024
+
+# The block roles of schema v2; a block's role code is its index here.
+BLOCK_ROLES = ("tool_definition", "system", "user", "assistant", "tool", "tool_call")
+_ROLE_CODES = {role: code for code, role in enumerate(BLOCK_ROLES)}
+_ASSISTANT = _ROLE_CODES["assistant"]
 
 # Token counts are stored as uint32 (no model has a 4-billion-token context); other
 # integers as int64. Values beyond the column type are rejected, never wrapped.
@@ -60,7 +80,18 @@ _V2_REQUEST_FIELDS = (
     "blocks",
     "recorded_start_after_ms",
 )
+_REQUEST_FIELDS = (*_V1_REQUEST_FIELDS, *_V2_REQUEST_FIELDS)
 _REQUIRED_REQUEST_FIELDS = ("prompt_tokens", "output_tokens")
+_BLOCK_FIELDS = ("seed", "tokens", "role", "live")
+_REQUIRED_BLOCK_FIELDS = ("seed", "tokens", "role")
+
+# "expected one of ..." lists of unknown-field messages, per schema version.
+_EXPECTED_TRAJECTORY_FIELDS = {
+    1: ", ".join(_V1_TRAJECTORY_FIELDS),
+    2: ", ".join(("schema_version", "trajectory_id", "start_after_ms", "requests", "metadata")),
+}
+_EXPECTED_REQUEST_FIELDS = {1: ", ".join(_V1_REQUEST_FIELDS), 2: ", ".join(_REQUEST_FIELDS)}
+_EXPECTED_ROLES = ", ".join(BLOCK_ROLES)
 
 _UINT32, _UINT64, _BOOL, _ARRAY = "uint32", "uint64", "bool", "array"
 _REQUEST_FIELD_KINDS = {
@@ -75,13 +106,22 @@ _REQUEST_FIELD_KINDS = {
     "recorded_start_after_ms": _UINT64,
 }
 
+# A parsed block until it is stored: (seed, tokens, role code, live).
+_Block = tuple[str, int, int, bool]
+
 
 @dataclass(eq=False)
 class Manifest:
-    """A parsed manifest: trajectory ids plus aligned per-request numpy columns.
+    """A parsed manifest: trajectory ids plus aligned per-request and per-block columns.
 
     ``request_offsets`` is CSR: the requests of trajectory ``t`` are the rows
     ``request_offsets[t]:request_offsets[t + 1]`` of every request column.
+    ``block_offsets`` is CSR too: the blocks of request row ``r`` are the rows
+    ``block_offsets[r]:block_offsets[r + 1]`` of every block column.
+
+    The columns after ``reset_before`` carry schema v2 fields. Any of them left out when
+    the value is built is filled with its "absent" value at the right length, so a
+    v1-only manifest has them all: no start offsets, no overheads, no blocks.
     """
 
     source: str
@@ -93,7 +133,51 @@ class Manifest:
     prompt_tokens: np.ndarray  # uint32
     output_tokens: np.ndarray  # uint32
     delay_after_ms: np.ndarray  # int64
-    reset_before: np.ndarray  # bool
+    reset_before: np.ndarray  # bool (always false on a trajectory's first request)
+    # Schema v2 (None: filled in with the "absent" values below, at the right length).
+    # Per trajectory: start_after_ms int64, 0 when absent.
+    start_after_ms: np.ndarray = None  # type: ignore[assignment]
+    # Per request: overhead_tokens int64 (-1 absent); stream int8 (-1 absent, 0 false,
+    # 1 true); max_tokens int64 (0 absent); recorded_start_after_ms int64 (-1 absent).
+    overhead_tokens: np.ndarray = None  # type: ignore[assignment]
+    stream: np.ndarray = None  # type: ignore[assignment]
+    max_tokens: np.ndarray = None  # type: ignore[assignment]
+    recorded_start_after_ms: np.ndarray = None  # type: ignore[assignment]
+    # Blocks: block_offsets int64 (n_requests + 1, CSR); per block: block_seed int32 (an
+    # index into block_seeds, the distinct seeds in first-seen order), block_tokens
+    # uint32, block_role uint8 (an index into BLOCK_ROLES) and block_live bool.
+    block_offsets: np.ndarray = None  # type: ignore[assignment]
+    block_seed: np.ndarray = None  # type: ignore[assignment]
+    block_seeds: list[str] = field(default_factory=list)
+    block_tokens: np.ndarray = None  # type: ignore[assignment]
+    block_role: np.ndarray = None  # type: ignore[assignment]
+    block_live: np.ndarray = None  # type: ignore[assignment]
+    has_start_offsets: bool = False  # some trajectory sets start_after_ms (not null)
+    # (trajectory index, 1-based request number, seed), at most one per trajectory: the
+    # first request reusing a seed with other tokens or role since the last reset.
+    seed_redefinitions: list[tuple[int, int, str]] = field(default_factory=list)
+    # Per trajectory: the line's own schema_version, uint8.
+    schema_versions: np.ndarray = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        trajectories = len(self.trajectory_ids)
+        requests = int(self.request_offsets[-1])
+        absent: list[tuple[str, int, type[np.generic], int]] = [
+            ("start_after_ms", trajectories, np.int64, 0),
+            ("overhead_tokens", requests, np.int64, -1),
+            ("stream", requests, np.int8, -1),
+            ("max_tokens", requests, np.int64, 0),
+            ("recorded_start_after_ms", requests, np.int64, -1),
+            ("block_offsets", requests + 1, np.int64, 0),
+            ("block_seed", 0, np.int32, 0),
+            ("block_tokens", 0, np.uint32, 0),
+            ("block_role", 0, np.uint8, 0),
+            ("block_live", 0, np.bool_, 0),
+            ("schema_versions", trajectories, np.uint8, self.schema_version),
+        ]
+        for name, size, dtype, value in absent:
+            if getattr(self, name) is None:
+                setattr(self, name, np.full(size, value, dtype=dtype))
 
     def __len__(self) -> int:
         return len(self.trajectory_ids)
@@ -103,6 +187,20 @@ class Manifest:
         """Total requests over all trajectories."""
         return int(self.request_offsets[-1])
 
+    @property
+    def n_blocks(self) -> int:
+        """Total blocks over all requests."""
+        return int(self.block_offsets[-1])
+
+    def seed_redefinition_warnings(self) -> list[str]:
+        """One ``warning: ...`` line per entry of ``seed_redefinitions``, ids JSON-quoted."""
+        return [
+            f"warning: trajectory {_quote(self.trajectory_ids[trajectory])} request {n}: "
+            f"block seed {_quote(seed)} is redefined with different tokens or role; "
+            "reusing its first content"
+            for trajectory, n, seed in self.seed_redefinitions
+        ]
+
     def requests_of(self, trajectory: int) -> slice:
         """Rows of one trajectory's requests in the request columns."""
         count = len(self.trajectory_ids)
@@ -110,6 +208,14 @@ class Manifest:
         if not 0 <= index < count:
             raise IndexError(f"trajectory index {trajectory} out of range for {count} trajectories")
         return slice(int(self.request_offsets[index]), int(self.request_offsets[index + 1]))
+
+    def blocks_of(self, request_row: int) -> slice:
+        """Rows of one request's blocks in the block columns (empty without blocks)."""
+        count = self.n_requests
+        index = request_row + count if request_row < 0 else request_row
+        if not 0 <= index < count:
+            raise IndexError(f"request row {request_row} out of range for {count} requests")
+        return slice(int(self.block_offsets[index]), int(self.block_offsets[index + 1]))
 
 
 def check_manifest_opens(path: str) -> None:
@@ -137,8 +243,8 @@ def hash_manifest(path: str) -> str:
     return digest.hexdigest()
 
 
-def load_manifest(path: str, sha256: str | None = None) -> Manifest:
-    """Read and parse a manifest file; ``sha256`` defaults to the hash of the bytes read."""
+def read_manifest_file(path: str) -> bytes:
+    """The raw bytes of a manifest file, with the parser's open and read messages."""
     try:
         handle = open(path, "rb")  # noqa: SIM115 - the open and the read fail differently
     except OSError as exc:
@@ -147,11 +253,16 @@ def load_manifest(path: str, sha256: str | None = None) -> Manifest:
         ) from exc
     with handle:
         try:
-            data = handle.read()
+            return handle.read()
         except OSError as exc:
             raise ManifestError(
                 f"failed to read trajectory plan file {path}: {_os_reason(exc)}"
             ) from exc
+
+
+def load_manifest(path: str, sha256: str | None = None) -> Manifest:
+    """Read and parse a manifest file; ``sha256`` defaults to the hash of the bytes read."""
+    data = read_manifest_file(path)
     if sha256 is None:
         sha256 = hashlib.sha256(data).hexdigest()
     return parse_manifest(data, path, sha256)
@@ -162,12 +273,31 @@ def parse_manifest(data: bytes, source: str, sha256: str = "") -> Manifest:
     return _parse(data, source, sha256, fast=True)
 
 
+def validate_manifest(data: bytes, source: str) -> tuple[Manifest | None, list[str]]:
+    """Check every line instead of stopping at the first bad one.
+
+    Returns the manifest (hashed) and no messages when the whole file is valid; otherwise
+    ``None`` and one message per bad line (its first error, with the usual context), in
+    line order. Valid lines still count for duplicate ids.
+    """
+    builder = _Builder(fast=True)
+    errors: list[str] = []
+    for number, line in _lines(data):
+        try:
+            builder.add_line(line, number)
+        except ManifestError as exc:
+            errors.append(str(exc.with_context(f"invalid trajectory plan at {source}:{number}")))
+    if errors:
+        return None, errors
+    if not builder.trajectory_ids:
+        return None, [f"trajectory plan file {source} contains no trajectory plans"]
+    return builder.finish(source, hashlib.sha256(data).hexdigest()), []
+
+
 def _parse(data: bytes, source: str, sha256: str, *, fast: bool) -> Manifest:
     """The parser; ``fast=False`` disables the fast path so tests can compare both."""
     builder = _Builder(fast=fast)
-    for number, line in enumerate(io.BytesIO(data), 1):
-        if not line.strip():
-            continue
+    for number, line in _lines(data):
         try:
             builder.add_line(line, number)
         except ManifestError as exc:
@@ -177,20 +307,50 @@ def _parse(data: bytes, source: str, sha256: str, *, fast: bool) -> Manifest:
     return builder.finish(source, sha256)
 
 
+def _lines(data: bytes) -> Iterator[tuple[int, bytes]]:
+    """(1-based physical line number, line) of every line that is not ASCII-blank."""
+    for number, line in enumerate(io.BytesIO(data), 1):
+        if line.strip():
+            yield number, line
+
+
 class _Builder:
-    """Accumulates validated trajectories in compact ``array`` buffers."""
+    """Accumulates validated trajectories in compact ``array`` buffers.
+
+    A line is fully validated before anything of it is kept (the fast path's partial
+    appends are undone), so after an error the builder can go on with the next line.
+    """
 
     def __init__(self, *, fast: bool) -> None:
         self.fast = fast
         self.trajectory_ids: list[str] = []
         self.seen: set[str] = set()
         self.schema_version = 0
+        # One entry per trajectory.
         self.line_numbers = array.array("i")
         self.offsets = array.array("q", [0])
+        self.start_after = array.array("q")
+        self.versions = array.array("B")
+        self.has_start_offsets = False
+        # One entry per request.
         self.prompt = array.array("I")
         self.output = array.array("I")
         self.delay = array.array("q")
         self.reset = array.array("B")
+        # One entry per request, kept from the first v2 line on (earlier rows padded).
+        self.overhead = array.array("q")
+        self.stream = array.array("b")
+        self.max_tokens = array.array("q")
+        self.recorded = array.array("q")
+        self.block_counts = array.array("I")
+        # One entry per block.
+        self.block_seed = array.array("i")
+        self.block_tokens = array.array("I")
+        self.block_role = array.array("B")
+        self.block_live = array.array("B")
+        self.seed_ids: dict[str, int] = {}
+        self.block_seeds: list[str] = []
+        self.seed_redefinitions: list[tuple[int, int, str]] = []
 
     def add_line(self, line: bytes, number: int) -> None:
         """Validate one non-blank line and append its trajectory; raises the bare cause."""
@@ -203,25 +363,32 @@ class _Builder:
         if type(obj) is not dict:
             raise ManifestError(f"a trajectory plan must be a JSON object, found {_describe(obj)}")
         version = self._schema_version(obj)
-        ident, requests = self._trajectory_fields(obj)
+        ident, requests, start = self._trajectory_fields(obj, version)
         if not ident.strip(_WHITESPACE):
             raise ManifestError("trajectory_id must not be empty")
-        if version == 1 and obj.get("start_after_ms") is not None:
+        if version == 1 and start is not None:
             raise ManifestError("start_after_ms requires schema_version 2")
         if not requests:
             raise ManifestError("requests must contain at least one request")
         mark = len(self.prompt)
-        if not (self.fast and self._add_requests_fast(requests)):
+        rows = None
+        if not (version == 1 and self.fast and self._add_requests_fast(requests)):
             self._truncate(mark)
-            self._add_requests_checked(requests)
-        if ident in self.seen:
-            raise ManifestError(f"duplicate trajectory_id {_quote(ident)}")
-        if number > _I32_MAX:
+            rows = _checked_requests(requests, version)
+        if ident in self.seen or number > _I32_MAX:
+            self._truncate(mark)
+            if ident in self.seen:
+                raise ManifestError(f"duplicate trajectory_id {_quote(ident)}")
             raise ManifestError(f"line number {number} exceeds the supported {_I32_MAX} lines")
+        if rows is not None:
+            self._append_requests(rows, version, mark)
         self.seen.add(ident)
         self.trajectory_ids.append(ident)
         self.line_numbers.append(number)
         self.offsets.append(len(self.prompt))
+        self.start_after.append(0 if start is None else start)
+        self.versions.append(version)
+        self.has_start_offsets = self.has_start_offsets or start is not None
         self.schema_version = max(self.schema_version, version)
 
     @staticmethod
@@ -232,12 +399,10 @@ class _Builder:
         version = _uint(obj["schema_version"], "schema_version", 2**64 - 1)
         if version not in SUPPORTED_SCHEMA_VERSIONS:
             raise ManifestError(f"unsupported schema_version {version}; expected one of [1, 2]")
-        if version == 2:
-            raise ManifestError("schema_version 2 is not supported yet")
         return version
 
     @staticmethod
-    def _trajectory_fields(obj: dict[str, Any]) -> tuple[str, list[Any]]:
+    def _trajectory_fields(obj: dict[str, Any], version: int) -> tuple[str, list[Any], int | None]:
         """Unknown fields and types at trajectory level, in document order."""
         for key, value in obj.items():
             if key == "trajectory_id":
@@ -252,12 +417,12 @@ class _Builder:
             elif key not in _TRAJECTORY_FIELDS:
                 raise ManifestError(
                     f"unknown field {_quote(key)}; expected one of "
-                    + ", ".join(_V1_TRAJECTORY_FIELDS)
+                    + _EXPECTED_TRAJECTORY_FIELDS[version]
                 )
         for key in ("trajectory_id", "requests"):
             if key not in obj:
                 raise ManifestError(f"missing required field {key}")
-        return obj["trajectory_id"], obj["requests"]
+        return obj["trajectory_id"], obj["requests"], obj.get("start_after_ms")
 
     def _add_requests_fast(self, requests: list[Any]) -> bool:
         """Append a plain, valid v1 request list; False (maybe half-appended) otherwise."""
@@ -298,37 +463,60 @@ class _Builder:
             add_reset(reset)
         return True
 
-    def _add_requests_checked(self, requests: list[Any]) -> None:
-        """Full validation in the documented order; the only source of request errors."""
-        rows = [_request_fields(request, n) for n, request in enumerate(requests, 1)]
+    def _append_requests(self, rows: list[dict[str, Any]], version: int, mark: int) -> None:
+        """Store the checked requests of one trajectory (and, in v2, their blocks)."""
         for n, fields in enumerate(rows, 1):
-            for name in _V2_REQUEST_FIELDS:
-                if name in fields:
-                    raise ManifestError(f"request {n} field {name} requires schema_version 2")
-        needed = -1
-        for n, fields in enumerate(rows, 1):
-            prompt = fields["prompt_tokens"]
-            output = fields["output_tokens"]
-            reset = fields.get("reset_before", False)
-            if prompt == 0:
-                raise ManifestError(f"request {n} prompt_tokens must be greater than zero")
-            if output == 0:
-                raise ManifestError(f"request {n} output_tokens must be greater than zero")
-            if n == 1 and reset:
-                raise ManifestError("the first request cannot set reset_before")
-            if n > 1 and not reset and prompt < needed:
-                raise ManifestError(
-                    f"request {n} prompt_tokens ({prompt}) cannot follow the preceding prompt "
-                    "and output; set reset_before=true to model compaction or reset: "
-                    f"next content ({prompt}) is smaller than current content plus output "
-                    f"({needed})"
-                )
-            needed = prompt + output
-        for fields in rows:
             self.prompt.append(fields["prompt_tokens"])
             self.output.append(fields["output_tokens"])
             self.delay.append(fields.get("delay_after_ms", 0))
-            self.reset.append(fields.get("reset_before", False))
+            self.reset.append(n > 1 and fields.get("reset_before", False))
+        if version == 1:
+            return
+        self._pad_v2(mark)
+        seed_ids = self.seed_ids
+        seeds = self.block_seeds
+        add_seed = self.block_seed.append
+        add_tokens = self.block_tokens.append
+        add_role = self.block_role.append
+        add_live = self.block_live.append
+        first_use: dict[int, tuple[int, int]] = {}  # seed -> (tokens, role) since the last reset
+        redefined = False
+        for n, fields in enumerate(rows, 1):
+            self.overhead.append(fields.get("overhead_tokens", -1))
+            stream = fields.get("stream")
+            self.stream.append(-1 if stream is None else int(stream))
+            self.max_tokens.append(fields.get("max_tokens", 0))
+            self.recorded.append(fields.get("recorded_start_after_ms", -1))
+            blocks: list[_Block] = fields.get("blocks", [])
+            self.block_counts.append(len(blocks))
+            if n > 1 and fields.get("reset_before", False):
+                first_use.clear()  # a reset starts the block cache over
+            for seed, tokens, role, live in blocks:
+                index = seed_ids.get(seed)
+                if index is None:
+                    index = seed_ids[seed] = len(seeds)
+                    seeds.append(seed)
+                add_seed(index)
+                add_tokens(tokens)
+                add_role(role)
+                add_live(live)
+                if not redefined and first_use.setdefault(index, (tokens, role)) != (tokens, role):
+                    self.seed_redefinitions.append((len(self.trajectory_ids), n, seed))
+                    redefined = True
+
+    def _pad_v2(self, rows: int) -> None:
+        """Give the requests before ``rows`` that no v2 line set their "absent" values."""
+        missing = rows - len(self.overhead)
+        if missing <= 0:
+            return
+        for column, value in (
+            (self.overhead, -1),
+            (self.stream, -1),
+            (self.max_tokens, 0),
+            (self.recorded, -1),
+            (self.block_counts, 0),
+        ):
+            column.extend(array.array(column.typecode, [value]) * missing)
 
     def _truncate(self, mark: int) -> None:
         for column in (self.prompt, self.output, self.delay, self.reset):
@@ -336,6 +524,23 @@ class _Builder:
 
     def finish(self, source: str, sha256: str) -> Manifest:
         """Convert the buffers to exact-size numpy columns."""
+        requests = len(self.prompt)
+        v2: dict[str, Any] = {}
+        if self.overhead:  # some v2 line was kept; otherwise Manifest fills the defaults
+            self._pad_v2(requests)
+            block_offsets = np.zeros(requests + 1, dtype=np.int64)
+            np.cumsum(_column(self.block_counts, np.int64), out=block_offsets[1:])
+            v2 = {
+                "overhead_tokens": _column(self.overhead, np.int64),
+                "stream": _column(self.stream, np.int8),
+                "max_tokens": _column(self.max_tokens, np.int64),
+                "recorded_start_after_ms": _column(self.recorded, np.int64),
+                "block_offsets": block_offsets,
+                "block_seed": _column(self.block_seed, np.int32),
+                "block_tokens": _column(self.block_tokens, np.uint32),
+                "block_role": _column(self.block_role, np.uint8),
+                "block_live": _column(self.block_live, np.uint8).view(np.bool_),
+            }
         return Manifest(
             source=source,
             sha256=sha256,
@@ -347,10 +552,68 @@ class _Builder:
             output_tokens=_column(self.output, np.uint32),
             delay_after_ms=_column(self.delay, np.int64),
             reset_before=_column(self.reset, np.uint8).view(np.bool_),
+            start_after_ms=_column(self.start_after, np.int64),
+            block_seeds=self.block_seeds,
+            has_start_offsets=self.has_start_offsets,
+            seed_redefinitions=self.seed_redefinitions,
+            schema_versions=_column(self.versions, np.uint8),
+            **v2,
         )
 
 
-def _request_fields(request: Any, n: int) -> dict[str, Any]:
+def _checked_requests(requests: list[Any], version: int) -> list[dict[str, Any]]:
+    """Full validation in the documented order; the only source of request errors.
+
+    Returns each request's present fields, with a v2 ``blocks`` value parsed into tuples.
+    """
+    rows = [_request_fields(request, n, version) for n, request in enumerate(requests, 1)]
+    if version == 1:
+        for n, fields in enumerate(rows, 1):
+            for name in _V2_REQUEST_FIELDS:
+                if name in fields:
+                    raise ManifestError(f"request {n} field {name} requires schema_version 2")
+    block_plan = version == 2 and "blocks" in rows[0]
+    needed = 0  # the smallest content the next appended request may have
+    overhead = 0  # the previous request's effective overhead
+    for n, fields in enumerate(rows, 1):
+        prompt = fields["prompt_tokens"]
+        output = fields["output_tokens"]
+        reset = fields.get("reset_before", False)
+        if prompt == 0:
+            raise ManifestError(f"request {n} prompt_tokens must be greater than zero")
+        if output == 0:
+            raise ManifestError(f"request {n} output_tokens must be greater than zero")
+        if version == 1:
+            if n == 1 and reset:
+                raise ManifestError("the first request cannot set reset_before")
+        else:
+            if fields.get("max_tokens") == 0:
+                raise ManifestError(f"request {n} max_tokens must be greater than zero")
+            if ("blocks" in fields) != block_plan:
+                verb, does = ("define", "does") if block_plan else ("omit", "does not")
+                raise ManifestError(
+                    f"request {n} must {verb} blocks because the trajectory's first request {does}"
+                )
+            if block_plan:
+                _check_blocks(fields["blocks"], n)
+        if block_plan:
+            continue  # the blocks are the prompt: nothing grows between requests
+        fresh = n == 1 or reset
+        own = fields.get("overhead_tokens")
+        overhead = own if own is not None else 0 if fresh else overhead
+        content = prompt - overhead
+        if not fresh and content < needed:
+            raise ManifestError(
+                f"request {n} prompt_tokens ({prompt}) cannot follow the preceding prompt "
+                "and output; set reset_before=true to model compaction or reset: "
+                f"next content ({content}) is smaller than current content plus output "
+                f"({needed})"
+            )
+        needed = content + output
+    return rows
+
+
+def _request_fields(request: Any, n: int, version: int) -> dict[str, Any]:
     """One request's present, type-checked fields (a null optional field counts as absent)."""
     if type(request) is not dict:
         raise ManifestError(f"request {n} must be a JSON object, found {_describe(request)}")
@@ -360,7 +623,7 @@ def _request_fields(request: Any, n: int) -> dict[str, Any]:
         if kind is None:
             raise ManifestError(
                 f"request {n} has unknown field {_quote(key)}; expected one of "
-                + ", ".join(_V1_REQUEST_FIELDS)
+                + _EXPECTED_REQUEST_FIELDS[version]
             )
         if value is None and key not in _REQUIRED_REQUEST_FIELDS:
             continue
@@ -378,7 +641,80 @@ def _request_fields(request: Any, n: int) -> dict[str, Any]:
     for key in _REQUIRED_REQUEST_FIELDS:
         if key not in fields:
             raise ManifestError(f"request {n} is missing required field {key}")
+    if version == 2 and "blocks" in fields:
+        try:
+            fields["blocks"] = [_block(block, k) for k, block in enumerate(fields["blocks"], 1)]
+        except ManifestError as exc:
+            raise exc.with_context(f"request {n} blocks are invalid") from None
     return fields
+
+
+def _block(block: Any, k: int) -> _Block:
+    """One block's structure: object, unknown fields and types in document order, missing."""
+    if type(block) is not dict:
+        raise ManifestError(f"block {k} must be a JSON object, found {_describe(block)}")
+    get = block.get
+    seed, tokens, role, live = get("seed"), get("tokens"), get("role"), get("live")
+    if (  # the common, valid case in one test; anything else is checked in order below
+        type(seed) is str
+        and type(tokens) is int
+        and 0 <= tokens <= _U32_MAX
+        and type(role) is str
+        and role in _ROLE_CODES
+        and (live is None or type(live) is bool)
+        and len(block) == 3 + ("live" in block)
+    ):
+        return seed, tokens, _ROLE_CODES[role], live is True
+    live = False
+    for key, value in block.items():
+        if key == "seed":
+            if type(value) is not str:
+                raise ManifestError(
+                    f"block {k} field seed must be a string, found {_describe(value)}"
+                )
+        elif key == "tokens":
+            _uint(value, f"block {k} field tokens", _U32_MAX)
+        elif key == "role":
+            if type(value) is not str:
+                raise ManifestError(
+                    f"block {k} field role must be a string, found {_describe(value)}"
+                )
+            if value not in _ROLE_CODES:
+                raise ManifestError(
+                    f"block {k} role: unknown variant {_quote(value)}, expected one of "
+                    + _EXPECTED_ROLES
+                )
+        elif key == "live":
+            if value is not None:
+                if type(value) is not bool:
+                    raise ManifestError(
+                        f"block {k} field live must be a boolean, found {_describe(value)}"
+                    )
+                live = value
+        else:
+            raise ManifestError(
+                f"block {k} has unknown field {_quote(key)}; expected one of "
+                + ", ".join(_BLOCK_FIELDS)
+            )
+    for key in _REQUIRED_BLOCK_FIELDS:
+        if key not in block:
+            raise ManifestError(f"block {k} is missing required field {key}")
+    return block["seed"], block["tokens"], _ROLE_CODES[block["role"]], live
+
+
+def _check_blocks(blocks: list[_Block], n: int) -> None:
+    """The value rules of one request's (structurally valid) blocks."""
+    context = f"request {n} blocks are invalid"
+    if not blocks:
+        raise ManifestError(f"{context}: blocks must contain at least one block")
+    for k, (seed, _tokens, role, live) in enumerate(blocks, 1):
+        if not seed:
+            raise ManifestError(f"{context}: block {k} seed must not be empty")
+        if live and role != _ASSISTANT:
+            raise ManifestError(
+                f"{context}: block {k} is live but has role {BLOCK_ROLES[role]}; "
+                "only assistant blocks can be live"
+            )
 
 
 def _uint(value: Any, label: str, maximum: int) -> int:

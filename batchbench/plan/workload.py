@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+import orjson
 
 from batchbench.errors import PlanError
 from batchbench.plan.limits import MAX_REQUEST_TOKENS
@@ -49,6 +50,28 @@ class SampledIds(Sequence[str]):
 
 
 @dataclass
+class BlockPlan:
+    """The blocks of every request (CSR by request), as the manifest wrote them.
+
+    ``shared`` marks seeds that more than one trajectory uses: their text is generated once
+    per run, and the prompt correction never resizes them (shared prefixes stay identical).
+    """
+
+    offsets: np.ndarray  # int64, n_requests + 1
+    seed: np.ndarray  # int32 per block: index into ``seeds``
+    seeds: list[str]
+    tokens: np.ndarray  # int64 per block
+    role: np.ndarray  # uint8 per block: index into BLOCK_ROLES
+    live: np.ndarray  # bool per block
+    shared: np.ndarray  # bool per seed
+    trajectory_has_blocks: np.ndarray  # bool per trajectory
+
+    def of(self, request: int) -> range:
+        """Block rows of one request (global request index)."""
+        return range(int(self.offsets[request]), int(self.offsets[request + 1]))
+
+
+@dataclass
 class Workload:
     """Turn shapes of every trajectory; request columns are aligned int64/float64 arrays."""
 
@@ -62,6 +85,14 @@ class Workload:
     tool_call_latency_ms: np.ndarray
     reset_before: np.ndarray
     schema_version: int | None = None
+    # Schema v2 (None when no trajectory uses the feature):
+    start_seconds: np.ndarray | None = None  # float64 per trajectory: scaled start offset
+    request_stream: np.ndarray | None = None  # int8 per request: -1 run default, 0/1 set
+    request_max_tokens: np.ndarray | None = None  # int64 per request: 0 = planned output
+    recorded_start_after_ms: np.ndarray | None = None  # int64 per request: -1 absent
+    overhead_tokens: np.ndarray | None = None  # int64 per request: effective overhead
+    blocks: BlockPlan | None = None  # seeded content blocks of block trajectories
+    warnings: tuple[str, ...] = ()  # plan warnings to print once before the run
 
     def __len__(self) -> int:
         return len(self.trajectory_ids)
@@ -69,6 +100,10 @@ class Workload:
     @property
     def n_requests(self) -> int:
         return int(self.request_offsets[-1])
+
+    def has_blocks(self, trajectory: int) -> bool:
+        """True when the trajectory's prompts are made of seeded blocks (schema v2)."""
+        return self.blocks is not None and bool(self.blocks.trajectory_has_blocks[trajectory])
 
     def turns(self, trajectory: int) -> range:
         """Global request indices of one trajectory, in order."""
@@ -83,7 +118,8 @@ def compile_manifest(
     turn_overhead: int = 0,
     time_scale: float = 1.0,
 ) -> Workload:
-    """Apply the overheads, content targets and environment inference of the growth model."""
+    """Apply the overheads, content targets and environment inference of the growth model;
+    block trajectories take their content from their blocks instead."""
     offsets = np.asarray(manifest.request_offsets, dtype=np.int64)
     prompt = np.asarray(manifest.prompt_tokens, dtype=np.int64)
     output = np.asarray(manifest.output_tokens, dtype=np.int64)
@@ -94,8 +130,8 @@ def compile_manifest(
     is_first[offsets[:-1]] = True
     reset[is_first] = False  # the first request starts fresh anyway
     starts = is_first | reset
-    segment_start = np.maximum.accumulate(np.where(starts, index, 0))
-    overhead = initial_overhead + turn_overhead * (index - segment_start)
+    own = _own_overheads(manifest, n)
+    overhead = _effective_overheads(starts, own, index, initial_overhead, turn_overhead)
     content = prompt - overhead
 
     environment = np.zeros(n, dtype=np.int64)
@@ -103,11 +139,31 @@ def compile_manifest(
         appends = ~starts[1:]
         environment[:-1] = np.where(appends, content[1:] - content[:-1] - output[:-1], 0)
 
-    _raise_first_plan_error(manifest, offsets, prompt, overhead, content, environment)
+    blocks = _block_plan(manifest, n)
+    warnings: list[str] = []
+    if blocks is not None:
+        in_blocks = np.repeat(blocks.trajectory_has_blocks, np.diff(offsets))
+        running = np.concatenate(([0], np.cumsum(blocks.tokens)))
+        sums = running[blocks.offsets[1:]] - running[blocks.offsets[:-1]]
+        content = np.where(in_blocks, sums, content)
+        environment[in_blocks] = 0
+        warnings += _block_warnings(manifest, offsets, prompt, overhead, content, blocks)
+    else:
+        in_blocks = None
+    _raise_first_plan_error(manifest, offsets, prompt, overhead, content, environment, in_blocks)
     _raise_oversized(manifest, offsets, prompt, output)
     latency = np.asarray(manifest.delay_after_ms, dtype=np.float64)
     if time_scale != 1.0:
         latency = latency / time_scale
+    v2 = manifest.schema_version >= 2
+    start_seconds = None
+    if v2 and getattr(manifest, "has_start_offsets", False):
+        start_seconds = np.asarray(manifest.start_after_ms, dtype=np.float64) / 1000.0
+        if time_scale != 1.0:
+            start_seconds = start_seconds / time_scale
+    stream = _optional_column(manifest, "stream", -1, np.int8) if v2 else None
+    max_tokens = _optional_column(manifest, "max_tokens", 0, np.int64) if v2 else None
+    recorded = _optional_column(manifest, "recorded_start_after_ms", -1, np.int64) if v2 else None
     return Workload(
         mode="trajectory_replay",
         trajectory_ids=manifest.trajectory_ids,
@@ -119,7 +175,112 @@ def compile_manifest(
         tool_call_latency_ms=latency,
         reset_before=reset,
         schema_version=manifest.schema_version,
+        start_seconds=start_seconds,
+        request_stream=stream,
+        request_max_tokens=max_tokens,
+        recorded_start_after_ms=recorded,
+        overhead_tokens=overhead,
+        blocks=blocks,
+        warnings=tuple(warnings),
     )
+
+
+def _optional_column(manifest: Manifest, name: str, absent: int, dtype) -> np.ndarray | None:
+    """A schema v2 request column, or None when no request sets the field."""
+    column = getattr(manifest, name, None)
+    if column is None or len(column) == 0:
+        return None
+    column = np.asarray(column, dtype=dtype)
+    return column if bool(np.any(column != absent)) else None
+
+
+def _own_overheads(manifest: Manifest, n: int) -> np.ndarray:
+    """Each request's own ``overhead_tokens`` (schema v2), -1 where it has none."""
+    own = getattr(manifest, "overhead_tokens", None)
+    if own is None or len(own) != n:
+        return np.full(n, -1, dtype=np.int64)
+    return np.asarray(own, dtype=np.int64)
+
+
+def _effective_overheads(
+    starts: np.ndarray, own: np.ndarray, index: np.ndarray, initial: int, turn: int
+) -> np.ndarray:
+    """A request's own overhead wins; else a fresh request gets ``initial`` and an appended
+    one the previous request's overhead plus ``turn``. Vectorized: each request counts turns
+    from its anchor, the latest fresh request or request with its own overhead."""
+    anchors = starts | (own >= 0)
+    anchor = np.maximum.accumulate(np.where(anchors, index, 0))
+    base = np.where(own >= 0, own, initial)
+    return base[anchor] + turn * (index - anchor)
+
+
+def _block_plan(manifest: Manifest, n: int) -> BlockPlan | None:
+    """The manifest's blocks with per-seed sharing, or None when no request has blocks."""
+    block_offsets = getattr(manifest, "block_offsets", None)
+    if block_offsets is None or len(block_offsets) != n + 1 or int(block_offsets[-1]) == 0:
+        return None
+    block_offsets = np.asarray(block_offsets, dtype=np.int64)
+    seed = np.asarray(manifest.block_seed, dtype=np.int32)
+    request_offsets = np.asarray(manifest.request_offsets, dtype=np.int64)
+    first_blocks = block_offsets[request_offsets[:-1]]
+    trajectory_has_blocks = block_offsets[request_offsets[:-1] + 1] > first_blocks
+    # A seed is shared when more than one trajectory uses it.
+    trajectory_of_block = np.repeat(
+        np.arange(len(manifest.trajectory_ids), dtype=np.int64),
+        np.diff(block_offsets[request_offsets]),
+    )
+    pairs = np.unique(np.stack([seed.astype(np.int64), trajectory_of_block]), axis=1)
+    users = np.bincount(pairs[0], minlength=len(manifest.block_seeds))
+    return BlockPlan(
+        offsets=block_offsets,
+        seed=seed,
+        seeds=manifest.block_seeds,
+        tokens=np.asarray(manifest.block_tokens, dtype=np.int64),
+        role=np.asarray(manifest.block_role, dtype=np.uint8),
+        live=np.asarray(manifest.block_live, dtype=bool),
+        shared=users > 1,
+        trajectory_has_blocks=trajectory_has_blocks,
+    )
+
+
+def _block_warnings(
+    manifest: Manifest,
+    offsets: np.ndarray,
+    prompt: np.ndarray,
+    overhead: np.ndarray,
+    content: np.ndarray,
+    blocks: BlockPlan,
+) -> list[str]:
+    """Once per trajectory: its first request whose prompt is not its blocks plus overhead,
+    and its first seed redefined with other tokens or role."""
+    warnings = []
+    mismatch = (prompt != content + overhead) & np.repeat(
+        blocks.trajectory_has_blocks, np.diff(offsets)
+    )
+    reported = set()
+    for request in np.flatnonzero(mismatch):
+        trajectory = int(np.searchsorted(offsets, request, side="right") - 1)
+        if trajectory in reported:
+            continue
+        reported.add(trajectory)
+        warnings.append(
+            f"warning: trajectory {_quoted(manifest.trajectory_ids[trajectory])} request "
+            f"{int(request - offsets[trajectory]) + 1}: prompt_tokens {int(prompt[request])} "
+            f"!= sum(blocks.tokens) {int(content[request])} + overhead_tokens "
+            f"{int(overhead[request])}; replaying the blocks as written"
+        )
+    for trajectory, number, seed in getattr(manifest, "seed_redefinitions", ()):
+        warnings.append(
+            f"warning: trajectory {_quoted(manifest.trajectory_ids[trajectory])} request "
+            f"{number}: block seed {_quoted(seed)} is redefined with different tokens or "
+            "role; reusing its first content"
+        )
+    return warnings
+
+
+def _quoted(text: str) -> str:
+    """Double-quoted with JSON escapes, so an id cannot break a one-line message."""
+    return orjson.dumps(text).decode()
 
 
 def _raise_oversized(
@@ -145,9 +306,14 @@ def _raise_first_plan_error(
     overhead: np.ndarray,
     content: np.ndarray,
     environment: np.ndarray,
+    in_blocks: np.ndarray | None = None,
 ) -> None:
-    """Report the first build-time error in file order, as a per-request loop would."""
-    bad_content = np.flatnonzero(content <= 0)
+    """Report the first build-time error in file order, as a per-request loop would; block
+    requests are made of their blocks, so the growth rules do not apply to them."""
+    too_small = content <= 0
+    if in_blocks is not None:
+        too_small &= ~in_blocks
+    bad_content = np.flatnonzero(too_small)
     # A negative environment after request i is discovered while building request i + 1.
     bad_growth = np.flatnonzero(environment < 0) + 1
     candidates = []

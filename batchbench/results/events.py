@@ -82,7 +82,13 @@ class LifecycleWriter:
         dp_ranks: int | None,
         trajectory_ids,
         collected: list[dict[str, Any]] | None = None,
+        recorded_starts=None,
+        request_offsets=None,
     ) -> None:
+        """``recorded_starts`` (with ``request_offsets``): each request's recorded start
+        offset from the manifest, -1 where a request has none; carried into the records."""
+        self._recorded = recorded_starts
+        self._offsets = request_offsets
         self._file = JsonlFile(path) if path else None
         self.path = path
         self._dp_ranks = dp_ranks
@@ -106,6 +112,11 @@ class LifecycleWriter:
         }
         if record.interrupted:
             event["interrupted"] = True
+        if self._recorded is not None:
+            agent = record.agent_id
+            values = self._recorded[int(self._offsets[agent]) : int(self._offsets[agent + 1])]
+            if bool((values >= 0).any()):
+                event["recorded_start_after_ms"] = [int(v) if v >= 0 else None for v in values]
         if extra:
             event.update(extra)
         if self._file is not None:

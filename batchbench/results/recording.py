@@ -311,6 +311,10 @@ class Recorder:
         figures.previous_prompt = prompt
         figures.previous_completion = completion
 
+    def live_blocks_fell_back(self, count: int) -> None:
+        """Live blocks generated from their seed because no previous reply existed."""
+        self.totals.live_block_fallbacks += count
+
     def request_sized(self, corrected: bool, limited: bool) -> None:
         """A request's new content was resized from the plan, or could not reach its target."""
         if corrected:

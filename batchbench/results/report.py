@@ -145,13 +145,17 @@ def dry_run_lines(workload: Workload, result: EngineResult) -> Iterable[str]:
     latency = workload.tool_call_latency_ms
     target = workload.target_prompt_tokens
     reset = workload.reset_before
+    blocks = workload.blocks
+    stream = workload.request_stream
+    cap = workload.request_max_tokens
     for record in records:
         agent = record.agent_id
         prefix = f"[DRY-RUN] agent={agent} invocation="
         ident = workload.trajectory_ids[agent]
         admitted_ms = int(record.admitted_at * 1000.0)
+        in_blocks = workload.has_blocks(agent)
         for number, request in enumerate(workload.turns(agent), start=1):
-            yield (
+            line = (
                 f"{prefix}{number} input_content_tokens={content[request]} "
                 f"output_tokens={output[request]} environment_tokens={environment[request]} "
                 f"tool_call_latency_ms={int(latency[request])} trajectory_id={ident} "
@@ -159,6 +163,15 @@ def dry_run_lines(workload: Workload, result: EngineResult) -> Iterable[str]:
                 f"target_prompt_tokens={target[request]} "
                 f"reset_before={_bool(bool(reset[request]) and number > 1)}"
             )
+            if in_blocks:
+                rows = blocks.of(request)
+                live = int(blocks.live[rows.start : rows.stop].sum())
+                line += f" blocks={len(rows)} live_blocks={live}"
+            if stream is not None and stream[request] >= 0:
+                line += f" stream={_bool(bool(stream[request]))}"
+            if cap is not None and cap[request] > 0:
+                line += f" max_tokens={cap[request]}"
+            yield line
 
 
 def _ms(value: float | None) -> str:

@@ -1,0 +1,268 @@
+"""The HTTP agent loop of block trajectories (schema v2 with blocks).
+
+Mixed into ``HttpAgentLoop``: it shares that loop's sending, retries, recording and request
+events, and differs in how a request is made. Each request is rebuilt from its blocks
+(``batchbench.drive.blocks``); the reply of a successful request is kept for the next live
+block; a reset clears the trajectory's seed cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+
+from batchbench.drive.blocks import (
+    AssemblyError,
+    BlockFraming,
+    BlockSizing,
+    TrajectoryBlocks,
+    assemble,
+    prepare_blocks,
+    replayed_reply,
+)
+from batchbench.drive.wire import (
+    ROUTING_KEY_HEADER_ERROR,
+    body_fields,
+    request_headers,
+    user_tag,
+    valid_header_value,
+)
+from batchbench.errors import BatchbenchError
+from batchbench.results.failures import AttemptError, ErrorKind
+from batchbench.results.lifecycle import Outcome
+from batchbench.text.blocks import JSON_ROLES, BlockTexts
+from batchbench.text.framing import trimmed
+
+CANCELLED_IN_FLIGHT = "cancelled in flight when the grace period ended"
+# Blocks up to this many tokens are made on the loop (plain text, fast method); tool blocks
+# (several encodes) and longer texts go to the worker pool.
+INLINE_BLOCK_TOKENS = 4096
+
+
+@dataclass(slots=True)
+class BlockPrepared:
+    """A block trajectory's state with its first request's blocks filled."""
+
+    state: TrajectoryBlocks
+    sizing: BlockSizing
+    fallbacks: int  # live blocks of the first request that fell back
+
+
+class BlockTurns:
+    """Block-trajectory methods of ``HttpAgentLoop`` (which provides the attributes used)."""
+
+    block_texts: BlockTexts | None
+    block_framing: BlockFraming | None
+
+    def _setup_blocks(self) -> None:
+        workload = self.workload
+        self.block_texts = BlockTexts(self.factory.synth) if workload.blocks is not None else None
+        self.block_framing = (
+            BlockFraming(self.fidelity.prompt_counter) if self.fidelity.correct else None
+        )
+        self._sent_shared: set[int] = set()
+
+    def _block_inline(self, state: TrajectoryBlocks, request: int) -> bool:
+        """True when every block still to make is cheap enough to make on the loop."""
+        if not self._inline:
+            return False
+        plan = state.plan
+        for row in state.missing(request):
+            if int(plan.role[row]) in JSON_ROLES or int(plan.tokens[row]) > INLINE_BLOCK_TOKENS:
+                return False
+        return True
+
+    async def _fill_blocks(self, state: TrajectoryBlocks, request: int) -> BlockSizing:
+        workload = self.workload
+        arguments = (
+            state,
+            request,
+            self.block_texts,
+            int(workload.target_prompt_tokens[request]),
+            int(workload.overhead_tokens[request]) if workload.overhead_tokens is not None else 0,
+            self.block_framing,
+        )
+        if self._block_inline(state, request):
+            return prepare_blocks(*arguments)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool, prepare_blocks, *arguments)
+
+    async def _prepare_block_agent(self, agent: int) -> BlockPrepared:
+        state = TrajectoryBlocks(self.workload.blocks)
+        sizing = await self._fill_blocks(state, self.workload.turns(agent)[0])
+        fallbacks, state.fallbacks = state.fallbacks, 0
+        return BlockPrepared(state, sizing, fallbacks)
+
+    def _explainable_framing(self, state: TrajectoryBlocks, request: int) -> int:
+        """Tokens perfect caching could serve to a fresh block request: its blocks that
+        other trajectories sent before (shared seeds)."""
+        plan = state.plan
+        total = 0
+        for row in plan.of(request):
+            seed = int(plan.seed[row])
+            if plan.shared[seed] and seed in self._sent_shared:
+                total += int(plan.tokens[row])
+        return total
+
+    async def _block_turns(self, agent: int, slot: int, prepared: BlockPrepared, figures) -> int:
+        settings = self.settings
+        workload = self.workload
+        recorder = self.recorder
+        shutdown = self.shutdown
+        fidelity = self.fidelity
+        correct = fidelity.correct
+        framing = self.block_framing
+        ident = workload.trajectory_ids[agent]
+        turns = workload.turns(agent)
+        last = len(turns) - 1
+        reset = workload.reset_before
+        output = workload.output_tokens
+        latency_ms = workload.tool_call_latency_ms
+        stream_column = workload.request_stream
+        cap_column = workload.request_max_tokens
+        overheads = workload.overhead_tokens
+        rank = slot % settings.dp_ranks if settings.dp_ranks else None
+        tag = (
+            user_tag(agent, settings.seed, settings.user_prefix) if settings.user_tagging else None
+        )
+        tag_error = tag is not None and not valid_header_value(tag)
+        headers = request_headers(settings.api_key, None if tag_error else tag, rank)
+        state = prepared.state
+        sizing = prepared.sizing
+        if prepared.fallbacks:
+            recorder.live_blocks_fell_back(prepared.fallbacks)
+        building: asyncio.Future | None = None  # the next request's blocks, being made
+
+        for turn, request in enumerate(turns):
+            if shutdown.stopped:
+                return Outcome.INTERRUPTED
+            invocation = turn + 1
+            fresh = turn == 0 or bool(reset[request])
+            if building is not None:
+                sizing = await building
+                building = None
+                if state.fallbacks:
+                    recorder.live_blocks_fell_back(state.fallbacks)
+                    state.fallbacks = 0
+            try:
+                head, _ = assemble(state, request, settings.body.model)
+            except AssemblyError as exc:
+                raise BatchbenchError(str(exc)) from None
+            planned_output = int(output[request])
+            cap = int(cap_column[request]) if cap_column is not None else 0
+            stream = int(stream_column[request]) if stream_column is not None else -1
+            body = (
+                head
+                + b","
+                + body_fields(
+                    settings.body,
+                    planned_output,
+                    tag,
+                    cap if cap > 0 else None,
+                    None if stream < 0 else bool(stream),
+                )
+            )
+            if sizing.correction or sizing.note is not None:
+                recorder.request_sized(bool(sizing.correction), sizing.note is not None)
+            overhead = int(overheads[request]) if overheads is not None else 0
+            explain = self._explainable_framing(state, request) if fresh else 0
+
+            errors: list[AttemptError] = []
+            if tag_error:
+                errors.append(AttemptError(0, ErrorKind.INVALID_REQUEST, ROUTING_KEY_HEADER_ERROR))
+                reply, attempts, started, elapsed = None, 0, 0.0, 0.0
+            else:
+                streamed = settings.body.stream if stream < 0 else bool(stream)
+                try:
+                    reply, attempts, started, elapsed = await self._send(
+                        body, headers, errors, streamed
+                    )
+                except asyncio.CancelledError:
+                    attempts = len(errors) + 1
+                    errors.append(AttemptError(attempts, ErrorKind.CANCELLED, CANCELLED_IN_FLIGHT))
+                    recorder.request_cancelled(figures, errors, attempts)
+                    self._request_event(
+                        agent, ident, invocation, slot, rank, request, None, None, None,
+                        attempts, "cancelled", errors, sizing, None, None,
+                    )  # fmt: skip
+                    raise
+            if reply is None:
+                status = "failed"
+                if errors[-1].kind is ErrorKind.CANCELLED:
+                    recorder.request_cancelled(figures, errors, attempts)
+                    status = "cancelled"
+                else:
+                    recorder.request_failed(
+                        figures, rank, agent, ident, invocation, errors, attempts
+                    )
+                self._request_event(
+                    agent, ident, invocation, slot, rank, request, None, started, elapsed,
+                    attempts, status, errors, sizing, None, None,
+                )  # fmt: skip
+                return Outcome.INTERRUPTED if status == "cancelled" else Outcome.FAILED
+            plan = state.plan
+            for row in plan.of(request):
+                seed = int(plan.seed[row])
+                if plan.shared[seed]:
+                    self._sent_shared.add(seed)
+            served = reply.prompt_tokens
+            completion = reply.completion_tokens
+            recorder.request_succeeded(
+                figures, rank, served, completion, reply.cached_tokens, elapsed, reply.ttft,
+                reply.gaps, reply.tpot, attempts, errors,
+            )  # fmt: skip
+            recorder.request_fidelity(
+                figures, turn, sizing.target, served, completion, planned_output, fresh,
+                explain + max(overhead, 0), attempts,
+            )  # fmt: skip
+            recorder.request_done(figures, served, completion)
+            residual = served - state.content_tokens(request)
+            if framing is not None:
+                framing.observe(state.shape(request), residual, overhead)
+            state.previous = (residual, overhead)
+
+            content = reply.message.get("content")
+            reasoning = reply.message.get("reasoning_content")
+            rendered = None
+            if correct:
+                content, reasoning = trimmed(content), trimmed(reasoning)
+                rendered = fidelity.replies.count(content, reasoning)
+            state.keep_reply(replayed_reply(reply.message, content, reasoning), rendered or 0)
+            self._request_event(
+                agent, ident, invocation, slot, rank, request, reply, started, elapsed,
+                attempts, "ok", errors, sizing, rendered, None,
+            )  # fmt: skip
+            if turn == last:
+                building = None
+            else:  # the next request is made while the tool delay runs
+                following = turns[turn + 1]
+                if reset[following]:
+                    state.reset()
+                    recorder.conversation_reset(figures)
+                building = asyncio.ensure_future(self._fill_blocks(state, following))
+            delay = float(latency_ms[request]) / 1000.0
+            if delay > 0:
+                began = time.perf_counter()
+                try:
+                    whole = await shutdown.sleep(delay)
+                except asyncio.CancelledError:
+                    await _abandon(building)
+                    raise
+                recorder.tool_slept(time.perf_counter() - began if not whole else delay)
+                if not whole:
+                    await _abandon(building)
+                    return Outcome.INTERRUPTED
+            if turn == last:
+                break
+        return Outcome.COMPLETED
+
+
+async def _abandon(task: asyncio.Future | None) -> None:
+    """Cancel a half-made next request and collect its outcome."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
