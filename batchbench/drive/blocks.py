@@ -64,6 +64,7 @@ class BlockSizing:
     planned: int  # the blocks' tokens as written plus the request's overhead
     correction: int = 0  # tokens added to (negative: removed from) the absorbing block
     note: str | None = None  # why the target could not be reached, when it could not
+    rendered: int | None = None  # the framing counted in the known chat template
 
 
 @dataclass
@@ -156,32 +157,33 @@ class TrajectoryBlocks:
 class BlockFraming:
     """What the server's template adds around a block request's content, learned run-wide.
 
-    The estimate for a request: the most frequent framing seen for requests of its shape;
-    else, when the client knows the server's chat template (``counter``), the framing of
-    this request rendered in it (once per shape); else the last request of the trajectory's
-    framing, moved by the difference in the manifest's overheads; else the manifest's
-    overhead moved by the most frequent error of that overhead so far. Integer counts only,
-    so equal runs estimate alike.
+    When the client knows the server's chat template (``counter``), every request is
+    rendered in it and counted (templates drop or reshape tools and calls, so no per-shape
+    constant fits), and the most frequent difference between the server's count and that
+    rendering (a BOS the template text lacks, say) is added. Otherwise the estimate is the
+    most frequent framing seen for requests of its shape; else the last request of the
+    trajectory's framing, moved by the difference in the manifest's overheads; else the
+    manifest's overhead moved by the most frequent error of that overhead so far. Integer
+    counts only, so equal runs estimate alike.
     """
 
     def __init__(self, counter: Callable[[list, list], int] | None = None) -> None:
         self.counter = counter
         self._by_shape: dict[tuple[int, ...], Counter[int]] = {}
         self._estimate: dict[tuple[int, ...], int] = {}
-        self._rendered: dict[tuple[int, ...], int] = {}
         self._errors: Counter[int] = Counter()
         self._error = 0
+        self._biases: Counter[int] = Counter()
+        self.bias = 0  # server count minus the rendered count, most frequent
 
-    def known(self, shape: tuple[int, ...]) -> int | None:
-        """The framing seen (or rendered) for this shape, if any."""
-        known = self._estimate.get(shape)
-        return known if known is not None else self._rendered.get(shape)
-
-    def rendered(self, shape: tuple[int, ...], framing: int) -> None:
-        self._rendered[shape] = framing
+    def observe_rendered(self, difference: int) -> None:
+        """The server counted ``difference`` tokens more than the rendering predicted."""
+        self._biases[difference] += 1
+        if self._biases[difference] > self._biases[self.bias]:
+            self.bias = difference
 
     def estimate(self, shape: tuple[int, ...], overhead: int, previous: tuple[int, int] | None):
-        known = self.known(shape)
+        known = self._estimate.get(shape)
         if known is not None:
             return known
         if previous is not None:
@@ -232,11 +234,12 @@ def prepare_blocks(
         state.cache[seed] = made
     if framing is None:
         return sizing
-    shape = state.shape(request)
-    if framing.known(shape) is None and framing.counter is not None:
-        framing.rendered(shape, _rendered_framing(state, request, texts, framing, absorbing))
     others = state.content_tokens(request)
-    predicted = others + framing.estimate(shape, overhead, state.previous)
+    if framing.counter is not None:
+        sizing.rendered = _rendered_framing(state, request, texts, framing, absorbing)
+        predicted = others + sizing.rendered + framing.bias
+    else:
+        predicted = others + framing.estimate(state.shape(request), overhead, state.previous)
     if absorbing is None:
         if predicted != target:
             sizing.note = (

@@ -66,8 +66,8 @@ class BlockTurns:
 
     def _block_inline(self, state: TrajectoryBlocks, request: int) -> bool:
         """True when every block still to make is cheap enough to make on the loop."""
-        if not self._inline:
-            return False
+        if not self._inline or (self.block_framing and self.block_framing.counter):
+            return False  # rendering the request in the chat template is not cheap
         plan = state.plan
         for row in state.missing(request):
             if int(plan.role[row]) in JSON_ROLES or int(plan.tokens[row]) > INLINE_BLOCK_TOKENS:
@@ -220,7 +220,10 @@ class BlockTurns:
             recorder.request_done(figures, served, completion)
             residual = served - state.content_tokens(request)
             if framing is not None:
-                framing.observe(state.shape(request), residual, overhead)
+                if sizing.rendered is not None:
+                    framing.observe_rendered(residual - sizing.rendered)
+                else:
+                    framing.observe(state.shape(request), residual, overhead)
             state.previous = (residual, overhead)
 
             content = reply.message.get("content")

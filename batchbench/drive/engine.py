@@ -8,9 +8,10 @@ scheduled, admitted and collected.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from batchbench.drive.admission import ClosedLoopAdmission, SlotPool
@@ -18,6 +19,9 @@ from batchbench.drive.shutdown import Shutdown
 from batchbench.results.lifecycle import EngineResult, Outcome, TrajectoryRecord
 
 OPEN_LOOP_LOOKAHEAD = 256
+# How long before a due time the alarm stops sleeping on the loop's timer and starts yielding
+# to the loop until the time has come (seconds): about the loop timers' own error.
+WAKE_EARLY = 0.0015
 
 
 class AgentLoop(Protocol):
@@ -205,102 +209,194 @@ def _in_finish_order(done: set[asyncio.Task]) -> list[TrajectoryRecord]:
 
 
 async def run_open_loop(
-    start_offsets: list[float],
+    start_offsets: Sequence[float],
     max_active: int | None,
     agents: AgentLoop,
     sink: RecordSink | None = None,
     shutdown: Shutdown | None = None,
 ) -> EngineResult:
-    """Admit each plan at its scaled offset, behind an optional cap, into the lowest free slot."""
+    """Admit each plan at its scaled offset, behind an optional cap, into the lowest free slot.
+
+    Plans go in offset order (a stable sort: ties keep their index order). The first
+    ``OPEN_LOOP_LOOKAHEAD`` are prepared before the clock starts; after that at most that
+    many are started but not admitted, and each one leaving that state (admitted, or
+    dropped by a shutdown) starts the next. A started plan prepares its first request if
+    needed, waits for its offset (``_Alarm``: never early), then takes a cap permit; when
+    none is free it counts as late and waits. A finished trajectory is recorded and handed
+    to ``sink`` at once, in finish order. After a shutdown stops admission nothing more is
+    admitted, and the agents still running are cancelled when the shutdown says so."""
     n = len(start_offsets)
-    order = sorted(range(n), key=lambda agent: start_offsets[agent])  # stable: ties keep file order
+    order = sorted(range(n), key=start_offsets.__getitem__)  # stable: ties keep index order
     result = EngineResult()
     slots = SlotPool()
     cap = asyncio.Semaphore(max_active) if max_active is not None else None
-    lookahead = asyncio.Semaphore(OPEN_LOOP_LOOKAHEAD)
     early = order[:OPEN_LOOP_LOOKAHEAD]
     prepared = dict(
         zip(early, await asyncio.gather(*(agents.prepare(a) for a in early)), strict=True)
     )
+    loop = asyncio.get_running_loop()
     clock = _Clock()
     clock.start()
     _announce_clock(agents, clock)
+    alarm = _Alarm(clock)
     finish_order = itertools.count()
-    waiting: set[asyncio.Task] = set()  # spawned, not admitted yet
+    tasks: set[asyncio.Task] = set()
+    waiting: set[asyncio.Task] = set()  # started, not admitted yet
+    failed: list[asyncio.Task] = []
+    finished = loop.create_future()  # nothing runs and nothing is left to start, or a failure
+    started = 0  # positions in ``order`` started so far
+    closing = False  # the run is being torn down: start nothing more
 
-    async def trajectory(agent: int) -> TrajectoryRecord | None:
+    def start_next() -> None:
+        nonlocal started
+        if started < n and not closing and not _stopped(shutdown):
+            task = loop.create_task(trajectory(order[started], started))
+            started += 1
+            tasks.add(task)
+            waiting.add(task)
+            task.add_done_callback(collected)
+
+    def collected(task: asyncio.Task) -> None:
+        tasks.discard(task)
+        waiting.discard(task)
+        if task.cancelled() and _stopped(shutdown):
+            pass  # dropped by the shutdown: nothing to record
+        elif task.cancelled() or task.exception() is not None:
+            failed.append(task)
+        if not finished.done() and (failed or (not tasks and (started == n or _stopped(shutdown)))):
+            finished.set_result(None)
+
+    async def trajectory(agent: int, position: int) -> None:
         me = asyncio.current_task()
-        holds_cap = False
+        scheduled = start_offsets[agent]
         try:
             content = prepared.pop(agent) if agent in prepared else await agents.prepare(agent)
-            scheduled = start_offsets[agent]
-            delay = scheduled - clock.now()
-            if delay > 0:
-                if shutdown is not None:
-                    await shutdown.sleep(delay)
-                else:
-                    await asyncio.sleep(delay)
+            if scheduled > clock.now():
+                await alarm.at(scheduled, position)
+            holds_cap = False
             if cap is not None and not _stopped(shutdown):
                 if cap.locked():
                     result.late_admissions += 1
-                await cap.acquire()
+                await cap.acquire()  # no suspension when a permit is free
                 holds_cap = True
+            if _stopped(shutdown):
+                if holds_cap:
+                    cap.release()
+                return
+            admitted = clock.now()
         except asyncio.CancelledError:
             if not _stopped(shutdown):
                 raise
-            return None
+            return
         finally:
             waiting.discard(me)
-            lookahead.release()
-        if _stopped(shutdown):
-            if holds_cap:
-                cap.release()
-            return None
-        admitted = clock.now()
+            start_next()  # this trajectory's lookahead permit is free again
         slot = slots.acquire()
         record = TrajectoryRecord(agent, slot, scheduled, admitted)
-        result.last_agent_admitted_at = max(result.last_agent_admitted_at, admitted)
-        result.max_admission_lag = max(result.max_admission_lag, max(admitted - scheduled, 0.0))
+        if admitted > result.last_agent_admitted_at:
+            result.last_agent_admitted_at = admitted
+        if admitted - scheduled > result.max_admission_lag:
+            result.max_admission_lag = admitted - scheduled
         try:
-            return await _run_trajectory(agents, record, content, clock, finish_order, shutdown)
+            await _run_trajectory(agents, record, content, clock, finish_order, shutdown)
         finally:
             slots.release(slot)
             if cap is not None:
                 cap.release()
+        record.finished_at = clock.now()
+        result.records.append(record)
+        if sink is not None:
+            sink(record)
 
-    tasks: set[asyncio.Task] = set()
-
-    async def spawner() -> None:
-        for agent in order:
-            await lookahead.acquire()
-            if _stopped(shutdown):
-                return
-            task = asyncio.ensure_future(trajectory(agent))
-            tasks.add(task)
-            waiting.add(task)
-
-    spawn = asyncio.ensure_future(spawner())
+    for _ in range(min(n, OPEN_LOOP_LOOKAHEAD)):
+        start_next()
+    if n == 0:
+        finished.set_result(None)
     watch = _ShutdownWatch(shutdown)
     try:
-        while not spawn.done() or tasks:
-            pending = set(tasks) | watch.pending() | ({spawn} if not spawn.done() else set())
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            watch.react(done, waiting | {spawn}, tasks)
-            if spawn in done and not spawn.cancelled():
-                spawn.result()
-            finished = done & tasks
-            tasks.difference_update(finished)
-            for record in _in_finish_order(finished):
-                record.finished_at = clock.now()
-                result.records.append(record)
-                if sink is not None:
-                    sink(record)
+        while not finished.done():
+            done, _ = await asyncio.wait(
+                {finished} | watch.pending(), return_when=asyncio.FIRST_COMPLETED
+            )
+            watch.react(done, set(waiting), set(tasks))
+        if failed:
+            failed[0].result()  # raises the first failure
     except BaseException:
-        spawn.cancel()
-        await _cancel_all(tasks | {spawn})
+        closing = True
+        await _cancel_all(set(tasks))
         raise
     finally:
+        alarm.close()
         watch.close()
     result.max_active_agents = slots.peak
     result.total_duration = clock.now()
     return result
+
+
+class _Alarm:
+    """Wakes each waiter at its due time on the benchmark clock: never before it, and as soon
+    after it as the event loop allows.
+
+    An event loop's own timers are too coarse for that. uvloop counts them in whole
+    milliseconds from a loop time cached at the start of each loop turn, so a sleep ends up
+    to about a millisecond early or late; asyncio's loop rounds its poll timeout up and wakes
+    up to 1.5 ms late. So one task serves every waiter: it sleeps on the loop's timer until
+    ``WAKE_EARLY`` before the earliest due time, then yields to the loop (which keeps
+    serving I/O in between) until that time has passed, and wakes every waiter then due,
+    earliest first, ties in schedule order. Only that task yields in a tight loop, however
+    many trajectories wait, and only in the last stretch before a due time."""
+
+    def __init__(self, clock: _Clock) -> None:
+        self._clock = clock
+        self._loop = asyncio.get_running_loop()
+        self._heap: list[tuple[float, int, asyncio.Future]] = []
+        self._kick: asyncio.Future | None = None  # resolves to end the timer sleep early
+        self._task: asyncio.Task | None = None
+
+    def at(self, due: float, position: int) -> asyncio.Future:
+        """A future that resolves at ``due`` seconds on the clock (``position`` breaks ties).
+        Cancelling it (as cancelling the task that awaits it does) withdraws the wait."""
+        waiter = self._loop.create_future()
+        heapq.heappush(self._heap, (due, position, waiter))
+        if self._task is None:
+            self._task = self._loop.create_task(self._serve())
+        elif self._heap[0][2] is waiter and self._kick is not None and not self._kick.done():
+            self._kick.set_result(None)  # earlier than what the timer sleep is for
+        return waiter
+
+    async def _serve(self) -> None:
+        heap, now, loop = self._heap, self._clock.now, self._loop
+        while True:
+            while heap and heap[0][2].done():  # withdrawn
+                heapq.heappop(heap)
+            if not heap:
+                self._kick = loop.create_future()
+                await self._kick
+                continue
+            remaining = heap[0][0] - now()
+            if remaining <= 0:
+                while heap and heap[0][0] <= now():
+                    waiter = heapq.heappop(heap)[2]
+                    if not waiter.done():
+                        waiter.set_result(None)
+            elif remaining > WAKE_EARLY:
+                self._kick = kick = loop.create_future()
+                timer = loop.call_later(remaining - WAKE_EARLY, _resolve, kick)
+                try:
+                    await kick
+                finally:
+                    timer.cancel()
+            else:
+                await asyncio.sleep(0)
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        for _due, _position, waiter in self._heap:
+            waiter.cancel()
+        self._heap.clear()
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)

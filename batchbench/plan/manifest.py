@@ -28,6 +28,11 @@ knows no global overheads, so the effective overhead is a v2 request's own
 the previous request's effective overhead for an appended request. In v1 every
 overhead is 0 and contents are the prompts.
 
+A block seed that comes back in the same trajectory with other tokens or role is not an
+error: replay keeps the first content of a seed until a reset drops it, so the parser
+only records the first request per trajectory where that happens (``seed_redefinitions``)
+for the caller to warn about. A reset on request 2 or later starts the comparison over.
+
 A fast path accepts well-formed v1 lines without building per-request state; anything it
 does not accept (every v2 line included) is re-checked by the full validator, which alone
 produces error messages. Columns that only v2 lines fill are allocated for v1-only files

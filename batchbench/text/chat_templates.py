@@ -577,6 +577,17 @@ def read_template_files(directory: Path) -> tuple[str, dict[str, Any], str]:
     return template, config, str(config_path)
 
 
+def _tokenizer_config(loaded: LoadedTokenizer) -> dict[str, Any]:
+    """The tokenizer_config.json beside the tokenizer file, when readable: a template given
+    as a bare file prints its special tokens (``bos_token``…) from it, as the server does."""
+    path = Path(loaded.source).parent / "tokenizer_config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
 def load_chat_template(spec: str, loaded: LoadedTokenizer) -> ChatTemplate:
     """``chatml``, ``gemma``, ``llama3``, ``tokenizer`` (the template beside the tokenizer
     file), a ``.jinja`` file, or a directory holding a template (see
@@ -596,9 +607,10 @@ def load_chat_template(spec: str, loaded: LoadedTokenizer) -> ChatTemplate:
         return JinjaTemplate(*read_template_files(path), loaded)
     if path.is_file():
         try:
-            return JinjaTemplate(path.read_text(encoding="utf-8"), {}, str(path), loaded)
+            source = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise TemplateError(f"cannot read {path}: {exc}") from None
+        return JinjaTemplate(source, _tokenizer_config(loaded), str(path), loaded)
     raise TemplateError(
         f"unknown chat template {spec!r}; expected one of {', '.join(TEMPLATE_CHOICES)}, "
         "a .jinja file or a directory holding one"
