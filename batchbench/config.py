@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from batchbench.errors import UsageError
+from batchbench.plan.arrivals import ARRIVAL_PROCESSES, DEFAULT_ARRIVAL_PROCESS, arrival_offsets
 from batchbench.plan.limits import MAX_REQUEST_TOKENS
 from batchbench.plan.manifest import check_manifest_opens
 from batchbench.plan.sampling import FamilyFlags, resolve_latency_spec, resolve_size_spec
@@ -122,6 +123,9 @@ def check_flag_combinations(
     prompt_correction: bool,
     chat_template: str | None,
     calibrate: bool,
+    admission: str | None = None,
+    arrival_rate: float | None = None,
+    arrival_process: str | None = None,
     routing_pair: tuple[bool, int | None] | None = None,
 ) -> None:
     """Options that need another option, or exclude one; ``(flag, value)`` pairs count as
@@ -131,6 +135,7 @@ def check_flag_combinations(
         for flag, value in replay_only:
             if value is not None:
                 raise UsageError(f"{flag} requires --agent-plans-jsonl")
+    check_arrivals(replay, admission, arrival_rate, arrival_process)
     if routing_pair is not None:
         enabled, ranks = routing_pair
         if enabled and ranks is None:
@@ -162,6 +167,24 @@ def check_flag_combinations(
             raise UsageError("give --chat-template once: as a flag or inside --sim-args, not both")
     if calibrate and dry_run:
         raise UsageError("--calibrate cannot be combined with --dry-run; a dry-run sends nothing")
+
+
+def check_arrivals(
+    replay: bool, admission: str | None, arrival_rate: float | None, arrival_process: str | None
+) -> None:
+    """Open loop needs start times: a manifest's, or an arrival rate's. An arrival rate
+    implies open loop, so it excludes closed loop; its process needs it."""
+    if arrival_process is not None and arrival_rate is None:
+        raise UsageError("--arrival-process requires --arrival-rate")
+    if arrival_rate is not None and admission == "closed-loop":
+        raise UsageError(
+            "--arrival-rate cannot be combined with --admission closed-loop; "
+            "agents that arrive at a rate are admitted open-loop"
+        )
+    if admission is not None and not replay and arrival_rate is None:
+        if admission == "open-loop":
+            raise UsageError("--admission open-loop requires --agent-plans-jsonl or --arrival-rate")
+        raise UsageError("--admission requires --agent-plans-jsonl")
 
 
 def check_url(flag: str, value: str) -> None:
@@ -259,8 +282,10 @@ class RunConfig:
     chat_template: str | None = None
     # admission
     max_active_agents: int | None = None
-    admission: str | None = None  # None: closed-loop
+    admission: str | None = None  # None: open-loop with an arrival rate, else closed-loop
     time_scale: float | None = None  # None: 1
+    arrival_rate: float | None = None  # agents per second; None: the manifest's start times
+    arrival_process: str | None = None  # poisson or constant; None: poisson
     # routing and identity
     user_prefix: str | None = None
     user_tagging: bool = True
@@ -319,11 +344,27 @@ class RunConfig:
 
     @property
     def admission_mode(self) -> str:
-        return self.admission or "closed-loop"
+        """--admission, else open-loop when agents arrive at a rate, else closed-loop."""
+        if self.admission is not None:
+            return self.admission
+        return "open-loop" if self.arrival_rate is not None else "closed-loop"
+
+    @property
+    def arrival_process_name(self) -> str:
+        """--arrival-process, or its default, poisson."""
+        return self.arrival_process or DEFAULT_ARRIVAL_PROCESS
 
     @property
     def time_scale_factor(self) -> float:
         return self.time_scale or 1.0
+
+    def arrival_offsets(self, count: int, seed: int) -> list[float]:
+        """Start offsets in seconds of ``count`` agents arriving at ``arrival_rate`` by the
+        arrival process, drawn from ``seed`` (the run's root seed) as
+        ``batchbench.plan.arrivals.arrival_offsets`` does; ValueError without a rate."""
+        if self.arrival_rate is None:
+            raise ValueError("no arrival rate: the start times come from elsewhere")
+        return arrival_offsets(count, self.arrival_rate, self.arrival_process_name, seed).tolist()
 
     def option(self, name: str) -> float | int | None:
         """A sampled-shape option's value by its main name, None when not given."""
@@ -383,7 +424,6 @@ class RunConfig:
             replay_only=(
                 ("--replay-initial-overhead-tokens", self.replay_initial_overhead_tokens),
                 ("--replay-turn-overhead-tokens", self.replay_turn_overhead_tokens),
-                ("--admission", self.admission),
                 ("--time-scale", self.time_scale),
             ),
             sim=self.sim,
@@ -394,9 +434,16 @@ class RunConfig:
             prompt_correction=self.prompt_correction,
             chat_template=self.chat_template,
             calibrate=self.calibrate,
+            admission=self.admission,
+            arrival_rate=self.arrival_rate,
+            arrival_process=self.arrival_process,
         )
         if self.admission not in (None, "closed-loop", "open-loop"):
             raise UsageError(f'invalid admission "{self.admission}" (closed-loop or open-loop)')
+        if self.arrival_process not in (None, *ARRIVAL_PROCESSES):
+            raise UsageError(
+                f'invalid arrival process "{self.arrival_process}" (poisson or constant)'
+            )
         if self.time_scale is not None and not (
             math.isfinite(self.time_scale) and self.time_scale > 0
         ):
@@ -440,6 +487,15 @@ class RunConfig:
         for name, value, low in at_least:
             if value is not None and (not isinstance(value, int) or value < low):
                 raise UsageError(f"--{name} must be an integer of at least {low}, not {value!r}")
+        if self.arrival_rate is not None and not (
+            isinstance(self.arrival_rate, int | float)
+            and not isinstance(self.arrival_rate, bool)
+            and math.isfinite(self.arrival_rate)
+            and self.arrival_rate > 0
+        ):
+            raise UsageError(
+                f"--arrival-rate must be a positive finite number, not {self.arrival_rate!r}"
+            )
         if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 1 << 64):
             raise UsageError(f"--seed must be an integer in 0..2^64-1, not {self.seed!r}")
         for name, value in (
@@ -504,6 +560,8 @@ class RunConfig:
             "max-active-agents": self.max_active_agents,
             "admission": self.admission,
             "time-scale": self.time_scale,
+            "arrival-rate": self.arrival_rate,
+            "arrival-process": self.arrival_process,
             "user-prefix": self.user_prefix,
             "disable-user-tagging": not self.user_tagging,
             "dp-rank-perfect-routing": self.dp_ranks is not None,

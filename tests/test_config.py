@@ -145,7 +145,9 @@ def test_sim_model_means_what_agent_model_means():
 def test_check_covers_configs_built_in_python():
     with pytest.raises(UsageError, match="agents must be greater than zero"):
         RunConfig(agents=0).check()
-    with pytest.raises(UsageError, match="--admission requires --agent-plans-jsonl"):
+    with pytest.raises(
+        UsageError, match="^--admission open-loop requires --agent-plans-jsonl or --arrival-rate$"
+    ):
         RunConfig(admission="open-loop").check()
     with pytest.raises(UsageError, match="--sim cannot be combined with --dry-run"):
         RunConfig(sim=True, dry_run=True).check()

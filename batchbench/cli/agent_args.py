@@ -22,6 +22,7 @@ from batchbench.cli.argtypes import (
 from batchbench.config import RunConfig, api_key_from, check_flag_combinations
 from batchbench.config import resolve_shape as shape_from_options
 from batchbench.errors import UsageError
+from batchbench.plan.arrivals import ARRIVAL_PROCESSES
 from batchbench.plan.workload import SampledShape
 
 AgentArgumentParser = CommandParser  # the name other commands import
@@ -284,19 +285,40 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
         "--max-active-agents",
         type=positive_uint,
         metavar="N",
-        help="concurrent agents; closed loop refills freed slots in FIFO order (default: all)",
+        help="concurrent agents; closed loop refills freed slots in FIFO order, open loop "
+        "delays an arrival until one is free (default: all)",
     )
     replay.add_argument(
         "--admission",
         type=_admission,
         metavar="{closed-loop,open-loop}",
-        help="admission mode for a manifest (default: closed-loop)",
+        help="closed-loop runs up to --max-active-agents at once and starts the next agent "
+        "when one finishes; open-loop starts each agent at its own time (a manifest's "
+        "start_after_ms, or --arrival-rate) however the server keeps up "
+        "(default: closed-loop; open-loop with --arrival-rate)",
     )
     replay.add_argument(
         "--time-scale",
         type=positive_finite,
         metavar="F",
         help="divide every start_after_ms and delay_after_ms by F (default: 1)",
+    )
+    replay.add_argument(
+        "--arrival-rate",
+        type=positive_finite,
+        metavar="R",
+        help="agents arrive at R per second on average, and each starts when it arrives, "
+        "not when another finishes (open-loop admission, implied; --max-active-agents "
+        "still caps how many run, and an arrival beyond it waits and counts as late); "
+        "with --agents N, or a manifest whose trajectories set no start_after_ms "
+        "(default: none)",
+    )
+    replay.add_argument(
+        "--arrival-process",
+        choices=ARRIVAL_PROCESSES,
+        help="how arrivals are spaced: poisson, independent arrivals with exponential gaps "
+        "(bursts and lulls, as real users make; drawn from --seed), or constant, exactly "
+        "1/R seconds apart (default: poisson)",
     )
 
     routing = parser.add_argument_group("routing and identity")
@@ -452,7 +474,6 @@ def check_companions(args: argparse.Namespace) -> None:
         replay_only=(
             ("--replay-initial-overhead-tokens", args.replay_initial_overhead_tokens),
             ("--replay-turn-overhead-tokens", args.replay_turn_overhead_tokens),
-            ("--admission", args.admission),
             ("--time-scale", args.time_scale),
         ),
         sim=args.sim,
@@ -463,6 +484,9 @@ def check_companions(args: argparse.Namespace) -> None:
         prompt_correction=args.prompt_correction,
         chat_template=args.chat_template,
         calibrate=args.calibrate,
+        admission=args.admission,
+        arrival_rate=args.arrival_rate,
+        arrival_process=args.arrival_process,
         routing_pair=(args.dp_rank_perfect_routing, args.dp_rank_perfect_routing_num),
     )
 
@@ -584,6 +608,8 @@ def config_from_namespace(args: argparse.Namespace) -> RunConfig:
         max_active_agents=args.max_active_agents,
         admission=args.admission,
         time_scale=args.time_scale,
+        arrival_rate=args.arrival_rate,
+        arrival_process=args.arrival_process,
         user_prefix=args.user_prefix,
         user_tagging=not args.disable_user_tagging,
         dp_ranks=args.dp_rank_perfect_routing_num if args.dp_rank_perfect_routing else None,

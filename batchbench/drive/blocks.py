@@ -65,6 +65,7 @@ class BlockSizing:
     correction: int = 0  # tokens added to (negative: removed from) the absorbing block
     note: str | None = None  # why the target could not be reached, when it could not
     rendered: int | None = None  # the framing counted in the known chat template
+    absorbing: int | None = None  # the block row that took the correction
 
 
 @dataclass
@@ -247,6 +248,7 @@ def prepare_blocks(
                 "block is shared, live or a tool block)"
             )
         return sizing
+    sizing.absorbing = absorbing
     planned_size = int(plan.tokens[absorbing])
     wanted = target - predicted
     size = max(wanted, 0)
@@ -263,6 +265,40 @@ def prepare_blocks(
     else:
         state.cache[seed] = BlockText(texts.resized(plan.seeds[seed], size), size)
     return sizing
+
+
+def resize_absorbing(
+    state: TrajectoryBlocks, sizing: BlockSizing, texts: BlockTexts, counted: int
+) -> bool:
+    """Move the absorbing block by what a server count of the built request says (the
+    prompt oracle); False when it cannot move (no absorbing block, or already empty)."""
+    row = sizing.absorbing
+    if row is None:
+        return False
+    plan = state.plan
+    seed = int(plan.seed[row])
+    current = state.cache[seed].tokens
+    wanted = current + sizing.target - counted
+    size = max(wanted, 0)
+    if size == current:
+        return False
+    state.cache[seed] = BlockText(texts.resized(plan.seeds[seed], size), size)
+    sizing.correction += size - current
+    sizing.note = (
+        None
+        if wanted >= 0
+        else (
+            f"the server counts {counted} tokens with the absorbing block at {current}; the "
+            f"{sizing.target}-token target needs {wanted}; sent it empty"
+        )
+    )
+    return True
+
+
+def tokenize_body(state: TrajectoryBlocks, request: int, model: str) -> bytes:
+    """The body that asks a server to count this request through its chat template."""
+    head, _ = assemble(state, request, model)
+    return head + b',"add_generation_prompt":true}'
 
 
 def _rendered_framing(

@@ -21,6 +21,8 @@ from batchbench.drive.blocks import (
     assemble,
     prepare_blocks,
     replayed_reply,
+    resize_absorbing,
+    tokenize_body,
 )
 from batchbench.drive.wire import (
     ROUTING_KEY_HEADER_ERROR,
@@ -36,6 +38,7 @@ from batchbench.text.blocks import JSON_ROLES, BlockTexts
 from batchbench.text.framing import trimmed
 
 CANCELLED_IN_FLIGHT = "cancelled in flight when the grace period ended"
+ORACLE_ROUNDS = 3  # server counts per block request at most
 # Blocks up to this many tokens are made on the loop (plain text, fast method); tool blocks
 # (several encodes) and longer texts go to the worker pool.
 INLINE_BLOCK_TOKENS = 4096
@@ -47,7 +50,6 @@ class BlockPrepared:
 
     state: TrajectoryBlocks
     sizing: BlockSizing
-    fallbacks: int  # live blocks of the first request that fell back
 
 
 class BlockTurns:
@@ -85,15 +87,43 @@ class BlockTurns:
             self.block_framing,
         )
         if self._block_inline(state, request):
-            return prepare_blocks(*arguments)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.pool, prepare_blocks, *arguments)
+            sizing = prepare_blocks(*arguments)
+        else:
+            loop = asyncio.get_running_loop()
+            sizing = await loop.run_in_executor(self.pool, prepare_blocks, *arguments)
+        if self.fidelity.oracle is not None and self.fidelity.correct:
+            await self._oracle_blocks(state, request, sizing)
+        return sizing
+
+    async def _oracle_blocks(
+        self, state: TrajectoryBlocks, request: int, sizing: BlockSizing
+    ) -> None:
+        """With ``--prompt-oracle server``: let the server count the built request and move
+        the absorbing block until the count is the target (at most three counts)."""
+        oracle = self.fidelity.oracle
+        started = time.perf_counter()
+        model = self.settings.body.model
+        for _ in range(ORACLE_ROUNDS):
+            counted = await oracle.count(tokenize_body(state, request, model))
+            if counted == sizing.target or not resize_absorbing(
+                state, sizing, self.block_texts, counted
+            ):
+                break
+        self.recorder.oracle_counted(time.perf_counter() - started, oracle.queries)
 
     async def _prepare_block_agent(self, agent: int) -> BlockPrepared:
         state = TrajectoryBlocks(self.workload.blocks)
         sizing = await self._fill_blocks(state, self.workload.turns(agent)[0])
-        fallbacks, state.fallbacks = state.fallbacks, 0
-        return BlockPrepared(state, sizing, fallbacks)
+        return BlockPrepared(state, sizing)
+
+    def _drain_counts(self, state: TrajectoryBlocks) -> None:
+        """Hand the trajectory's live-block fallbacks and inexact tool blocks to the run."""
+        if state.fallbacks:
+            self.recorder.live_blocks_fell_back(state.fallbacks)
+            state.fallbacks = 0
+        if state.inexact:
+            self.recorder.tool_blocks_inexact(state.inexact)
+            state.inexact = 0
 
     def _explainable_framing(self, state: TrajectoryBlocks, request: int) -> int:
         """Tokens perfect caching could serve to a fresh block request: its blocks that
@@ -131,8 +161,7 @@ class BlockTurns:
         headers = request_headers(settings.api_key, None if tag_error else tag, rank)
         state = prepared.state
         sizing = prepared.sizing
-        if prepared.fallbacks:
-            recorder.live_blocks_fell_back(prepared.fallbacks)
+        self._drain_counts(state)
         building: asyncio.Future | None = None  # the next request's blocks, being made
 
         for turn, request in enumerate(turns):
@@ -143,9 +172,7 @@ class BlockTurns:
             if building is not None:
                 sizing = await building
                 building = None
-                if state.fallbacks:
-                    recorder.live_blocks_fell_back(state.fallbacks)
-                    state.fallbacks = 0
+                self._drain_counts(state)
             try:
                 head, _ = assemble(state, request, settings.body.model)
             except AssemblyError as exc:

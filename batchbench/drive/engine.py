@@ -326,8 +326,8 @@ async def run_open_loop(
         await _cancel_all(set(tasks))
         raise
     finally:
-        alarm.close()
         watch.close()
+        await alarm.close()
     result.max_active_agents = slots.peak
     result.total_duration = clock.now()
     return result
@@ -389,12 +389,13 @@ class _Alarm:
             else:
                 await asyncio.sleep(0)
 
-    def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+    async def close(self) -> None:
+        """Withdraw every wait and end the serving task."""
         for _due, _position, waiter in self._heap:
             waiter.cancel()
         self._heap.clear()
+        if self._task is not None:
+            await _cancel_all({self._task})
 
 
 def _resolve(future: asyncio.Future) -> None:

@@ -39,3 +39,11 @@ class EngineResult:
     last_agent_admitted_at: float = 0.0
     late_admissions: int = 0
     max_admission_lag: float = 0.0
+
+
+def admission_lags(result: EngineResult) -> list[float]:
+    """Each admitted trajectory's admission lag in seconds (admitted_at - scheduled_at,
+    floored at 0), in record order: with ``max_admission_lag`` its maximum, the figures
+    for lag percentiles. Open loop: how late against the schedule; closed loop, where
+    every scheduled_at is 0: the wait for a slot."""
+    return [max(record.admitted_at - record.scheduled_at, 0.0) for record in result.records]

@@ -106,6 +106,7 @@ class FidelityFigures:
     oracle_queries: int = 0
     oracle_seconds: list[float] = field(default_factory=list)
     explainable_cached_tokens: int = 0  # cache hits perfect caching of this run can explain
+    inexact_tool_blocks: int = 0  # tool blocks sent at the closest size (exact impossible)
 
 
 @dataclass(slots=True)
@@ -310,6 +311,10 @@ class Recorder:
         """After the request's figures are recorded: it becomes the agent's previous one."""
         figures.previous_prompt = prompt
         figures.previous_completion = completion
+
+    def tool_blocks_inexact(self, count: int) -> None:
+        """Tool blocks whose JSON could not reach their planned count were sent closest."""
+        self.fidelity.inexact_tool_blocks += count
 
     def live_blocks_fell_back(self, count: int) -> None:
         """Live blocks generated from their seed because no previous reply existed."""

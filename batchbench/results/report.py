@@ -342,6 +342,11 @@ def fidelity_lines(live: LiveFigures) -> list[str]:
             f"Prompt correction could not reach the target on {fidelity.limited_requests} "
             "requests (the plan left no room; see correction_note in the request events)"
         )
+    if fidelity.inexact_tool_blocks:
+        lines.append(
+            f"Tool blocks sent at the closest size (no text gives their JSON the planned "
+            f"count): {fidelity.inexact_tool_blocks}"
+        )
     if fidelity.oracle_seconds:
         ordered = sorted(fidelity.oracle_seconds)
         lines.append(
@@ -518,6 +523,7 @@ def fidelity_document(live: LiveFigures) -> dict:
         },
         "corrected_requests": fidelity.corrected_requests,
         "correction_limited_requests": fidelity.limited_requests,
+        "inexact_tool_blocks": fidelity.inexact_tool_blocks,
         "oracle_queries": fidelity.oracle_queries,
         "oracle_seconds_total": sum(fidelity.oracle_seconds),
         "explainable_cached_input_tokens": fidelity.explainable_cached_tokens,
