@@ -182,6 +182,7 @@ async def _run(
     workload = None
     if not config.calibrate:  # plans are compiled before the tokenizer loads
         workload = build_workload(config, manifest, root_seed, starting_overheads(config, None))
+        planned(config, workload, root_seed, out)
     sim = sim_process(config) if config.sim else None
     try:
         if sim is not None:
@@ -264,6 +265,15 @@ def build_workload(
         turn_overhead=overheads[1],
         time_scale=config.time_scale_factor,
     )
+
+
+def planned(config: RunConfig, workload: Workload, root_seed: int, out: RunOutput) -> None:
+    """Once the plans are compiled: their warnings, and a bad open-loop combination fails
+    before the run."""
+    for warning in workload.warnings:
+        out.warning(warning)
+    if config.admission_mode == "open-loop":
+        start_offsets(config, workload, root_seed)
 
 
 def start_offsets(config: RunConfig, workload: Workload, root_seed: int) -> list[float]:
@@ -408,10 +418,7 @@ async def _run_loaded(
     overheads = starting_overheads(config, calibration)
     if workload is None:
         workload = build_workload(config, manifest, root_seed, overheads)
-        for warning in workload.warnings:
-            out.warning(warning)
-    if config.admission_mode == "open-loop":
-        start_offsets(config, workload, root_seed)  # a bad combination fails before the run
+        planned(config, workload, root_seed, out)
     salt = config.content_salt if config.content_salt is not None else secrets.token_hex(8)
     replay = config.replay
     calibrated = calibration is not None and replay

@@ -159,6 +159,10 @@ def test_equal_seed_tokens_and_role_give_identical_text(synth):
         assert first.make("same/seed", 64, role) == a  # across calls
         assert second.make("same/seed", 64, role) == a  # across instances
         assert second.make("same/seed", 64, role, shared=True) == a  # shared or not
+        # A shared seed is made once per run and kept.
+        assert second.make("same/seed", 64, role, shared=True) is second.make(
+            "same/seed", 64, role, shared=True
+        )
 
 
 def test_different_seeds_give_different_text(texts):
@@ -703,6 +707,16 @@ def test_redefinition_after_a_reset_is_a_new_first_use():
     r2 = [blk("sys", 20, "system"), blk("task", 6, "user")]
     manifest = manifest_of(traj("t", req(24, 5, r1), req(26, 5, r2, reset_before=True)))
     assert manifest.seed_redefinition_warnings() == []
+
+
+def test_reset_on_the_first_request_is_accepted_and_shown_false():
+    r1 = [blk("sys", 20, "system")]
+    r2 = [blk("other", 12, "user")]
+    work = workload_of(
+        traj("t", req(20, 5, r1, reset_before=True), req(12, 5, r2, reset_before=True))
+    )
+    assert work.reset_before.tolist() == [False, True]
+    assert work.input_content_tokens.tolist() == [20, 12]
 
 
 def test_v2_columns_of_the_compiled_workload():

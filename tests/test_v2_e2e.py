@@ -582,6 +582,24 @@ def mixed_manifest(path: Path) -> Path:
     return path
 
 
+def test_dry_run_of_the_mixed_manifest(capsys, tmp_path):
+    """Growth lines get environment tokens and no block suffix; the v2 fields show where a
+    request sets them."""
+    plans = mixed_manifest(tmp_path / "mixed.jsonl")
+    result = run(capsys, tmp_path, "--dry-run", "--tokenizer-model", "deepseek-v3", plans=plans)
+    dry = [TIMED.sub("admitted_at_ms=*", t) for t in result["out"] if t.startswith("[DRY-RUN]")]
+    assert dry == [
+        "[DRY-RUN] agent=0 invocation=1 input_content_tokens=120 output_tokens=16 environment_tokens=124 tool_call_latency_ms=20 trajectory_id=v1-growth routing_slot=0 admitted_at_ms=* target_prompt_tokens=120 reset_before=false",
+        "[DRY-RUN] agent=0 invocation=2 input_content_tokens=260 output_tokens=16 environment_tokens=0 tool_call_latency_ms=0 trajectory_id=v1-growth routing_slot=0 admitted_at_ms=* target_prompt_tokens=260 reset_before=false",
+        "[DRY-RUN] agent=1 invocation=1 input_content_tokens=150 output_tokens=16 environment_tokens=134 tool_call_latency_ms=0 trajectory_id=v2-growth routing_slot=1 admitted_at_ms=* target_prompt_tokens=150 reset_before=false stream=true",
+        "[DRY-RUN] agent=1 invocation=2 input_content_tokens=300 output_tokens=16 environment_tokens=0 tool_call_latency_ms=0 trajectory_id=v2-growth routing_slot=1 admitted_at_ms=* target_prompt_tokens=300 reset_before=false max_tokens=24",
+        "[DRY-RUN] agent=2 invocation=1 input_content_tokens=260 output_tokens=24 environment_tokens=0 tool_call_latency_ms=0 trajectory_id=v2-blocks routing_slot=2 admitted_at_ms=* target_prompt_tokens=290 reset_before=false blocks=3 live_blocks=0",
+        "[DRY-RUN] agent=2 invocation=2 input_content_tokens=394 output_tokens=16 environment_tokens=0 tool_call_latency_ms=0 trajectory_id=v2-blocks routing_slot=2 admitted_at_ms=* target_prompt_tokens=434 reset_before=false blocks=6 live_blocks=1",
+    ]
+    assert result["csv"]["trajectory_schema_version"] == "2"
+    assert result["summary"]["metrics"]["trajectory_schema_version"] == 2
+
+
 @pytest.mark.parametrize("admission", ["closed-loop", "open-loop"])
 def test_mixed_v1_and_v2_manifest_against_the_simulator(capsys, tmp_path, admission):
     plans = mixed_manifest(tmp_path / "mixed.jsonl")

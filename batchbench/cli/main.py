@@ -56,7 +56,8 @@ def run(argv: Sequence[str]) -> int:
     close = difflib.get_close_matches(command, COMMANDS, n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]}?)" if close else ""
     print(
-        f"Error: unknown command {command!r}{hint}; expected agent, sim, calibrate or tokenizers",
+        f"Error: unknown command {command!r}{hint}; expected "
+        f"{', '.join(COMMANDS[:-1])} or {COMMANDS[-1]}",
         file=sys.stderr,
     )
     return 2

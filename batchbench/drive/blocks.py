@@ -16,7 +16,9 @@ what the server reported for earlier requests of the same shape (``BlockFraming`
 
 from __future__ import annotations
 
-from collections import Counter, deque
+import re
+import threading
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -39,6 +41,7 @@ from batchbench.text.blocks import (
 )
 
 _DUMPS = orjson.dumps
+PIECE_CACHE = 1 << 16  # template pieces whose token count is kept
 
 
 class AssemblyError(Exception):
@@ -382,14 +385,56 @@ def replayed_reply(message: dict, content, reasoning) -> dict:
 class TemplateCounter:
     """Counts a request's prompt as a server with this chat template does: the rendered
     prompt, encoded with the template's markers as special tokens (as the model's own
-    tokenizer has them). Used once per request shape, so its cost does not grow with a run."""
+    tokenizer has them).
+
+    Added tokens split a text before it is normalized and pre-tokenized, so the count of a
+    prompt is exactly the count of the pieces between its markers plus one per marker. The
+    pieces' counts are kept (most recently used first, up to ``PIECE_CACHE`` of them), so a
+    request costs a render and an encode of its new messages only: a trajectory's requests
+    share most of their pieces, and trajectories share their common prefix."""
 
     def __init__(self, template, loaded) -> None:
         from batchbench.sim.template import marked_tokenizer
 
         self._template = template
         self._tokenizer = marked_tokenizer(loaded, template.markers)
+        markers = sorted((m for m in template.markers if m), key=len, reverse=True)
+        self._markers = frozenset(markers)
+        self._split = (
+            re.compile("(" + "|".join(re.escape(m) for m in markers) + ")") if markers else None
+        )
+        # Without offsets when the library can (tokenizers >= 0.20): counts only.
+        self._encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
+        self._counts: OrderedDict[str, int] = OrderedDict()
+        self._lock = threading.Lock()
 
     def __call__(self, messages: list[dict], tools: list[dict]) -> int:
         text = self._template.render(messages, True, tools or None)
-        return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+        if self._split is None:
+            return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+        total = 0
+        missing: list[str] = []
+        counts = self._counts
+        with self._lock:
+            for piece in self._split.split(text):
+                if not piece:
+                    continue
+                if piece in self._markers:
+                    total += 1
+                    continue
+                known = counts.get(piece)
+                if known is None:
+                    missing.append(piece)
+                else:
+                    counts.move_to_end(piece)
+                    total += known
+        if missing:
+            fresh = list(dict.fromkeys(missing))
+            encoded = self._encode(fresh, add_special_tokens=False)
+            found = {piece: len(e.ids) for piece, e in zip(fresh, encoded, strict=True)}
+            total += sum(found[piece] for piece in missing)
+            with self._lock:
+                counts.update(found)
+                while len(counts) > PIECE_CACHE:
+                    counts.popitem(last=False)
+        return total
