@@ -146,7 +146,7 @@ def test_check_covers_configs_built_in_python():
     with pytest.raises(UsageError, match="agents must be greater than zero"):
         RunConfig(agents=0).check()
     with pytest.raises(
-        UsageError, match="^--admission open-loop requires --agent-plans-jsonl or --arrival-rate$"
+        UsageError, match=r"^--admission open-loop requires --agent-plans-jsonl or --arrival-rate$"
     ):
         RunConfig(admission="open-loop").check()
     with pytest.raises(UsageError, match="--sim cannot be combined with --dry-run"):
@@ -215,5 +215,5 @@ def test_a_misspelled_command_gets_a_suggestion(capsys):
     assert batchbench(["calibrat"]) == 2
     assert capsys.readouterr().err == (
         "Error: unknown command 'calibrat' (did you mean calibrate?); expected agent, sim, "
-        "calibrate or tokenizers\n"
+        "calibrate, validate or tokenizers\n"
     )
