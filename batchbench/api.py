@@ -279,17 +279,13 @@ def planned(config: RunConfig, workload: Workload, root_seed: int, out: RunOutpu
 def start_offsets(config: RunConfig, workload: Workload, root_seed: int) -> list[float]:
     """Open-loop start times in seconds: the manifest's scaled ``start_after_ms``, else the
     arrival process of ``--arrival-rate``, else 0 for every trajectory."""
-    rate = getattr(config, "arrival_rate", None)
-    if rate is not None:
+    if config.arrival_rate is not None:
         if workload.start_seconds is not None:
             raise UsageError(
                 "--arrival-rate cannot be combined with a manifest whose trajectories set "
                 "start_after_ms; drop one of them"
             )
-        from batchbench.plan.arrivals import arrival_offsets
-
-        process = getattr(config, "arrival_process", None) or "poisson"
-        return arrival_offsets(len(workload), rate, process, root_seed).tolist()
+        return config.arrival_offsets(len(workload), root_seed)
     if workload.start_seconds is not None:
         return workload.start_seconds.tolist()
     return [0.0] * len(workload)

@@ -284,7 +284,7 @@ class RunConfig:
     max_active_agents: int | None = None
     admission: str | None = None  # None: open-loop with an arrival rate, else closed-loop
     time_scale: float | None = None  # None: 1
-    arrival_rate: float | None = None  # agents per second; None: the manifest's start times
+    arrival_rate: float | None = None  # agents per second, open loop; None: no arrivals
     arrival_process: str | None = None  # poisson or constant; None: poisson
     # routing and identity
     user_prefix: str | None = None

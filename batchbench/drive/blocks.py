@@ -82,6 +82,7 @@ class TrajectoryBlocks:
     fallbacks: int = 0
     inexact: int = 0  # JSON blocks whose wrapper could not reach their size
     previous: tuple[int, int] | None = None  # (residual, manifest overhead) of the last request
+    framing: BlockFraming | None = None  # None: blocks sent as written (no correction)
 
     def reset(self) -> None:
         """A compaction: forget every seed and the last reply."""
@@ -159,7 +160,9 @@ class TrajectoryBlocks:
 
 
 class BlockFraming:
-    """What the server's template adds around a block request's content, learned run-wide.
+    """What the server's template adds around a block request's content, learned within one
+    trajectory (from its own earlier requests only, so a request's bytes never depend on
+    when other trajectories' replies arrived).
 
     When the client knows the server's chat template (``counter``), every request is
     rendered in it and counted (templates drop or reshape tools and calls, so no per-shape
@@ -263,10 +266,7 @@ def prepare_blocks(
     sizing.correction = size - planned_size
     seed = int(plan.seed[absorbing])
     role = int(plan.role[absorbing])
-    if size == planned_size:
-        state.cache[seed] = texts.make(plan.seeds[seed], size, role)
-    else:
-        state.cache[seed] = BlockText(texts.resized(plan.seeds[seed], size), size)
+    state.cache[seed] = texts.make(plan.seeds[seed], size, role)
     return sizing
 
 
@@ -285,7 +285,7 @@ def resize_absorbing(
     size = max(wanted, 0)
     if size == current:
         return False
-    state.cache[seed] = BlockText(texts.resized(plan.seeds[seed], size), size)
+    state.cache[seed] = texts.make(plan.seeds[seed], size, int(plan.role[row]))
     sizing.correction += size - current
     sizing.note = (
         None
@@ -354,9 +354,9 @@ def build_messages(state: TrajectoryBlocks, request: int) -> tuple[list[dict], l
                 "content"
             )
         if role == ROLE_TOOL_DEFINITION:
-            tools.append(tool_entry(seed, filled.text))
+            tools.append(tool_entry(seed, _text_of(filled)))
         elif role == ROLE_TOOL_CALL:
-            call = tool_call(seed, filled.text)
+            call = tool_call(seed, _text_of(filled))
             last = messages[-1] if messages else None
             if last is not None and last.get("role") == "assistant":
                 last["tool_calls"] = [*last.get("tool_calls", ()), call]
@@ -365,12 +365,21 @@ def build_messages(state: TrajectoryBlocks, request: int) -> tuple[list[dict], l
             pending.append(call["id"])
         elif role == ROLE_TOOL:
             answered = pending.popleft() if pending else call_id(seed)
-            messages.append({"role": "tool", "tool_call_id": answered, "content": filled.text})
-        elif isinstance(filled, LiveFill):
+            messages.append({"role": "tool", "tool_call_id": answered, "content": _text_of(filled)})
+        elif isinstance(filled, LiveFill) and role == ROLE_ASSISTANT:
             messages.append(dict(filled.message))
         else:
-            messages.append({"role": BLOCK_ROLES[role], "content": filled.text})
+            messages.append({"role": BLOCK_ROLES[role], "content": _text_of(filled)})
     return messages, tools
+
+
+def _text_of(filled: Filled) -> str:
+    """A block's text; a seed first filled by a live reply and reused in another role (a
+    redefined seed) gives the reply's content."""
+    if isinstance(filled, LiveFill):
+        content = filled.message.get("content")
+        return content if isinstance(content, str) else ""
+    return filled.text
 
 
 def replayed_reply(message: dict, content, reasoning) -> dict:
@@ -407,6 +416,31 @@ class TemplateCounter:
         self._encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
         self._counts: OrderedDict[str, int] = OrderedDict()
         self._lock = threading.Lock()
+        if self._split is not None and not self._pieces_add_up():
+            self._split = None  # this tokenizer counts a piece differently alone: whole prompts
+
+    def _pieces_add_up(self) -> bool:
+        """True when counting piece by piece equals encoding the whole prompt, checked on a
+        sample conversation: tokenizers that mark only a text's first word (a SentencePiece
+        ``prepend_scheme`` of "first") count each piece one token more."""
+        sample = [
+            {"role": "system", "content": "You are a careful coding agent."},
+            {"role": "user", "content": "Fix the failing test in the parser."},
+            {"role": "assistant", "content": "Reading the parser now."},
+            {"role": "user", "content": "Thanks, go on."},
+        ]
+        try:
+            text = self._template.render(sample, True, None)
+        except Exception:  # a template that cannot render the sample: count whole prompts
+            return False
+        whole = len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+        counted = 0
+        for piece in self._split.split(text):
+            if piece in self._markers:
+                counted += 1
+            elif piece:
+                counted += len(self._tokenizer.encode(piece, add_special_tokens=False).ids)
+        return whole == counted
 
     def __call__(self, messages: list[dict], tools: list[dict]) -> int:
         text = self._template.render(messages, True, tools or None)

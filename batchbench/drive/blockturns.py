@@ -9,7 +9,6 @@ block; a reset clears the trajectory's seed cache.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from dataclasses import dataclass
 
@@ -24,6 +23,8 @@ from batchbench.drive.blocks import (
     resize_absorbing,
     tokenize_body,
 )
+from batchbench.drive.oracle import ORACLE_ROUNDS
+from batchbench.drive.shutdown import CANCELLED_IN_FLIGHT, abandon
 from batchbench.drive.wire import (
     ROUTING_KEY_HEADER_ERROR,
     body_fields,
@@ -37,8 +38,6 @@ from batchbench.results.lifecycle import Outcome
 from batchbench.text.blocks import JSON_ROLES, BlockTexts
 from batchbench.text.framing import trimmed
 
-CANCELLED_IN_FLIGHT = "cancelled in flight when the grace period ended"
-ORACLE_ROUNDS = 3  # server counts per block request at most
 # Blocks up to this many tokens are made on the loop (plain text, fast method); tool blocks
 # (several encodes) and longer texts go to the worker pool.
 INLINE_BLOCK_TOKENS = 4096
@@ -56,19 +55,15 @@ class BlockTurns:
     """Block-trajectory methods of ``HttpAgentLoop`` (which provides the attributes used)."""
 
     block_texts: BlockTexts | None
-    block_framing: BlockFraming | None
 
     def _setup_blocks(self) -> None:
         workload = self.workload
         self.block_texts = BlockTexts(self.factory.synth) if workload.blocks is not None else None
-        self.block_framing = (
-            BlockFraming(self.fidelity.prompt_counter) if self.fidelity.correct else None
-        )
         self._sent_shared: set[int] = set()
 
     def _block_inline(self, state: TrajectoryBlocks, request: int) -> bool:
         """True when every block still to make is cheap enough to make on the loop."""
-        if not self._inline or (self.block_framing and self.block_framing.counter):
+        if not self._inline or (self.fidelity.correct and self.fidelity.prompt_counter):
             return False  # rendering the request in the chat template is not cheap
         plan = state.plan
         for row in state.missing(request):
@@ -83,8 +78,8 @@ class BlockTurns:
             request,
             self.block_texts,
             int(workload.target_prompt_tokens[request]),
-            int(workload.overhead_tokens[request]) if workload.overhead_tokens is not None else 0,
-            self.block_framing,
+            int(workload.overhead_tokens[request]),
+            state.framing,
         )
         if self._block_inline(state, request):
             sizing = prepare_blocks(*arguments)
@@ -112,7 +107,9 @@ class BlockTurns:
         self.recorder.oracle_counted(time.perf_counter() - started, oracle.queries)
 
     async def _prepare_block_agent(self, agent: int) -> BlockPrepared:
-        state = TrajectoryBlocks(self.workload.blocks)
+        fidelity = self.fidelity
+        framing = BlockFraming(fidelity.prompt_counter) if fidelity.correct else None
+        state = TrajectoryBlocks(self.workload.blocks, framing=framing)
         sizing = await self._fill_blocks(state, self.workload.turns(agent)[0])
         return BlockPrepared(state, sizing)
 
@@ -125,7 +122,7 @@ class BlockTurns:
             self.recorder.tool_blocks_inexact(state.inexact)
             state.inexact = 0
 
-    def _explainable_framing(self, state: TrajectoryBlocks, request: int) -> int:
+    def _shared_sent_tokens(self, state: TrajectoryBlocks, request: int) -> int:
         """Tokens perfect caching could serve to a fresh block request: its blocks that
         other trajectories sent before (shared seeds)."""
         plan = state.plan
@@ -136,14 +133,26 @@ class BlockTurns:
                 total += int(plan.tokens[row])
         return total
 
-    async def _block_turns(self, agent: int, slot: int, prepared: BlockPrepared, figures) -> int:
+    async def _block_turns(
+        self, agent: int, slot: int, prepared: BlockPrepared, figures
+    ) -> Outcome:
+        """One block trajectory; a request being built is never left running when the
+        loop ends (a shutdown, a failure or a cancellation)."""
+        building: list[asyncio.Future | None] = [None]
+        try:
+            return await self._block_loop(agent, slot, prepared, figures, building)
+        finally:
+            await abandon(building[0])
+
+    async def _block_loop(
+        self, agent: int, slot: int, prepared: BlockPrepared, figures, pending: list
+    ) -> Outcome:
         settings = self.settings
         workload = self.workload
         recorder = self.recorder
         shutdown = self.shutdown
         fidelity = self.fidelity
         correct = fidelity.correct
-        framing = self.block_framing
         ident = workload.trajectory_ids[agent]
         turns = workload.turns(agent)
         last = len(turns) - 1
@@ -153,6 +162,7 @@ class BlockTurns:
         stream_column = workload.request_stream
         cap_column = workload.request_max_tokens
         overheads = workload.overhead_tokens
+        framing = prepared.state.framing
         rank = slot % settings.dp_ranks if settings.dp_ranks else None
         tag = (
             user_tag(agent, settings.seed, settings.user_prefix) if settings.user_tagging else None
@@ -171,7 +181,7 @@ class BlockTurns:
             fresh = turn == 0 or bool(reset[request])
             if building is not None:
                 sizing = await building
-                building = None
+                building = pending[0] = None
                 self._drain_counts(state)
             try:
                 head, _ = assemble(state, request, settings.body.model)
@@ -193,8 +203,8 @@ class BlockTurns:
             )
             if sizing.correction or sizing.note is not None:
                 recorder.request_sized(bool(sizing.correction), sizing.note is not None)
-            overhead = int(overheads[request]) if overheads is not None else 0
-            explain = self._explainable_framing(state, request) if fresh else 0
+            overhead = int(overheads[request])
+            explain = self._shared_sent_tokens(state, request) if fresh else 0
 
             errors: list[AttemptError] = []
             if tag_error:
@@ -264,35 +274,21 @@ class BlockTurns:
                 agent, ident, invocation, slot, rank, request, reply, started, elapsed,
                 attempts, "ok", errors, sizing, rendered, None,
             )  # fmt: skip
-            if turn == last:
+            if turn == last or shutdown.stopped:
                 building = None
             else:  # the next request is made while the tool delay runs
                 following = turns[turn + 1]
                 if reset[following]:
                     state.reset()
                     recorder.conversation_reset(figures)
-                building = asyncio.ensure_future(self._fill_blocks(state, following))
+                building = pending[0] = asyncio.ensure_future(self._fill_blocks(state, following))
             delay = float(latency_ms[request]) / 1000.0
             if delay > 0:
                 began = time.perf_counter()
-                try:
-                    whole = await shutdown.sleep(delay)
-                except asyncio.CancelledError:
-                    await _abandon(building)
-                    raise
+                whole = await shutdown.sleep(delay)
                 recorder.tool_slept(time.perf_counter() - began if not whole else delay)
                 if not whole:
-                    await _abandon(building)
                     return Outcome.INTERRUPTED
             if turn == last:
                 break
         return Outcome.COMPLETED
-
-
-async def _abandon(task: asyncio.Future | None) -> None:
-    """Cancel a half-made next request and collect its outcome."""
-    if task is None:
-        return
-    task.cancel()
-    with contextlib.suppress(BaseException):
-        await task

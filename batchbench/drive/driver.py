@@ -9,7 +9,6 @@ Texts for the next turn are generated while the request is in flight.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import resource
 import sys
@@ -22,8 +21,8 @@ from functools import partial
 import aiohttp
 
 from batchbench.drive.blockturns import BlockTurns
-from batchbench.drive.oracle import PromptOracle
-from batchbench.drive.shutdown import Shutdown
+from batchbench.drive.oracle import ORACLE_ROUNDS, PromptOracle
+from batchbench.drive.shutdown import CANCELLED_IN_FLIGHT, CANCELLED_WAITING, Shutdown, abandon
 from batchbench.drive.sizing import Sizing, TrajectorySizer
 from batchbench.drive.wire import (
     ROUTING_KEY_HEADER_ERROR,
@@ -61,8 +60,6 @@ INLINE_TEXT_TOKENS = 4096
 # Replies up to this many characters are counted on the loop; longer ones on a worker
 # thread (the batched encode releases the GIL).
 INLINE_COUNT_CHARACTERS = 1024
-# --prompt-oracle: server counts per request at most (the first, then resized ones).
-ORACLE_ROUNDS = 3
 READ_BUFFER_BYTES = 1 << 20
 
 
@@ -82,10 +79,6 @@ class DriverSettings:
     retry_delay_ms: int = 250
     max_retry_wait_seconds: float = 300.0  # the longest wait before a retry (Retry-After)
     verbose: bool = False
-
-
-CANCELLED_IN_FLIGHT = "cancelled in flight when the grace period ended"
-CANCELLED_WAITING = "cancelled by the shutdown while waiting to retry"
 
 
 class _Final(Exception):
@@ -492,11 +485,11 @@ class HttpAgentLoop(BlockTurns):
                 # Cut off during the delay: the request itself succeeded and is reported;
                 # the next one, half built, is abandoned.
                 event(request, reply, started, elapsed, attempts, "ok", errors, rendered)
-                await _abandon(building)
+                await abandon(building)
                 raise
             event(request, reply, started, elapsed, attempts, "ok", errors, rendered)
             if not whole:
-                await _abandon(building)
+                await abandon(building)
                 return Outcome.INTERRUPTED
             if turn == last:
                 break
@@ -629,16 +622,6 @@ class HttpAgentLoop(BlockTurns):
                 "oracle_seconds": oracle_seconds,
             }
         )
-
-
-async def _abandon(task: asyncio.Future | None) -> None:
-    """Cancel a half-built next request and collect its outcome, so no error of it goes
-    unretrieved."""
-    if task is None:
-        return
-    task.cancel()
-    with contextlib.suppress(BaseException):
-        await task
 
 
 def _fresh_body(model: str) -> Callable[[str], bytes]:

@@ -48,13 +48,11 @@ class DryRunLoop:
         produced = 0
         turns = self.workload.turns(agent)
         if state is not None:
-            for turn, request in enumerate(turns):
-                if turn == 0:
-                    continue
+            for request in turns[1:]:
                 if self.workload.reset_before[request]:
                     state.reset()
                 self._fill(state, request)
-                produced += len(state.cache)
+                produced += len(state.cache)  # blocks held after this request
             return produced
         reset = self.workload.reset_before
         for turn, request in enumerate(turns):

@@ -21,6 +21,8 @@ from batchbench.errors import BatchbenchError
 
 Protocol = Literal["vllm", "llamacpp"]
 PROBE_BODY = b'{"messages":[{"role":"user","content":"hello"}],"add_generation_prompt":true}'
+# Server counts per request at most: the first, then resized ones.
+ORACLE_ROUNDS = 3
 
 
 class OracleError(BatchbenchError):

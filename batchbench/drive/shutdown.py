@@ -8,9 +8,22 @@ second signal, ``cancelled`` is set and the engine cancels whatever still runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 
 EXIT_STATUS = {"SIGINT": 130, "SIGTERM": 143}
+CANCELLED_IN_FLIGHT = "cancelled in flight when the grace period ended"
+CANCELLED_WAITING = "cancelled by the shutdown while waiting to retry"
+
+
+async def abandon(task: asyncio.Future | None) -> None:
+    """Cancel a half-built next request and collect its outcome, so no error of it goes
+    unretrieved."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
 
 
 class Shutdown:

@@ -750,9 +750,12 @@ def _describe(value: Any) -> str:
     return "an object"
 
 
-def _quote(text: str) -> str:
+def quoted(text: str) -> str:
     """Double-quoted with JSON escapes, so a user's string cannot break the one-line message."""
     return orjson.dumps(text).decode()
+
+
+_quote = quoted
 
 
 def _json_cause(line: bytes, exc: orjson.JSONDecodeError) -> str:

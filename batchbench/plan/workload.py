@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import orjson
 
 from batchbench.errors import PlanError
 from batchbench.plan.limits import MAX_REQUEST_TOKENS
+from batchbench.plan.manifest import quoted
 from batchbench.plan.sampling import SizeSpec, sample_sizes
 from batchbench.rng import mix_seed
 
@@ -130,7 +130,7 @@ def compile_manifest(
     is_first[offsets[:-1]] = True
     reset[is_first] = False  # the first request starts fresh anyway
     starts = is_first | reset
-    own = _own_overheads(manifest, n)
+    own = _own_overheads(manifest)
     overhead = _effective_overheads(starts, own, index, initial_overhead, turn_overhead)
     content = prompt - overhead
 
@@ -139,7 +139,7 @@ def compile_manifest(
         appends = ~starts[1:]
         environment[:-1] = np.where(appends, content[1:] - content[:-1] - output[:-1], 0)
 
-    blocks = _block_plan(manifest, n)
+    blocks = _block_plan(manifest)
     warnings: list[str] = []
     if blocks is not None:
         in_blocks = np.repeat(blocks.trajectory_has_blocks, np.diff(offsets))
@@ -147,6 +147,7 @@ def compile_manifest(
         sums = running[blocks.offsets[1:]] - running[blocks.offsets[:-1]]
         content = np.where(in_blocks, sums, content)
         environment[in_blocks] = 0
+        _raise_oversized_blocks(manifest, offsets, np.where(in_blocks, content, 0))
         warnings += _block_warnings(manifest, offsets, prompt, overhead, content, blocks)
     else:
         in_blocks = None
@@ -157,7 +158,7 @@ def compile_manifest(
         latency = latency / time_scale
     v2 = manifest.schema_version >= 2
     start_seconds = None
-    if v2 and getattr(manifest, "has_start_offsets", False):
+    if v2 and manifest.has_start_offsets:
         start_seconds = np.asarray(manifest.start_after_ms, dtype=np.float64) / 1000.0
         if time_scale != 1.0:
             start_seconds = start_seconds / time_scale
@@ -187,19 +188,13 @@ def compile_manifest(
 
 def _optional_column(manifest: Manifest, name: str, absent: int, dtype) -> np.ndarray | None:
     """A schema v2 request column, or None when no request sets the field."""
-    column = getattr(manifest, name, None)
-    if column is None or len(column) == 0:
-        return None
-    column = np.asarray(column, dtype=dtype)
+    column = np.asarray(getattr(manifest, name), dtype=dtype)
     return column if bool(np.any(column != absent)) else None
 
 
-def _own_overheads(manifest: Manifest, n: int) -> np.ndarray:
+def _own_overheads(manifest: Manifest) -> np.ndarray:
     """Each request's own ``overhead_tokens`` (schema v2), -1 where it has none."""
-    own = getattr(manifest, "overhead_tokens", None)
-    if own is None or len(own) != n:
-        return np.full(n, -1, dtype=np.int64)
-    return np.asarray(own, dtype=np.int64)
+    return np.asarray(manifest.overhead_tokens, dtype=np.int64)
 
 
 def _effective_overheads(
@@ -214,10 +209,10 @@ def _effective_overheads(
     return base[anchor] + turn * (index - anchor)
 
 
-def _block_plan(manifest: Manifest, n: int) -> BlockPlan | None:
+def _block_plan(manifest: Manifest) -> BlockPlan | None:
     """The manifest's blocks with per-seed sharing, or None when no request has blocks."""
-    block_offsets = getattr(manifest, "block_offsets", None)
-    if block_offsets is None or len(block_offsets) != n + 1 or int(block_offsets[-1]) == 0:
+    block_offsets = manifest.block_offsets
+    if int(block_offsets[-1]) == 0:
         return None
     block_offsets = np.asarray(block_offsets, dtype=np.int64)
     seed = np.asarray(manifest.block_seed, dtype=np.int32)
@@ -243,6 +238,21 @@ def _block_plan(manifest: Manifest, n: int) -> BlockPlan | None:
     )
 
 
+def _raise_oversized_blocks(manifest: Manifest, offsets: np.ndarray, content: np.ndarray) -> None:
+    """A block, or a request's blocks together, larger than one request can hold is refused
+    before any text is made (a typo must not become gigabytes of text)."""
+    over = np.flatnonzero(content > MAX_REQUEST_TOKENS)
+    if not len(over):
+        return
+    request = int(over[0])
+    trajectory = int(np.searchsorted(offsets, request, side="right") - 1)
+    raise PlanError(
+        f"trajectory {quoted(manifest.trajectory_ids[trajectory])} request "
+        f"{request - int(offsets[trajectory]) + 1} blocks hold {int(content[request])} tokens, "
+        f"more than one request can hold (at most {MAX_REQUEST_TOKENS})"
+    )
+
+
 def _block_warnings(
     manifest: Manifest,
     offsets: np.ndarray,
@@ -264,23 +274,12 @@ def _block_warnings(
             continue
         reported.add(trajectory)
         warnings.append(
-            f"warning: trajectory {_quoted(manifest.trajectory_ids[trajectory])} request "
+            f"warning: trajectory {quoted(manifest.trajectory_ids[trajectory])} request "
             f"{int(request - offsets[trajectory]) + 1}: prompt_tokens {int(prompt[request])} "
             f"!= sum(blocks.tokens) {int(content[request])} + overhead_tokens "
             f"{int(overhead[request])}; replaying the blocks as written"
         )
-    for trajectory, number, seed in getattr(manifest, "seed_redefinitions", ()):
-        warnings.append(
-            f"warning: trajectory {_quoted(manifest.trajectory_ids[trajectory])} request "
-            f"{number}: block seed {_quoted(seed)} is redefined with different tokens or "
-            "role; reusing its first content"
-        )
-    return warnings
-
-
-def _quoted(text: str) -> str:
-    """Double-quoted with JSON escapes, so an id cannot break a one-line message."""
-    return orjson.dumps(text).decode()
+    return warnings + manifest.seed_redefinition_warnings()
 
 
 def _raise_oversized(

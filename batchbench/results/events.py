@@ -110,13 +110,13 @@ class LifecycleWriter:
             "runtime_seconds": record.finished_at - record.admitted_at,
             "completed": record.completed,
         }
-        if record.interrupted:
-            event["interrupted"] = True
         if self._recorded is not None:
             agent = record.agent_id
             values = self._recorded[int(self._offsets[agent]) : int(self._offsets[agent + 1])]
             if bool((values >= 0).any()):
                 event["recorded_start_after_ms"] = [int(v) if v >= 0 else None for v in values]
+        if record.interrupted:
+            event["interrupted"] = True
         if extra:
             event.update(extra)
         if self._file is not None:

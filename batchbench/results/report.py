@@ -93,6 +93,11 @@ def banner_lines(config: RunConfig, setup: RunSetup) -> list[str]:
             f"Tool invocations per agent: {shape.tool_invocations.describe()}",
             f"Tool-call latency: {describe_latency(shape.latency)}",
         ]
+    if config.arrival_rate is not None:
+        lines.append(
+            f"Arrivals: open loop, {short_float(config.arrival_rate)} agents/s "
+            f"({config.arrival_process_name}, seeded)"
+        )
     token_params = (
         "sglang (min_new_tokens/max_new_tokens)"
         if config.sglang

@@ -133,10 +133,6 @@ class BlockTexts:
                 f"({tokens} tokens)"
             ) from None
 
-    def resized(self, seed: str, tokens: int) -> str:
-        """A plain block's text at another size (the prompt correction's), same stream."""
-        return self.synth.text(tokens, seed_value(seed))
-
     def _count(self, text: str) -> int:
         return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
 

@@ -580,7 +580,10 @@ def read_template_files(directory: Path) -> tuple[str, dict[str, Any], str]:
 def _tokenizer_config(loaded: LoadedTokenizer) -> dict[str, Any]:
     """The tokenizer_config.json beside the tokenizer file, when readable: a template given
     as a bare file prints its special tokens (``bos_token``…) from it, as the server does."""
-    path = Path(loaded.source).parent / "tokenizer_config.json"
+    source = Path(loaded.source)
+    if not source.is_file():  # a hub id or a built-in name: nothing beside it
+        return {}
+    path = source.parent / "tokenizer_config.json"
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
