@@ -15,7 +15,7 @@ import uvloop
 from batchbench.cli.agent import main
 from batchbench.cli.agent_args import config_from_argv, parse_agent_args
 from batchbench.config import RunConfig
-from batchbench.drive import engine
+from batchbench.drive import alarm
 from batchbench.drive.engine import OPEN_LOOP_LOOKAHEAD, run_open_loop
 from batchbench.drive.shutdown import Shutdown
 from batchbench.errors import UsageError
@@ -385,12 +385,12 @@ def timer(request, monkeypatch):
     """The alarm's two ways to wake: a kernel timer (Linux), or the loop's timer followed
     by yielding until due (elsewhere; forced here)."""
     if request.param == "kernel timer":
-        probe = engine._KernelTimer.open()
+        probe = alarm._KernelTimer.open()
         if probe is None:
             pytest.skip("no kernel timer on this system")
         probe.close()
     else:
-        monkeypatch.setattr(engine._KernelTimer, "open", classmethod(lambda cls: None))
+        monkeypatch.setattr(alarm._KernelTimer, "open", classmethod(lambda cls: None))
     return request.param
 
 
@@ -421,7 +421,7 @@ def test_the_kernel_timer_goes_off_at_its_time_not_before():
     import select
     import time
 
-    timer = engine._KernelTimer.open()
+    timer = alarm._KernelTimer.open()
     if timer is None:
         pytest.skip("no kernel timer on this system")
     try:
