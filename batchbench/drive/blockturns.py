@@ -24,16 +24,11 @@ from batchbench.drive.blocks import (
     tokenize_body,
 )
 from batchbench.drive.oracle import ORACLE_ROUNDS
-from batchbench.drive.shutdown import CANCELLED_IN_FLIGHT, abandon
+from batchbench.drive.shutdown import abandon
 from batchbench.drive.wire import (
-    ROUTING_KEY_HEADER_ERROR,
     body_fields,
-    request_headers,
-    user_tag,
-    valid_header_value,
 )
 from batchbench.errors import BatchbenchError
-from batchbench.results.failures import AttemptError, ErrorKind
 from batchbench.results.lifecycle import Outcome
 from batchbench.text.blocks import JSON_ROLES, BlockTexts
 from batchbench.text.framing import trimmed
@@ -163,12 +158,7 @@ class BlockTurns:
         cap_column = workload.request_max_tokens
         overheads = workload.overhead_tokens
         framing = prepared.state.framing
-        rank = slot % settings.dp_ranks if settings.dp_ranks else None
-        tag = (
-            user_tag(agent, settings.seed, settings.user_prefix) if settings.user_tagging else None
-        )
-        tag_error = tag is not None and not valid_header_value(tag)
-        headers = request_headers(settings.api_key, None if tag_error else tag, rank)
+        rank, tag, tag_error, headers = self._identity(agent, slot)
         state = prepared.state
         sizing = prepared.sizing
         self._drain_counts(state)
@@ -206,39 +196,22 @@ class BlockTurns:
             overhead = int(overheads[request])
             explain = self._shared_sent_tokens(state, request) if fresh else 0
 
-            errors: list[AttemptError] = []
-            if tag_error:
-                errors.append(AttemptError(0, ErrorKind.INVALID_REQUEST, ROUTING_KEY_HEADER_ERROR))
-                reply, attempts, started, elapsed = None, 0, 0.0, 0.0
-            else:
-                streamed = settings.body.stream if stream < 0 else bool(stream)
-                try:
-                    reply, attempts, started, elapsed = await self._send(
-                        body, headers, errors, streamed
-                    )
-                except asyncio.CancelledError:
-                    attempts = len(errors) + 1
-                    errors.append(AttemptError(attempts, ErrorKind.CANCELLED, CANCELLED_IN_FLIGHT))
-                    recorder.request_cancelled(figures, errors, attempts)
-                    self._request_event(
-                        agent, ident, invocation, slot, rank, request, None, None, None,
-                        attempts, "cancelled", errors, sizing, None, None,
-                    )  # fmt: skip
-                    raise
-            if reply is None:
-                status = "failed"
-                if errors[-1].kind is ErrorKind.CANCELLED:
-                    recorder.request_cancelled(figures, errors, attempts)
-                    status = "cancelled"
-                else:
-                    recorder.request_failed(
-                        figures, rank, agent, ident, invocation, errors, attempts
-                    )
+            streamed = settings.body.stream if stream < 0 else bool(stream)
+
+            def event(
+                reply, started, elapsed, attempts, status, errors, rendered=None,
+                request=request, invocation=invocation, sizing=sizing,
+            ):  # fmt: skip
                 self._request_event(
-                    agent, ident, invocation, slot, rank, request, None, started, elapsed,
-                    attempts, status, errors, sizing, None, None,
+                    agent, ident, invocation, slot, rank, request, reply, started, elapsed,
+                    attempts, status, errors, sizing, rendered, None,
                 )  # fmt: skip
-                return Outcome.INTERRUPTED if status == "cancelled" else Outcome.FAILED
+
+            reply, attempts, started, elapsed, errors, ended = await self._exchange(
+                body, headers, streamed, tag_error, figures, rank, agent, ident, invocation, event
+            )
+            if ended is not None:
+                return ended
             plan = state.plan
             for row in plan.of(request):
                 seed = int(plan.seed[row])
@@ -270,10 +243,7 @@ class BlockTurns:
                 content, reasoning = trimmed(content), trimmed(reasoning)
                 rendered = fidelity.replies.count(content, reasoning)
             state.keep_reply(replayed_reply(reply.message, content, reasoning), rendered or 0)
-            self._request_event(
-                agent, ident, invocation, slot, rank, request, reply, started, elapsed,
-                attempts, "ok", errors, sizing, rendered, None,
-            )  # fmt: skip
+            event(reply, started, elapsed, attempts, "ok", errors, rendered)
             if turn == last or shutdown.stopped:
                 building = None
             else:  # the next request is made while the tool delay runs

@@ -325,14 +325,8 @@ class HttpAgentLoop(BlockTurns):
         latency_ms = workload.tool_call_latency_ms
         stream_column = workload.request_stream
         cap_column = workload.request_max_tokens
-        rank = slot % settings.dp_ranks if settings.dp_ranks else None
+        rank, tag, tag_error, headers = self._identity(agent, slot)
         sizer = TrajectorySizer(workload, agent, framing, correct)
-
-        tag = (
-            user_tag(agent, settings.seed, settings.user_prefix) if settings.user_tagging else None
-        )
-        tag_error = tag is not None and not valid_header_value(tag)
-        headers = request_headers(settings.api_key, None if tag_error else tag, rank)
         conversation = Conversation(settings.body.model)
         conversation.reset(prepared.text)
         factory = self.factory
@@ -374,30 +368,12 @@ class HttpAgentLoop(BlockTurns):
             if sizing.correction or sizing.note is not None:
                 recorder.request_sized(bool(sizing.correction), sizing.note is not None)
 
-            errors: list[AttemptError] = []
-            if tag_error:
-                errors.append(AttemptError(0, ErrorKind.INVALID_REQUEST, ROUTING_KEY_HEADER_ERROR))
-                reply, attempts, started, elapsed = None, 0, 0.0, 0.0
-            else:
-                try:
-                    reply, attempts, started, elapsed = await self._send(
-                        body, headers, errors, streamed
-                    )
-                except asyncio.CancelledError:
-                    # Cut off after the grace period: neither successful nor failed.
-                    attempts = len(errors) + 1
-                    errors.append(AttemptError(attempts, ErrorKind.CANCELLED, CANCELLED_IN_FLIGHT))
-                    recorder.request_cancelled(figures, errors, attempts)
-                    event(request, None, None, None, attempts, "cancelled", errors)
-                    raise
-            if reply is None:
-                if errors[-1].kind is ErrorKind.CANCELLED:  # the shutdown ended a retry wait
-                    recorder.request_cancelled(figures, errors, attempts)
-                    event(request, None, started, elapsed, attempts, "cancelled", errors)
-                    return Outcome.INTERRUPTED
-                recorder.request_failed(figures, rank, agent, ident, invocation, errors, attempts)
-                event(request, None, started, elapsed, attempts, "failed", errors)
-                return Outcome.FAILED
+            reply, attempts, started, elapsed, errors, ended = await self._exchange(
+                body, headers, streamed, tag_error, figures, rank, agent, ident, invocation,
+                partial(event, request),
+            )  # fmt: skip
+            if ended is not None:
+                return ended
             served = reply.prompt_tokens
             if correct:
                 if fresh:
@@ -502,6 +478,56 @@ class HttpAgentLoop(BlockTurns):
         return Outcome.COMPLETED
 
     # -- one logical request ------------------------------------------------------------
+    def _identity(self, agent: int, slot: int):
+        """(DP rank, user tag, tag unusable as a header, headers) of one agent."""
+        settings = self.settings
+        rank = slot % settings.dp_ranks if settings.dp_ranks else None
+        tag = (
+            user_tag(agent, settings.seed, settings.user_prefix) if settings.user_tagging else None
+        )
+        tag_error = tag is not None and not valid_header_value(tag)
+        return (
+            rank,
+            tag,
+            tag_error,
+            request_headers(settings.api_key, None if tag_error else tag, rank),
+        )
+
+    async def _exchange(
+        self, body, headers, streamed, tag_error, figures, rank, agent, ident, invocation, event
+    ):
+        """Send one logical request and record how an unsuccessful one ended: (reply,
+        attempts, start offset, latency, failed attempts, outcome). The outcome is None on
+        success, else how the agent ends (failed, or interrupted by the shutdown).
+        ``event(reply, started, elapsed, attempts, status, errors)`` writes its request
+        event; the successful one is the caller's to write."""
+        recorder = self.recorder
+        errors: list[AttemptError] = []
+        if tag_error:
+            errors.append(AttemptError(0, ErrorKind.INVALID_REQUEST, ROUTING_KEY_HEADER_ERROR))
+            reply, attempts, started, elapsed = None, 0, 0.0, 0.0
+        else:
+            try:
+                reply, attempts, started, elapsed = await self._send(
+                    body, headers, errors, streamed
+                )
+            except asyncio.CancelledError:
+                # Cut off after the grace period: neither successful nor failed.
+                attempts = len(errors) + 1
+                errors.append(AttemptError(attempts, ErrorKind.CANCELLED, CANCELLED_IN_FLIGHT))
+                recorder.request_cancelled(figures, errors, attempts)
+                event(None, None, None, attempts, "cancelled", errors)
+                raise
+        if reply is not None:
+            return reply, attempts, started, elapsed, errors, None
+        if errors[-1].kind is ErrorKind.CANCELLED:  # the shutdown ended a retry wait
+            recorder.request_cancelled(figures, errors, attempts)
+            event(None, started, elapsed, attempts, "cancelled", errors)
+            return reply, attempts, started, elapsed, errors, Outcome.INTERRUPTED
+        recorder.request_failed(figures, rank, agent, ident, invocation, errors, attempts)
+        event(None, started, elapsed, attempts, "failed", errors)
+        return reply, attempts, started, elapsed, errors, Outcome.FAILED
+
     async def _send(
         self,
         body: bytes,

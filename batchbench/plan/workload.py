@@ -147,12 +147,12 @@ def compile_manifest(
         sums = running[blocks.offsets[1:]] - running[blocks.offsets[:-1]]
         content = np.where(in_blocks, sums, content)
         environment[in_blocks] = 0
-        _raise_oversized_blocks(manifest, offsets, np.where(in_blocks, content, 0))
         warnings += _block_warnings(manifest, offsets, prompt, overhead, content, blocks)
     else:
         in_blocks = None
     _raise_first_plan_error(manifest, offsets, prompt, overhead, content, environment, in_blocks)
-    _raise_oversized(manifest, offsets, prompt, output)
+    block_sums = np.where(in_blocks, content, 0) if in_blocks is not None else None
+    _raise_oversized(manifest, offsets, prompt, output, block_sums)
     latency = np.asarray(manifest.delay_after_ms, dtype=np.float64)
     if time_scale != 1.0:
         latency = latency / time_scale
@@ -238,21 +238,6 @@ def _block_plan(manifest: Manifest) -> BlockPlan | None:
     )
 
 
-def _raise_oversized_blocks(manifest: Manifest, offsets: np.ndarray, content: np.ndarray) -> None:
-    """A block, or a request's blocks together, larger than one request can hold is refused
-    before any text is made (a typo must not become gigabytes of text)."""
-    over = np.flatnonzero(content > MAX_REQUEST_TOKENS)
-    if not len(over):
-        return
-    request = int(over[0])
-    trajectory = int(np.searchsorted(offsets, request, side="right") - 1)
-    raise PlanError(
-        f"trajectory {quoted(manifest.trajectory_ids[trajectory])} request "
-        f"{request - int(offsets[trajectory]) + 1} blocks hold {int(content[request])} tokens, "
-        f"more than one request can hold (at most {MAX_REQUEST_TOKENS})"
-    )
-
-
 def _block_warnings(
     manifest: Manifest,
     offsets: np.ndarray,
@@ -283,16 +268,24 @@ def _block_warnings(
 
 
 def _raise_oversized(
-    manifest: Manifest, offsets: np.ndarray, prompt: np.ndarray, output: np.ndarray
+    manifest: Manifest,
+    offsets: np.ndarray,
+    prompt: np.ndarray,
+    output: np.ndarray,
+    blocks: np.ndarray | None = None,
 ) -> None:
-    """A request larger than one request can hold is refused before any text is made."""
-    for name, values in (("prompt_tokens", prompt), ("output_tokens", output)):
+    """A request larger than one request can hold is refused before any text is made (a
+    typo must not become gigabytes of text); ``blocks`` is each block request's block sum."""
+    checked = [("prompt_tokens", prompt), ("output_tokens", output)]
+    if blocks is not None:
+        checked.append(("blocks", blocks))
+    for name, values in checked:
         over = np.flatnonzero(values > MAX_REQUEST_TOKENS)
         if len(over):
             request = int(over[0])
             trajectory = int(np.searchsorted(offsets, request, side="right") - 1)
             raise PlanError(
-                f'trajectory "{manifest.trajectory_ids[trajectory]}" request '
+                f"trajectory {quoted(manifest.trajectory_ids[trajectory])} request "
                 f"{request - int(offsets[trajectory]) + 1} {name} ({int(values[request])}) is "
                 f"more than one request can hold (at most {MAX_REQUEST_TOKENS})"
             )
