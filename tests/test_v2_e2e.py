@@ -636,3 +636,60 @@ def test_mixed_v1_and_v2_manifest_against_the_simulator(capsys, tmp_path, admiss
     for n in (1, 2):
         block_request = requests["v2-blocks", n]
         assert block_request["prompt_tokens"] == block_request["target_prompt_tokens"], n
+
+
+def test_corrected_block_bodies_do_not_depend_on_reply_timing(capsys, tmp_path, stub, deepseek):
+    """With the prompt correction on, what a trajectory sends is learned from its own
+    replies only: replies that arrive in another order (random delays) change no byte."""
+    import random
+
+    plans = tmp_path / "timing.jsonl"
+    trajectories = []
+    for t in range(4):
+        blocks = [{"seed": "shared-system", "tokens": 40, "role": "system"}]
+        requests = []
+        for r in range(3):
+            blocks = [
+                *blocks,
+                {"seed": f"t{t}/user-{r}", "tokens": 20 + 3 * t + r, "role": "user"},
+                {"seed": f"t{t}/reply-{r}", "tokens": 5, "role": "assistant", "live": True},
+            ]
+            requests.append(
+                {"prompt_tokens": 80 + 40 * r + t, "output_tokens": 5, "blocks": blocks}
+            )
+        trajectories.append({"schema_version": 2, "trajectory_id": f"x{t}", "requests": requests})
+    plans.write_bytes(b"".join(orjson.dumps(t) + b"\n" for t in trajectories))
+    tokenizer = deepseek.tokenizer
+
+    def counted(recorded: Recorded):
+        body = recorded.json()
+        agent = int(body["user"].split("-")[1])
+        content = sum(
+            len(tokenizer.encode(m.get("content") or "", add_special_tokens=False).ids)
+            for m in body["messages"]
+        )  # the server's count: a fixed function of the request, framing differs by agent
+        reply = chat_completion("fixed reply", content + 12 + 3 * agent, 5)
+        return Reply(body=reply, delay=random.random() * 0.03)
+
+    def bodies() -> dict[tuple[str, int], bytes]:
+        stub.clear()
+        stub.handler = counted
+        status = main(
+            [
+                "--host", stub.url, "--agent-plans-jsonl", str(plans),
+                "--tokenizer-model", "deepseek-v3", "--model", "m", "--no-preflight",
+                "--no-progress", "--user-prefix", "t", "--seed", "1",
+            ]
+        )  # fmt: skip
+        capsys.readouterr()
+        assert status in (0, 3)
+        sent: dict[tuple[str, int], bytes] = {}
+        for recorded in stub.requests:
+            tag = recorded.json()["user"]
+            sent[tag, 1 + sum(1 for key in sent if key[0] == tag)] = recorded.body
+        return sent
+
+    first = bodies()
+    assert len(first) == 12
+    for _ in range(2):
+        assert bodies() == first
