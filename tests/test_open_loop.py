@@ -296,7 +296,7 @@ def test_a_later_offset_is_admitted_at_it_not_before():
     result = run_engine([0.0, 0.2], None, Agents(run_s={0: 0.01, 1: 0.01}))
     second = by_agent(result)[1]
     assert second.scheduled_at == 0.2 and second.admitted_at >= 0.2
-    assert second.admitted_at - 0.2 < 0.05  # generous: a busy CI machine
+    assert second.admitted_at - 0.2 < LAG_SANITY_S
     assert result.max_admission_lag >= second.admitted_at - second.scheduled_at
     assert result.late_admissions == 0
     assert result.total_duration >= 0.2
