@@ -182,7 +182,9 @@ class Manifest:
         ]
         for name, size, dtype, value in absent:
             if getattr(self, name) is None:
-                setattr(self, name, np.full(size, value, dtype=dtype))
+                # A read-only broadcast of one value: a file without the field costs no
+                # memory for it, however many requests it has.
+                setattr(self, name, np.broadcast_to(np.array(value, dtype=dtype), (size,)))
 
     def __len__(self) -> int:
         return len(self.trajectory_ids)
