@@ -267,7 +267,10 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
         "--agents", type=uint, help="number of sampled agents (default: 1; not with a manifest)"
     )
     replay.add_argument(
-        "--agent-plans-jsonl", metavar="PATH", help="trajectory manifest (JSONL) to replay"
+        "--agent-plans-jsonl",
+        metavar="PATH",
+        help="trajectory manifest (JSONL, schema 1 or 2, see docs/manifest.md) to replay; "
+        "`batchbench validate PATH` checks one without running it",
     )
     replay.add_argument(
         "--replay-initial-overhead-tokens",
