@@ -693,3 +693,32 @@ def test_corrected_block_bodies_do_not_depend_on_reply_timing(capsys, tmp_path, 
     assert len(first) == 12
     for _ in range(2):
         assert bodies() == first
+
+
+def test_prompt_oracle_sizes_block_requests_when_the_template_is_unknown(capsys, tmp_path):
+    """Against a simulator rendering Gemma's template, which the client is not told about,
+    the server's own counts (``--prompt-oracle server``) bring every block request to its
+    target; without them, the first requests miss it."""
+    from batchbench.drive.simlaunch import SimProcess, sim_command
+
+    with SimProcess(sim_command("deepseek-v3", None, "--speed 0 --chat-template gemma")) as sim:
+
+        def drifts(*extra: str) -> tuple[list[int], list]:
+            events = tmp_path / "events.jsonl"
+            status = main(
+                [
+                    "--host", sim.url, "--agent-plans-jsonl", str(EXAMPLE),
+                    "--tokenizer-model", "deepseek-v3", "--seed", "3", "--no-progress",
+                    "--content-salt", "oracle", "--request-events-jsonl", str(events), *extra,
+                ]
+            )  # fmt: skip
+            capsys.readouterr()
+            assert status == 0
+            rows = lines(events)
+            return [row["prompt_drift"] for row in rows], [row["oracle_seconds"] for row in rows]
+
+        guessed, _ = drifts()
+        assert any(guessed)
+        exact, seconds = drifts("--prompt-oracle", "server")
+        assert exact == [0, 0, 0, 0, 0]
+        assert all(value is not None and value > 0 for value in seconds)

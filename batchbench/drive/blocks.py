@@ -69,6 +69,7 @@ class BlockSizing:
     note: str | None = None  # why the target could not be reached, when it could not
     rendered: int | None = None  # the framing counted in the known chat template
     absorbing: int | None = None  # the block row that took the correction
+    oracle_seconds: float | None = None  # time spent on server counts (--prompt-oracle)
 
 
 @dataclass

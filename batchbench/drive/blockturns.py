@@ -99,7 +99,8 @@ class BlockTurns:
                 state, sizing, self.block_texts, counted
             ):
                 break
-        self.recorder.oracle_counted(time.perf_counter() - started, oracle.queries)
+        sizing.oracle_seconds = time.perf_counter() - started
+        self.recorder.oracle_counted(sizing.oracle_seconds, oracle.queries)
 
     async def _prepare_block_agent(self, agent: int) -> BlockPrepared:
         fidelity = self.fidelity
@@ -204,7 +205,7 @@ class BlockTurns:
             ):  # fmt: skip
                 self._request_event(
                     agent, ident, invocation, slot, rank, request, reply, started, elapsed,
-                    attempts, status, errors, sizing, rendered, None,
+                    attempts, status, errors, sizing, rendered, sizing.oracle_seconds,
                 )  # fmt: skip
 
             reply, attempts, started, elapsed, errors, ended = await self._exchange(
