@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from batchbench.drive.wire import normalized_assistant
 from batchbench.plan.manifest import BLOCK_ROLES
 from batchbench.plan.workload import BlockPlan
 from batchbench.text.blocks import (
@@ -227,12 +226,7 @@ def prepare_blocks(
     missing = state.missing(request)
     planned = sum(int(plan.tokens[row]) for row in plan.of(request)) + overhead
     sizing = BlockSizing(target, planned)
-    absorbing = None
-    if framing is not None:
-        absorbing = state.absorbing_row(request, missing)
     for row in missing:
-        if row == absorbing:
-            continue
         seed = int(plan.seed[row])
         made = texts.make(
             plan.seeds[seed], int(plan.tokens[row]), int(plan.role[row]), bool(plan.shared[seed])
@@ -242,12 +236,14 @@ def prepare_blocks(
         state.cache[seed] = made
     if framing is None:
         return sizing
-    others = state.content_tokens(request)
+    content = state.content_tokens(request)  # every block at its planned size
     if framing.counter is not None:
-        sizing.rendered = _rendered_framing(state, request, texts, framing, absorbing)
-        predicted = others + sizing.rendered + framing.bias
+        messages, tools = build_messages(state, request)
+        sizing.rendered = framing.counter(messages, tools) - content
+        predicted = content + sizing.rendered + framing.bias
     else:
-        predicted = others + framing.estimate(state.shape(request), overhead, state.previous)
+        predicted = content + framing.estimate(state.shape(request), overhead, state.previous)
+    absorbing = state.absorbing_row(request, missing)
     if absorbing is None:
         if predicted != target:
             sizing.note = (
@@ -257,6 +253,7 @@ def prepare_blocks(
         return sizing
     sizing.absorbing = absorbing
     planned_size = int(plan.tokens[absorbing])
+    predicted -= planned_size  # the other blocks and the framing
     wanted = target - predicted
     size = max(wanted, 0)
     if wanted < 0:
@@ -265,9 +262,9 @@ def prepare_blocks(
             f"{target}-token target; the absorbing block was sent empty"
         )
     sizing.correction = size - planned_size
-    seed = int(plan.seed[absorbing])
-    role = int(plan.role[absorbing])
-    state.cache[seed] = texts.make(plan.seeds[seed], size, role)
+    if size != planned_size:
+        seed = int(plan.seed[absorbing])
+        state.cache[seed] = texts.make(plan.seeds[seed], size, int(plan.role[absorbing]))
     return sizing
 
 
@@ -303,29 +300,6 @@ def tokenize_body(state: TrajectoryBlocks, request: int, model: str) -> bytes:
     """The body that asks a server to count this request through its chat template."""
     head, _ = assemble(state, request, model)
     return head + b',"add_generation_prompt":true}'
-
-
-def _rendered_framing(
-    state: TrajectoryBlocks,
-    request: int,
-    texts: BlockTexts,
-    framing: BlockFraming,
-    absorbing: int | None,
-) -> int:
-    """The framing of this request in the known chat template: its rendered count minus
-    its content, with the absorbing block at its planned size."""
-    plan = state.plan
-    seed = int(plan.seed[absorbing]) if absorbing is not None else None
-    if seed is not None:
-        state.cache[seed] = texts.make(
-            plan.seeds[seed], int(plan.tokens[absorbing]), int(plan.role[absorbing])
-        )
-    try:
-        messages, tools = build_messages(state, request)
-        return framing.counter(messages, tools) - state.content_tokens(request)
-    finally:
-        if seed is not None:
-            del state.cache[seed]
 
 
 def assemble(state: TrajectoryBlocks, request: int, model: str) -> tuple[bytes, int]:
@@ -381,15 +355,6 @@ def _text_of(filled: Filled) -> str:
         content = filled.message.get("content")
         return content if isinstance(content, str) else ""
     return filled.text
-
-
-def replayed_reply(message: dict, content, reasoning) -> dict:
-    """The reply as a live block replays it (normalized; trimmed texts when correcting)."""
-    normalized = normalized_assistant(message)
-    normalized["content"] = content
-    if "reasoning_content" in normalized:
-        normalized["reasoning_content"] = reasoning
-    return normalized
 
 
 class TemplateCounter:

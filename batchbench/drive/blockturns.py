@@ -19,7 +19,6 @@ from batchbench.drive.blocks import (
     TrajectoryBlocks,
     assemble,
     prepare_blocks,
-    replayed_reply,
     resize_absorbing,
     tokenize_body,
 )
@@ -27,6 +26,7 @@ from batchbench.drive.oracle import ORACLE_ROUNDS
 from batchbench.drive.shutdown import abandon
 from batchbench.drive.wire import (
     body_fields,
+    normalized_assistant,
 )
 from batchbench.errors import BatchbenchError
 from batchbench.results.lifecycle import Outcome
@@ -243,7 +243,7 @@ class BlockTurns:
             if correct:
                 content, reasoning = trimmed(content), trimmed(reasoning)
                 rendered = fidelity.replies.count(content, reasoning)
-            state.keep_reply(replayed_reply(reply.message, content, reasoning), rendered or 0)
+            state.keep_reply(normalized_assistant(reply.message, content, reasoning), rendered or 0)
             event(reply, started, elapsed, attempts, "ok", errors, rendered)
             if turn == last or shutdown.stopped:
                 building = None

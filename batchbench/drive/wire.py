@@ -193,30 +193,30 @@ def tool_message(call_id: str, content: str) -> bytes:
 _NORMALIZED_KEYS = ("reasoning_content", "name", "refusal")
 
 
-def normalized_assistant(message: dict) -> dict:
+_KEEP = object()
+
+
+def normalized_assistant(message: dict, content=_KEEP, reasoning=_KEEP) -> dict:
     """The reply as it is replayed: role, content (null when absent) and the present
-    reasoning/name/refusal fields;
-    the model's own tool calls are dropped."""
+    reasoning/name/refusal fields; the model's own tool calls are dropped.
+
+    ``content`` and ``reasoning`` replace the reply's content and ``reasoning_content``
+    (the driver sends them trimmed, the way the prompt correction counted them)."""
     normalized = {"role": "assistant", "content": message.get("content")}
     for key in _NORMALIZED_KEYS:
         if key in message:
             normalized[key] = message[key]
-    return normalized
-
-
-_KEEP = object()
-
-
-def assistant_with_tool_call(message: dict, call_id: str, content=_KEEP, reasoning=_KEEP) -> bytes:
-    """The normalized reply carrying the synthetic ``environment`` tool call.
-
-    ``content`` and ``reasoning`` replace the reply's content and ``reasoning_content``
-    (the driver sends them trimmed, the way the prompt correction counted them)."""
-    normalized = normalized_assistant(message)
     if content is not _KEEP:
         normalized["content"] = content
     if reasoning is not _KEEP and "reasoning_content" in normalized:
         normalized["reasoning_content"] = reasoning
+    return normalized
+
+
+def assistant_with_tool_call(message: dict, call_id: str, content=_KEEP, reasoning=_KEEP) -> bytes:
+    """The normalized reply (see ``normalized_assistant``) carrying the synthetic
+    ``environment`` tool call."""
+    normalized = normalized_assistant(message, content, reasoning)
     normalized["tool_calls"] = [
         {
             "id": call_id,
