@@ -15,6 +15,7 @@ import os
 import secrets
 import shlex
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -63,7 +64,14 @@ from batchbench.results.report import (
     write_csv,
     write_json,
 )
+from batchbench.results.sections import distributions, rank_rows
 from batchbench.results.summary import LiveFigures, RunSetup, Summary, build_summary
+from batchbench.results.window import (
+    WindowFigures,
+    WindowInputs,
+    server_verdict,
+    window_figures,
+)
 from batchbench.text.chat_templates import load_chat_template
 from batchbench.text.content import ContentFactory
 from batchbench.text.framing import ContentContext, Framing, ReplyAccounting, content_contexts
@@ -109,6 +117,9 @@ class RunResult:
     engine: EngineResult
     written: tuple[tuple[str, str], ...] = ()  # (what, path) of every file written
     live: LiveFigures | None = None
+    window: WindowFigures | None = None  # the measured window (live runs)
+    sections: dict[str, Any] | None = None  # results JSON sections beyond the summary
+    finished_by: str | None = None  # "duration" / "window" when a planned end stopped it
 
     @property
     def dry_run(self) -> bool:
@@ -489,6 +500,9 @@ class LiveRun:
     interrupted_by: str | None
     exit_status: int
     framing: Framing
+    finished_by: str | None = None  # "duration" or "window": the run's planned end
+    window_end: float | None = None  # benchmark-clock seconds where measurement stopped
+    server_metrics: dict | None = None
 
 
 # Young-generation threshold during a live run: per-request objects are short-lived, and
@@ -566,7 +580,7 @@ async def _drive(
     counter: TemplateCounter | None = None,
 ) -> LiveRun:
     settings = driver_settings(config)
-    recorder = Recorder(dp_ranks=config.dp_ranks)
+    recorder = Recorder(dp_ranks=config.dp_ranks, goodput=config.goodput_thresholds)
     if config.request_events_jsonl:
         recorder.request_events = JsonlFile(config.request_events_jsonl)
     shutdown = Shutdown(config.grace_seconds)
@@ -576,11 +590,27 @@ async def _drive(
     if progress is not None:
         background.append(asyncio.ensure_future(progress.refresh()))
 
+    # A planned end lets requests in flight finish: up to one request timeout.
+    planned_grace = float(config.request_timeout_secs) + 1.0
+    window_count = 0
+
     def sink(record) -> None:
+        nonlocal window_count
         figures = recorder.take_agent(record.agent_id)
         events.write(record, figures.as_fields() if figures is not None else None)
         if progress is not None:
             progress.trajectory_finished()
+        if config.window_trajectories is not None and record.admitted_at >= config.warmup:
+            window_count += 1
+            if window_count >= config.window_trajectories:
+                shutdown.finish("window", planned_grace)
+
+    def schedule_end(origin: float) -> None:
+        if config.duration is not None:
+            delay = origin + config.duration - time.perf_counter()
+            asyncio.get_running_loop().call_later(
+                max(delay, 0.0), shutdown.finish, "duration", planned_grace
+            )
 
     max_connections = (
         min(config.max_active_agents or len(workload), len(workload))
@@ -612,6 +642,7 @@ async def _drive(
         agents = HttpAgentLoop(
             settings, workload, factory, pool, session, recorder, shutdown, fidelity
         )
+        agents.clock_listeners.append(schedule_end)
         if handle_signals:
             shutdown.install()  # after the oracle's detection, which Ctrl+C interrupts as usual
             installed = True
@@ -635,12 +666,20 @@ async def _drive(
             progress.close()
         if recorder.request_events is not None:
             recorder.request_events.close()
+    origin = recorder.origin
+    window_end = (
+        shutdown.finished_at - origin
+        if shutdown.finished_at is not None and origin is not None
+        else engine.total_duration
+    )
     return LiveRun(
         engine,
         recorder,
         shutdown.signal_name,
         shutdown.exit_status if shutdown.stopped else 0,
         agents.fidelity.framing,
+        finished_by=shutdown.finished_by,
+        window_end=window_end,
     )
 
 
@@ -686,6 +725,7 @@ def _finish(
     if exit_status == 0 and summary.verdict == "failed":
         exit_status = EXIT_REQUESTS_FAILED
     failures = tuple(totals.failures)
+    window, sections = _measured(config, engine, live, figures)
     result = RunResult(
         config=config,
         setup=setup,
@@ -702,8 +742,48 @@ def _finish(
         workload=workload,
         engine=engine,
         live=figures,
+        window=window,
+        sections=sections,
+        finished_by=live.finished_by if live is not None else None,
     )
     return write_outputs(result, out)
+
+
+def _measured(
+    config: RunConfig, engine: EngineResult, live: LiveRun | None, figures: LiveFigures | None
+) -> tuple[WindowFigures | None, dict[str, Any] | None]:
+    """The measured window and the results JSON sections drawn from per-request samples."""
+    if live is None or figures is None:
+        return None, None
+    recorder = live.recorder
+    inputs = WindowInputs(
+        samples=recorder.samples,
+        gaps_ms=recorder.stream.itl_ms,
+        records=engine.records,
+        series=recorder.series,
+        health=figures.health,
+        wall_seconds=recorder.wall_seconds or engine.total_duration,
+        goodput=config.goodput_thresholds,
+        objectives=config.slo,
+        percents=config.percentiles,
+    )
+    end = live.window_end if live.window_end is not None else engine.total_duration
+    window = window_figures(inputs, min(config.warmup, end), end)
+    metrics = live.server_metrics
+    if metrics is not None:
+        window = replace(window, server=server_verdict(metrics.get("concepts")))
+    ranks, source = rank_rows(figures.ranks, inputs, metrics)
+    sections: dict[str, Any] = {
+        "kind": "run",
+        "finished_by": live.finished_by,
+        "window": window.as_dict(),
+        "distributions": distributions(inputs, window),
+        "timeseries": recorder.series.document(),
+        "ranks": ranks,
+        "ranks_source": source,
+        "server_metrics": metrics,
+    }
+    return window, sections
 
 
 def config_file_path(config: RunConfig) -> str | None:
@@ -737,6 +817,8 @@ def write_outputs(result: RunResult, out: RunOutput | None = None) -> RunResult:
         document = summary_document(
             config, result.setup, result.summary, result.failures, result.live
         )
+        if result.sections:
+            document.update(result.sections)
         try:
             write_json(config.results_json, document)
             written.append(("agent benchmark JSON summary", config.results_json))

@@ -17,6 +17,16 @@ from batchbench.plan.limits import MAX_REQUEST_TOKENS
 from batchbench.plan.manifest import check_manifest_opens
 from batchbench.plan.sampling import FamilyFlags, resolve_latency_spec, resolve_size_spec
 from batchbench.plan.workload import SampledShape
+from batchbench.results.slo import (
+    DEFAULT_PERCENTILES,
+    STREAMED_METRICS,
+    Objective,
+    goodput_text,
+    parse_goodput,
+    parse_percentiles,
+    parse_slo,
+    slo_text,
+)
 
 DEFAULT_ENDPOINT = "/v1/chat/completions"
 SIM_DEFAULT_TOKENIZER = "deepseek-v3"
@@ -313,6 +323,18 @@ class RunConfig:
     sim: bool = False
     sim_dp_ranks: int | None = None
     sim_args: str | None = None
+    # measured window, objectives, server metrics and the report (strings parse as the
+    # command line spells them: slo="ttft_p99=2s", goodput="ttft=2s", percentiles="50,99")
+    slo: tuple[Objective, ...] = ()
+    goodput: tuple[tuple[str, float], ...] = ()  # (metric, limit ms)
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    warmup: float = 0.0  # seconds: requests sent earlier are left out of the window
+    duration: float | None = None  # seconds: stop admitting then; requests in flight finish
+    window_trajectories: int | None = None  # stop once this many admitted after warm-up end
+    server_metrics: str | None = None  # a Prometheus text endpoint scraped during the run
+    server_metrics_interval: float = 1.0
+    server_metrics_jsonl: str | None = None
+    report_html: str | None = None
 
     # -- derived values ---------------------------------------------------------------
     @property
@@ -385,6 +407,26 @@ class RunConfig:
     def __post_init__(self) -> None:
         if isinstance(self.api_key, str):  # a plain string from Python: hide it at once
             object.__setattr__(self, "api_key", ApiKey(self.api_key) if self.api_key else None)
+        parsers = (("slo", parse_slo), ("goodput", parse_goodput))
+        for name, parse in (*parsers, ("percentiles", parse_percentiles)):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, parse(value) if value else ())
+
+    @property
+    def goodput_thresholds(self) -> tuple[tuple[str, float], ...]:
+        """What makes a request good: --goodput, else the limits of the latency objectives
+        of --slo (per metric, the limit of its highest percentile)."""
+        if self.goodput:
+            return self.goodput
+        chosen: dict[str, Objective] = {}
+        for objective in self.slo:
+            if objective.metric == "goodput" or objective.limit_ms is None:
+                continue
+            best = chosen.get(objective.metric)
+            if best is None or objective.quantile > best.quantile:
+                chosen[objective.metric] = objective
+        return tuple((metric, o.limit_ms) for metric, o in chosen.items())  # type: ignore[misc]
 
     def resolved_api_key(self) -> str | None:
         """The key to send: ``api_key``, else the variable named by ``api_key_env``."""
@@ -450,6 +492,7 @@ class RunConfig:
             raise UsageError("time-scale must be a positive finite number")
         if self.prompt_oracle not in ("none", "server"):
             raise UsageError(f'invalid prompt oracle "{self.prompt_oracle}" (none or server)')
+        self._check_window()
         if not self.sim:
             self._check_target()
         key = self.resolved_api_key()
@@ -509,6 +552,53 @@ class RunConfig:
                 f"--max-failure-rate must be between 0 and 1, not {self.max_failure_rate!r}"
             )
 
+    def _check_window(self) -> None:
+        """Objectives that need streaming, the window's bounds and the metrics endpoint."""
+        if not self.stream:
+            named = [o.name for o in self.slo if o.metric in STREAMED_METRICS]
+            named += [f"{m}=" for m, _ in self.goodput if m in STREAMED_METRICS]
+            if named:
+                raise UsageError(
+                    f"{', '.join(named)} needs --stream: TTFT, ITL and TPOT are measured only "
+                    "on streamed replies"
+                )
+        if any(o.metric == "goodput" for o in self.slo) and not self.goodput_thresholds:
+            raise UsageError(
+                "--slo goodput=... needs --goodput thresholds (e.g. --goodput ttft=2s) or a "
+                "latency objective such as ttft_p99=2s"
+            )
+        for name, value, positive in (
+            ("warmup", self.warmup, False),
+            ("duration", self.duration, True),
+            ("server-metrics-interval", self.server_metrics_interval, True),
+        ):
+            if value is None:
+                continue
+            if not (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and (value > 0 if positive else value >= 0)
+            ):
+                kind = "a positive" if positive else "a non-negative"
+                raise UsageError(f"--{name} must be {kind} number of seconds, not {value!r}")
+        if self.duration is not None and self.warmup >= self.duration:
+            raise UsageError(
+                f"--warmup ({self.warmup:g} s) must end before --duration ({self.duration:g} s)"
+            )
+        if self.window_trajectories is not None and not (
+            isinstance(self.window_trajectories, int) and self.window_trajectories >= 1
+        ):
+            raise UsageError(
+                "--window-trajectories must be an integer of at least 1, "
+                f"not {self.window_trajectories!r}"
+            )
+        if self.server_metrics is not None:
+            check_url("--server-metrics", self.server_metrics)
+        if self.dry_run and (self.server_metrics or self.report_html):
+            flag = "--server-metrics" if self.server_metrics else "--report-html"
+            raise UsageError(f"{flag} needs a live run (not --dry-run)")
+
     def _check_target(self) -> None:
         """A live run needs an http(s) server: --host, or a full-URL --endpoint."""
         full = self.endpoint.startswith(("http://", "https://"))
@@ -532,6 +622,8 @@ class RunConfig:
             ("--results-json", self.results_json),
             ("--agent-events-jsonl", self.agent_events_jsonl),
             ("--request-events-jsonl", None if self.dry_run else self.request_events_jsonl),
+            ("--server-metrics-jsonl", self.server_metrics_jsonl),
+            ("--report-html", self.report_html),
         ]
         return [(flag, path) for flag, path in paths if path is not None]
 
@@ -586,6 +678,16 @@ class RunConfig:
             "sim": self.sim,
             "sim-dp-ranks": self.sim_dp_ranks,
             "sim-args": self.sim_args,
+            "slo": slo_text(self.slo) or None,
+            "goodput": goodput_text(self.goodput) or None,
+            "percentiles": ",".join(f"{p:g}" for p in self.percentiles),
+            "warmup": self.warmup,
+            "duration": self.duration,
+            "window-trajectories": self.window_trajectories,
+            "server-metrics": self.server_metrics,
+            "server-metrics-interval": self.server_metrics_interval,
+            "server-metrics-jsonl": self.server_metrics_jsonl,
+            "report-html": self.report_html,
         }
         return {name: value for name, value in values.items() if value is not None}
 
@@ -611,7 +713,14 @@ class RunConfig:
         return "\n".join(lines) + "\n"
 
 
-OUTPUT_OPTIONS = ("results-csv", "results-json", "agent-events-jsonl", "request-events-jsonl")
+OUTPUT_OPTIONS = (
+    "results-csv",
+    "results-json",
+    "agent-events-jsonl",
+    "request-events-jsonl",
+    "server-metrics-jsonl",
+    "report-html",
+)
 TOML_INT_MAX = (1 << 63) - 1
 
 

@@ -24,6 +24,7 @@ from batchbench.config import resolve_shape as shape_from_options
 from batchbench.errors import UsageError
 from batchbench.plan.arrivals import ARRIVAL_PROCESSES
 from batchbench.plan.workload import SampledShape
+from batchbench.results.slo import DEFAULT_PERCENTILES, parse_goodput, parse_percentiles, parse_slo
 
 AgentArgumentParser = CommandParser  # the name other commands import
 
@@ -433,6 +434,7 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
         action="store_true",
         help="no progress bar (it is only ever drawn when stderr is a terminal)",
     )
+    add_window_flags(parser.add_argument_group("objectives, measured window and report"))
     sim = parser.add_argument_group("embedded simulator (batchbench additions)")
     sim.add_argument(
         "--sim",
@@ -462,6 +464,99 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
     )
     add("--version", action="version", version=version_text())
     return parser
+
+
+def _parsed(parse):
+    """An argparse type from a parser that raises UsageError."""
+
+    def convert(text: str):
+        try:
+            return parse(text)
+        except UsageError as exc:
+            text = str(exc)
+            for flag in ("--slo", "--goodput", "--percentiles"):
+                text = text.removeprefix(f"invalid {flag} ")
+            raise argparse.ArgumentTypeError(text) from None
+
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def add_window_flags(group) -> None:
+    """--slo, --goodput, --percentiles, the window, server metrics and the HTML report."""
+    group.add_argument(
+        "--slo",
+        type=_parsed(parse_slo),
+        default=(),
+        metavar="OBJECTIVES",
+        help="service-level objectives judged on the measured window, e.g. "
+        "ttft_p99=2s,itl_p99=100ms,e2e_p95=30s (METRIC_pPERCENTILE=DURATION, METRIC one of "
+        "ttft, itl, tpot, e2e; units required: us, ms, s, m) and goodput=95%% (the share of "
+        "good requests). Each verdict is pass, fail or unresolved (the window was too short "
+        "to tell, at 95%% confidence). ttft, itl and tpot need --stream",
+    )
+    group.add_argument(
+        "--goodput",
+        type=_parsed(parse_goodput),
+        default=(),
+        metavar="THRESHOLDS",
+        help="per-request thresholds, e.g. ttft=2s,itl=100ms: a request is good when it meets "
+        "all of them (itl: the request's mean gap between chunks). Reported as good requests/s, "
+        "goodput ratio and trajectory goodput (trajectories whose every request was good, per "
+        "minute). Default: the limits of the --slo latency objectives",
+    )
+    group.add_argument(
+        "--percentiles",
+        type=_parsed(parse_percentiles),
+        default=DEFAULT_PERCENTILES,
+        metavar="LIST",
+        help="percentiles reported for TTFT, ITL, TPOT and latency in the JSON and CSV "
+        "(default: 50,90,95,99,99.9)",
+    )
+    group.add_argument(
+        "--warmup",
+        type=non_negative_float,
+        default=0.0,
+        metavar="S",
+        help="leave requests sent in the first S seconds out of the measured window (default: 0)",
+    )
+    group.add_argument(
+        "--duration",
+        type=positive_finite,
+        metavar="S",
+        help="stop admitting agents after S seconds; pending tool delays end and requests in "
+        "flight finish (up to --request-timeout-secs). Not an interruption",
+    )
+    group.add_argument(
+        "--window-trajectories",
+        type=positive_uint,
+        metavar="N",
+        help="stop once N trajectories admitted after the warm-up have finished",
+    )
+    group.add_argument(
+        "--server-metrics",
+        metavar="URL",
+        help="scrape this Prometheus text endpoint (vLLM, SGLang or llama.cpp /metrics) during "
+        "the run: KV-cache use, running and waiting requests, prefix-cache hits, per rank",
+    )
+    group.add_argument(
+        "--server-metrics-interval",
+        type=positive_finite,
+        default=1.0,
+        metavar="S",
+        help="seconds between scrapes (default: %(default)s)",
+    )
+    group.add_argument(
+        "--server-metrics-jsonl",
+        metavar="PATH",
+        help="write every scrape as one JSON line (time and samples)",
+    )
+    group.add_argument(
+        "--report-html",
+        metavar="PATH",
+        help="write a self-contained HTML report with charts (needs the report extra: "
+        "pip install 'batchbench[report]')",
+    )
 
 
 def version_text() -> str:
@@ -636,6 +731,16 @@ def config_from_namespace(args: argparse.Namespace) -> RunConfig:
         sim=args.sim,
         sim_dp_ranks=args.sim_dp_ranks,
         sim_args=args.sim_args,
+        slo=args.slo,
+        goodput=args.goodput,
+        percentiles=args.percentiles,
+        warmup=args.warmup,
+        duration=args.duration,
+        window_trajectories=args.window_trajectories,
+        server_metrics=args.server_metrics,
+        server_metrics_interval=args.server_metrics_interval,
+        server_metrics_jsonl=args.server_metrics_jsonl,
+        report_html=args.report_html,
     )
     config.check()
     return config

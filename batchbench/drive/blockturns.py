@@ -222,7 +222,7 @@ class BlockTurns:
             completion = reply.completion_tokens
             recorder.request_succeeded(
                 figures, rank, served, completion, reply.cached_tokens, elapsed, reply.ttft,
-                reply.gaps, reply.tpot, attempts, errors,
+                reply.gaps, reply.tpot, attempts, errors, started,
             )  # fmt: skip
             recorder.request_fidelity(
                 figures, turn, sizing.target, served, completion, planned_output, fresh,

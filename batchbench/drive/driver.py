@@ -179,6 +179,7 @@ class HttpAgentLoop(BlockTurns):
         self.fidelity = fidelity or Fidelity(Framing(0, 0, learn=False))
         self._inline = factory.synth.method == "fast"
         self._origin = time.perf_counter()
+        self.clock_listeners: list[Callable[[float], None]] = []
         self._stream = settings.body.stream
         self._attempts = settings.max_retries + 1
         self._max_retry_wait_ms = math.ceil(settings.max_retry_wait_seconds * 1000.0)
@@ -187,9 +188,12 @@ class HttpAgentLoop(BlockTurns):
         self._setup_blocks()
 
     def clock_started(self, origin: float) -> None:
-        """The engine started the benchmark clock: offsets and client CPU count from here."""
+        """The engine started the benchmark clock: offsets and client CPU count from here
+        (and whatever the run scheduled from it, such as a --duration stop)."""
         self._origin = origin
-        self.recorder.start_clock()
+        self.recorder.start_clock(origin)
+        for listener in self.clock_listeners:
+            listener(origin)
 
     # -- text -------------------------------------------------------------------------
     def _cheap(self, tokens: int) -> bool:
@@ -383,7 +387,7 @@ class HttpAgentLoop(BlockTurns):
             completion = reply.completion_tokens
             recorder.request_succeeded(
                 figures, rank, served, completion, reply.cached_tokens, elapsed, reply.ttft,
-                reply.gaps, reply.tpot, attempts, errors,
+                reply.gaps, reply.tpot, attempts, errors, started,
             )  # fmt: skip
             recorder.request_fidelity(
                 figures, turn, sizing.target, served, completion, planned_output, fresh,
@@ -524,7 +528,9 @@ class HttpAgentLoop(BlockTurns):
             recorder.request_cancelled(figures, errors, attempts)
             event(None, started, elapsed, attempts, "cancelled", errors)
             return reply, attempts, started, elapsed, errors, Outcome.INTERRUPTED
-        recorder.request_failed(figures, rank, agent, ident, invocation, errors, attempts)
+        recorder.request_failed(
+            figures, rank, agent, ident, invocation, errors, attempts, started, elapsed
+        )
         event(None, started, elapsed, attempts, "failed", errors)
         return reply, attempts, started, elapsed, errors, Outcome.FAILED
 

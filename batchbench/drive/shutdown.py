@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import time
 
 EXIT_STATUS = {"SIGINT": 130, "SIGTERM": 143}
 CANCELLED_IN_FLIGHT = "cancelled in flight when the grace period ended"
@@ -33,6 +34,8 @@ class Shutdown:
         self.grace_seconds = grace_seconds
         self.stopped = False
         self.signal_name: str | None = None
+        self.finished_by: str | None = None  # a planned end: "duration", "window"
+        self.finished_at: float | None = None  # perf_counter time of that end
         self.stop_event = asyncio.Event()
         self.cancel_event = asyncio.Event()
         self._sleepers: set[asyncio.Future] = set()
@@ -42,15 +45,30 @@ class Shutdown:
     def request(self, signal_name: str) -> None:
         """A signal arrived: the first stops admission, a later one ends the grace period."""
         if self.stopped:
+            if self.signal_name is None:
+                self.signal_name = signal_name
             self.cancel_now()
             return
-        self.stopped = True
         self.signal_name = signal_name
+        self._stop(self.grace_seconds)
+
+    def finish(self, reason: str, grace_seconds: float) -> None:
+        """The run reached its planned end (``--duration``, ``--window-trajectories``):
+        admission stops and tool delays end as for a signal, but the run is not
+        interrupted, and requests in flight get ``grace_seconds`` to finish."""
+        if self.stopped:
+            return
+        self.finished_by = reason
+        self.finished_at = time.perf_counter()
+        self._stop(grace_seconds)
+
+    def _stop(self, grace_seconds: float) -> None:
+        self.stopped = True
         self.stop_event.set()
         for sleeper in self._sleepers:
             if not sleeper.done():
                 sleeper.set_result(False)
-        self._grace_timer = self._loop.call_later(self.grace_seconds, self.cancel_now)
+        self._grace_timer = self._loop.call_later(grace_seconds, self.cancel_now)
 
     def cancel_now(self) -> None:
         if self._grace_timer is not None:
@@ -74,7 +92,10 @@ class Shutdown:
 
     @property
     def exit_status(self) -> int:
-        return EXIT_STATUS.get(self.signal_name or "", 130)
+        """130/143 after a signal; 0 after a planned end."""
+        if self.signal_name is None:
+            return 0
+        return EXIT_STATUS.get(self.signal_name, 130)
 
     def install(self) -> None:
         """Route SIGINT and SIGTERM to ``request`` (Unix event loops)."""

@@ -17,6 +17,7 @@ from typing import Any
 from batchbench.results.events import JsonlFile
 from batchbench.results.failures import AttemptError
 from batchbench.results.metrics import RunTotals, StreamSamples, median_seconds, percentile
+from batchbench.results.samples import NAN, RequestSamples, TimeSeries
 
 LAG_INTERVAL_SECONDS = 0.010
 
@@ -39,6 +40,7 @@ class AgentFigures:
     output_exact: int = 0
     cancelled: int = 0
     skipped: int = 0
+    agent_id: int = -1
 
     @property
     def settled(self) -> int:
@@ -151,6 +153,12 @@ class Recorder:
     lag_ms: array = field(default_factory=lambda: array("d"))
     _cpu_start: float = 0.0
     cpu_seconds: float = 0.0
+    # --goodput thresholds: ((metric, limit ms), ...); a request meeting all of them is good
+    goodput: tuple[tuple[str, float], ...] = ()
+    samples: RequestSamples = field(default_factory=RequestSamples)
+    series: TimeSeries = field(default_factory=TimeSeries)
+    origin: float | None = None  # the benchmark clock's start (perf_counter)
+    wall_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if self.dp_ranks:
@@ -159,7 +167,7 @@ class Recorder:
 
     # -- trajectories ---------------------------------------------------------------
     def agent_started(self, agent: int, slot: int) -> AgentFigures:
-        figures = AgentFigures()
+        figures = AgentFigures(agent_id=agent)
         self.started_agents.add(agent)
         self.agents[agent] = figures
         if self.dp_ranks:
@@ -183,10 +191,12 @@ class Recorder:
         tpot: float | None = None,
         attempts: int = 1,
         errors: list[AttemptError] | None = None,
+        started: float = NAN,
     ) -> None:
         """A request succeeded: the server's usage counts, its latency and, when streamed,
         its time to first token, gaps between content chunks and time per output token;
-        ``errors`` are its attempts that failed before."""
+        ``errors`` are its attempts that failed before; ``started`` its send time on the
+        benchmark clock."""
         totals = self.totals
         totals.successful_requests += 1
         totals.attempts += attempts
@@ -204,6 +214,7 @@ class Recorder:
         if cached is not None:
             figures.cached_tokens = (figures.cached_tokens or 0) + cached
             self.server_cached_tokens = (self.server_cached_tokens or 0) + cached
+        gap_first = len(self.stream.itl_ms)
         if ttft is not None:
             if figures.ttfts is None:
                 figures.ttfts = []
@@ -215,6 +226,29 @@ class Recorder:
             load.input_tokens += prompt
             load.output_tokens += completion
             load.cached_tokens += cached or 0
+        latency_ms = latency * 1000.0
+        ttft_ms = ttft * 1000.0 if ttft is not None else NAN
+        itl_ms = sum(gaps) * 1000.0 / len(gaps) if gaps else NAN
+        tpot_ms = tpot * 1000.0 if tpot is not None else NAN
+        good = True
+        for metric, limit in self.goodput:
+            value = (
+                ttft_ms
+                if metric == "ttft"
+                else itl_ms
+                if metric == "itl"
+                else tpot_ms
+                if metric == "tpot"
+                else latency_ms
+            )
+            if not value <= limit:  # NaN (not measured) is not good
+                good = False
+                break
+        self.samples.add(
+            started, latency_ms, ttft_ms, itl_ms, tpot_ms, True, good,
+            -1 if rank is None else rank, figures.agent_id, prompt, completion,
+            -1 if cached is None else cached, gap_first, len(self.stream.itl_ms) - gap_first,
+        )  # fmt: skip
 
     def request_fidelity(
         self,
@@ -266,6 +300,8 @@ class Recorder:
         invocation: int,
         errors: list[AttemptError],
         attempts: int,
+        started: float = NAN,
+        elapsed: float = 0.0,
     ) -> None:
         """A request failed after its last attempt; ``errors`` holds every failed attempt."""
         totals = self.totals
@@ -280,6 +316,11 @@ class Recorder:
         figures.error = error
         if rank is not None:
             self.ranks[rank].requests += 1
+        self.samples.add(
+            started, elapsed * 1000.0, NAN, NAN, NAN, False, False,
+            -1 if rank is None else rank, figures.agent_id, 0, 0, -1,
+            len(self.stream.itl_ms), 0,
+        )  # fmt: skip
 
     def request_cancelled(
         self, figures: AgentFigures, errors: list[AttemptError], attempts: int
@@ -344,11 +385,28 @@ class Recorder:
         self.totals.total_tool_call_latency_seconds += seconds
 
     # -- client health --------------------------------------------------------------
-    def start_clock(self) -> None:
+    def start_clock(self, origin: float | None = None) -> None:
         self._cpu_start = _cpu_now()
+        self.origin = time.perf_counter() if origin is None else origin
 
     def stop_clock(self) -> None:
         self.cpu_seconds = _cpu_now() - self._cpu_start
+        if self.origin is not None:
+            self.wall_seconds = time.perf_counter() - self.origin
+            self.sample_series()
+
+    def sample_series(self) -> None:
+        """One time-series point: agents running, requests in flight, cumulative counts."""
+        if self.origin is None:
+            return
+        totals = self.totals
+        self.series.add(
+            time.perf_counter() - self.origin,
+            len(self.agents),
+            self.in_flight,
+            totals.successful_requests + totals.failed_requests,
+            totals.total_output_tokens,
+        )
 
     async def sample_lag(self) -> None:
         """Event-loop lag every 10 ms: how late each wake-up came. Also flushes request
@@ -357,13 +415,20 @@ class Recorder:
         interval = LAG_INTERVAL_SECONDS
         lag = self.lag_ms
         ticks = 0
+        next_series = self.series.interval
         while True:
             expected = clock() + interval
             await asyncio.sleep(interval)
-            lag.append(max(clock() - expected, 0.0) * 1000.0)
+            now = clock()
+            lag.append(max(now - expected, 0.0) * 1000.0)
             ticks += 1
             if self.request_events is not None and ticks % 25 == 0:
                 self.request_events.flush()
+            if self.origin is not None and now - self.origin >= next_series:
+                # On the series' own grid, so points stay evenly spaced whatever the lag.
+                while now - self.origin >= next_series:
+                    next_series += self.series.interval
+                self.sample_series()
 
     def health(self) -> ClientHealth:
         lag = sorted(self.lag_ms)

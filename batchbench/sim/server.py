@@ -8,6 +8,7 @@ Endpoints: ``POST /v1/chat/completions`` (JSON or SSE), ``GET /v1/models``,
 from __future__ import annotations
 
 import asyncio
+import bisect
 import itertools
 import time
 from collections.abc import Callable
@@ -39,6 +40,17 @@ JSON = "application/json"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 MALFORMED_BODY = b'{"id": "chatcmpl-malformed", "choices": [{"message": '
 MAX_REQUEST_BYTES = 1 << 30  # whole conversations are posted each turn; allow long ones
+# vLLM's time-to-first-token buckets (seconds), so scrapers read the sim as they read vLLM.
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+# Request storage key: perf_counter() when the handler began (typed keys need aiohttp 3.12).
+ARRIVED: Any = (
+    web.RequestKey("batchbench_sim_arrived", float)
+    if hasattr(web, "RequestKey")
+    else "batchbench_sim_arrived"
+)
 
 
 @dataclass
@@ -70,6 +82,26 @@ class Job:
     store: Callable[[], None]  # caches the prompt's prefixes once it is prefilled
 
 
+class Histogram:
+    """A Prometheus histogram without the library: per-bucket counts, rendered cumulative."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # le: value <= bound
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """(le label value, observations at or below it), ``+Inf`` last."""
+        les = [repr(float(bound)) for bound in self.bounds] + ["+Inf"]
+        return list(zip(les, itertools.accumulate(self.counts), strict=True))
+
+
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
     body = {"error": {"message": message, "type": kind, "code": status}}
     return web.Response(status=status, body=orjson.dumps(body), content_type=JSON)
@@ -90,6 +122,7 @@ class SimServer:
             else ReplyText(Synthesizer.prepare(loaded))
         )
         self.ranks = [Rank(i, config.serving) for i in range(config.dp_ranks)]
+        self.ttft = [Histogram(TTFT_BUCKETS) for _ in self.ranks]  # per rank, for /metrics
         self.faults = config.faults
         self.fault_counts = dict.fromkeys(Fault, 0)
         self.spikes = 0
@@ -224,6 +257,7 @@ class SimServer:
     # --- chat completions ----------------------------------------------------------------
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        request[ARRIVED] = time.perf_counter()
         raw = await request.read()
         try:
             body = orjson.loads(raw)
@@ -316,6 +350,7 @@ class SimServer:
 
     async def _complete(self, request: web.Request, job: Job) -> web.StreamResponse:
         await self._run_model(job)
+        self._first_token(request, job.rank)
         output, fault = job.output, job.fault
         if fault is not Fault.DROP:  # a dropped reply never reached the client
             job.rank.account(job.prompt, job.cached, output.tokens)
@@ -384,6 +419,8 @@ class SimServer:
                 if sequence is not None:
                     while sequence.generated < sent_tokens and not sequence.done.done():
                         await sequence.wait_beyond(sequence.generated)
+                if index == 0:
+                    self._first_token(request, rank)
                 if fault is Fault.MALFORMED and index == cut // 2:
                     await response.write(b"data: {not json\n\n")
                 last = index == len(chunks) - 1
@@ -500,7 +537,80 @@ class SimServer:
             [("", self.counter.encoded_messages)],
         )
         lines.append(f'batchbench_sim_info{{version="{__version__}"}} 1')
+        self._vllm_families(lines)
         return "\n".join(lines) + "\n"
+
+    def _first_token(self, request: web.Request, rank: Rank) -> None:
+        """Observe the request's time to first token (streams: the first content chunk;
+        whole replies: the reply, which carries every token at once)."""
+        self.ttft[rank.index].observe(time.perf_counter() - request[ARRIVED])
+
+    def _vllm_families(self, lines: list[str]) -> None:
+        """vLLM's names, labels (``engine``, ``model_name``) and layout, as prometheus_client
+        writes them, so that scrapers are tested on a real vLLM-shaped page."""
+        model = _label_value(self.config.model_name)
+        labels = [f'engine="{r.index}",model_name="{model}"' for r in self.ranks]
+        instant = self.config.serving.speed == 0
+        capacity = self.config.serving.kv_cache_tokens
+
+        def family(name: str, kind: str, help_text: str, values: list[float]) -> None:
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} {kind}")
+            lines.extend(
+                f"{name}{{{label}}} {float(value)!r}"
+                for label, value in zip(labels, values, strict=True)
+            )
+
+        ranks = self.ranks
+        family(
+            "vllm:num_requests_running",
+            "gauge",
+            "Number of requests in model execution batches.",
+            # No modelled batch at --speed 0: every request being answered is running.
+            [r.in_flight if instant else len(r.running) for r in ranks],
+        )
+        family(
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Number of requests waiting to be processed.",
+            [len(r.waiting) for r in ranks],
+        )
+        family(
+            "vllm:kv_cache_usage_perc",
+            "gauge",
+            "KV-cache usage. 1 means 100 percent usage.",
+            [min(1.0, r.kv_running / capacity) if capacity else 0.0 for r in ranks],
+        )
+        for name, help_text, attribute in (
+            ("prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+             "prompt_tokens"),
+            ("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+             "cached_tokens"),
+            ("prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens"),
+            ("generation_tokens", "Number of generation tokens processed.", "completion_tokens"),
+            ("request_success", "Count of successfully processed requests.", "requests"),
+        ):  # fmt: skip
+            family(
+                f"vllm:{name}_total",
+                "counter",
+                help_text,
+                [getattr(r, attribute) for r in ranks],
+            )
+        name = "vllm:time_to_first_token_seconds"
+        lines.append(f"# HELP {name} Histogram of time to first token in seconds.")
+        lines.append(f"# TYPE {name} histogram")
+        for rank, histogram in zip(ranks, self.ttft, strict=True):
+            engine = f'engine="{rank.index}"'
+            for le, count in histogram.cumulative():
+                lines.append(f'{name}_bucket{{{engine},le="{le}",model_name="{model}"}} {count}.0')
+            total = sum(histogram.counts)
+            lines.append(f'{name}_count{{{engine},model_name="{model}"}} {float(total)!r}')
+            lines.append(f'{name}_sum{{{engine},model_name="{model}"}} {histogram.sum!r}')
+
+
+def _label_value(text: str) -> str:
+    """A label value escaped as the exposition format wants (backslash, quote, newline)."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _messages(body: dict[str, Any]) -> list[Any]:

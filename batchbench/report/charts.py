@@ -1,0 +1,585 @@
+"""The report's figures, built with plotly's figure objects (which check every property
+name) and handed to the page as plain ``{"data", "layout"}`` dicts.
+
+Each builder returns a Chart, or None when no document has the data (the page then writes a
+one-line note instead). Strings from documents go into figures HTML-escaped: plotly renders
+a small HTML subset in names and titles."""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from batchbench.report.format import finite, get, number, ratio_percent
+
+# Trace colours by document (or rank), and step colours by verdict.
+PALETTE = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+    "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+)  # fmt: skip
+VERDICT_COLORS = {
+    "pass": "#2ca02c",
+    "fail": "#d62728",
+    "unresolved": "#ff9f1c",
+    "client-bound": "#9467bd",
+}
+UNKNOWN_COLOR = "#7f7f7f"
+SLO_COLOR = "#d62728"
+
+# Latency metrics with a distribution: (metric name in SLO objectives, document key, title).
+CDF_METRICS = (
+    ("ttft", "ttft_ms", "Time to first token"),
+    ("itl", "itl_ms", "Inter-token latency"),
+    ("e2e", "e2e_ms", "End-to-end request latency"),
+)
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One figure of the page: its div id (stable; tests and links use it) and its figure."""
+
+    id: str
+    figure: dict[str, Any]
+    height: int
+
+
+def color(index: int) -> str:
+    return PALETTE[index % len(PALETTE)]
+
+
+def compact(values: Any) -> list[float | None]:
+    """Numbers rounded to six significant digits (smaller page, same picture); others None."""
+    if not isinstance(values, list):
+        return []
+    out: list[float | None] = []
+    for value in values:
+        number_ = finite(value)
+        out.append(None if number_ is None else float(f"{number_:.6g}"))
+    return out
+
+
+def _finish(fig: go.Figure, chart_id: str, height: int, **layout: Any) -> Chart:
+    fig.update_layout(
+        height=height,
+        margin={"l": 60, "r": 20, "t": 50, "b": 50},
+        legend={"orientation": "h", "yanchor": "top", "y": -0.15, "x": 0},
+        hovermode="closest",
+        **layout,
+    )
+    figure = fig.to_plotly_json()
+    figure["layout"].pop("template", None)  # the page sets one shared template
+    return Chart(chart_id, {"data": figure["data"], "layout": figure["layout"]}, height)
+
+
+def _name(label: str) -> str:
+    return html.escape(label)
+
+
+def slo_limits(documents: list[dict[str, Any]], metric: str) -> list[tuple[str, float, float]]:
+    """Distinct (objective, limit ms, quantile) of ``metric`` over the documents' SLOs."""
+    limits: list[tuple[str, float, float]] = []
+    for document in documents:
+        for objective in get(document, "window", "slo") or []:
+            if not isinstance(objective, dict) or objective.get("metric") != metric:
+                continue
+            limit, quantile = finite(objective.get("limit_ms")), finite(objective.get("quantile"))
+            name = objective.get("objective")
+            if limit is None or limit <= 0 or quantile is None or not isinstance(name, str):
+                continue
+            entry = (name, limit, quantile)
+            if entry not in limits:
+                limits.append(entry)
+    return limits
+
+
+def cdf_chart(
+    chart_id: str,
+    title: str,
+    series: list[tuple[str, Any]],
+    limits: list[tuple[str, float, float]],
+) -> Chart | None:
+    """Cumulative fraction of requests against latency (log x), one line per series, with
+    each SLO as a dashed vertical line at its limit and a marker at its required fraction:
+    the objective holds where the curve passes at or above the marker."""
+    fig = go.Figure()
+    drawn = 0
+    for index, (label, distribution) in enumerate(series):
+        values = compact(get(distribution, "values"))
+        fractions = compact(get(distribution, "fractions"))
+        points = [
+            (x, y)
+            for x, y in zip(values, fractions, strict=False)
+            if x is not None and y is not None and x > 0
+        ]
+        if not points:
+            continue
+        drawn += 1
+        fig.add_trace(
+            go.Scatter(
+                x=[p[0] for p in points],
+                y=[p[1] for p in points],
+                mode="lines",
+                line={"shape": "hv", "color": color(index), "width": 2},
+                name=_name(label),
+                hovertemplate="%{x:.4~g} ms: %{y:.1%} of requests",
+            )
+        )
+    if not drawn:
+        return None
+    for name, limit, quantile in limits:
+        text = f"SLO {name} ≤ {number(limit)} ms"
+        fig.add_trace(
+            go.Scatter(
+                x=[limit, limit],
+                y=[0, 1],
+                mode="lines",
+                line={"color": SLO_COLOR, "dash": "dash", "width": 1.5},
+                name=_name(text),
+                legendgroup=_name(name),
+                hoverinfo="skip",
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=[limit],
+                y=[quantile],
+                mode="markers",
+                marker={"color": SLO_COLOR, "symbol": "x", "size": 10},
+                legendgroup=_name(name),
+                showlegend=False,
+                name=_name(name),
+                hovertemplate=_name(f"{text}: at least {ratio_percent(quantile)} within"),
+            )
+        )
+    return _finish(
+        fig,
+        chart_id,
+        380,
+        title={"text": _name(title)},
+        xaxis={"type": "log", "title": {"text": "milliseconds (log scale)"}},
+        yaxis={"title": {"text": "fraction of requests"}, "range": [0, 1.02]},
+    )
+
+
+def throughput_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | None:
+    """Requests/s and output tokens/s over time, one colour per document."""
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.12,
+        subplot_titles=("Requests per second", "Output tokens per second"),
+    )
+    drawn = False
+    for index, (label, timeseries) in enumerate(series):
+        t = compact(get(timeseries, "t"))
+        for row, key in ((1, "requests_per_second"), (2, "output_tokens_per_second")):
+            values = compact(get(timeseries, key))
+            if not t or not values:
+                continue
+            drawn = True
+            fig.add_trace(
+                go.Scatter(
+                    x=t,
+                    y=values,
+                    mode="lines",
+                    line={"color": color(index)},
+                    name=_name(label),
+                    legendgroup=_name(label),
+                    showlegend=row == 1,
+                    hovertemplate="%{x:.1f} s: %{y:.4~g}",
+                ),
+                row=row,
+                col=1,
+            )
+    if not drawn:
+        return None
+    fig.update_xaxes(title_text="seconds since the run started", row=2, col=1)
+    return _finish(fig, "bb-throughput", 520, title={"text": "Throughput over time"})
+
+
+def concurrency_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | None:
+    """Active agents (solid) and requests in flight (dashed) over time."""
+    fig = go.Figure()
+    for index, (label, timeseries) in enumerate(series):
+        t = compact(get(timeseries, "t"))
+        for key, text, dash in (
+            ("active_agents", "active agents", "solid"),
+            ("in_flight", "requests in flight", "dash"),
+        ):
+            values = compact(get(timeseries, key))
+            if not t or not values:
+                continue
+            prefix = f"{label}: " if len(series) > 1 else ""
+            fig.add_trace(
+                go.Scatter(
+                    x=t,
+                    y=values,
+                    mode="lines",
+                    line={"color": color(index), "dash": dash, "shape": "hv"},
+                    name=_name(prefix + text),
+                    hovertemplate="%{x:.1f} s: %{y}",
+                )
+            )
+    if not fig.data:
+        return None
+    return _finish(
+        fig,
+        "bb-concurrency",
+        360,
+        title={"text": "Active agents and requests in flight"},
+        xaxis={"title": {"text": "seconds since the run started"}},
+        yaxis={"title": {"text": "count"}, "rangemode": "tozero"},
+    )
+
+
+def ranks_chart(series: list[tuple[str, list[dict[str, Any]]]]) -> Chart | None:
+    """Per-DP-rank bars: requests, input tokens, TTFT p50 and p99, cached tokens."""
+    fig = make_subplots(
+        rows=2,
+        cols=2,
+        vertical_spacing=0.18,
+        subplot_titles=("Requests", "Input tokens", "TTFT p50 / p99 (ms)", "Cached input tokens"),
+    )
+    drawn = False
+    for index, (label, ranks) in enumerate(series):
+        rows = [r for r in ranks if isinstance(r, dict) and isinstance(r.get("rank"), int)]
+        if not rows:
+            continue
+        drawn = True
+        x = [f"rank {r['rank']}" for r in rows]
+        panels = (
+            (1, 1, "requests", "", 1.0),
+            (1, 2, "input_tokens", "", 1.0),
+            (2, 1, "ttft_p50_ms", " p50", 1.0),
+            (2, 1, "ttft_p99_ms", " p99", 0.55),
+            (2, 2, "cached_tokens", "", 1.0),
+        )
+        for row, col, key, suffix, opacity in panels:
+            fig.add_trace(
+                go.Bar(
+                    x=x,
+                    y=[finite(r.get(key)) for r in rows],
+                    name=_name(label + suffix),
+                    legendgroup=_name(label),
+                    showlegend=(row, col) == (1, 1),
+                    marker={"color": color(index), "opacity": opacity},
+                    hovertemplate="%{x}: %{y:,.4~g}",
+                ),
+                row=row,
+                col=col,
+            )
+    if not drawn:
+        return None
+    return _finish(fig, "bb-ranks", 560, title={"text": "Per data-parallel rank"}, barmode="group")
+
+
+def fidelity_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | None:
+    """Requests by token drift (served minus planned), prompt and output side by side."""
+    fig = make_subplots(
+        rows=1, cols=2, subplot_titles=("Prompt tokens: drift", "Output tokens: drift")
+    )
+    for index, (label, fidelity) in enumerate(series):
+        for col, side in ((1, "prompt"), (2, "output")):
+            histogram = get(fidelity, side, "histogram")
+            if not isinstance(histogram, dict) or not histogram:
+                continue
+            pairs = []
+            for key, count in histogram.items():
+                try:
+                    pairs.append((int(key), finite(count)))
+                except ValueError:
+                    continue
+            pairs.sort()
+            fig.add_trace(
+                go.Bar(
+                    x=[p[0] for p in pairs],
+                    y=[p[1] for p in pairs],
+                    name=_name(label),
+                    legendgroup=_name(label),
+                    showlegend=col == 1,
+                    marker={"color": color(index)},
+                    hovertemplate="drift %{x} tokens: %{y} requests",
+                ),
+                row=1,
+                col=col,
+            )
+    if not fig.data:
+        return None
+    fig.update_xaxes(title_text="served − planned tokens")
+    fig.update_yaxes(title_text="requests", col=1)
+    return _finish(
+        fig, "bb-fidelity", 380, title={"text": "Token fidelity"}, barmode="group", bargap=0.2
+    )
+
+
+SERVER_SERIES = (
+    ("kv_cache_usage", "KV-cache usage"),
+    ("running_requests", "Running requests"),
+    ("waiting_requests", "Waiting requests"),
+)
+
+
+def server_metrics_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | None:
+    """KV-cache usage, running and waiting requests over time, one line per rank."""
+    fig = make_subplots(
+        rows=3,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.08,
+        subplot_titles=tuple(title for _, title in SERVER_SERIES),
+    )
+    seen: dict[str, int] = {}
+    for doc_index, (label, metrics_series) in enumerate(series):
+        t = compact(get(metrics_series, "t"))
+        if not t:
+            continue
+        for row, (concept, _) in enumerate(SERVER_SERIES, start=1):
+            by_rank = get(metrics_series, concept)
+            if not isinstance(by_rank, dict):
+                continue
+            for rank, values in sorted(by_rank.items(), key=lambda item: _rank_order(item[0])):
+                name = f"rank {rank}" if rank != "all" else "all ranks"
+                if len(series) > 1:
+                    name = f"{label}: {name}"
+                index = seen.setdefault(name, len(seen))
+                fig.add_trace(
+                    go.Scatter(
+                        x=t,
+                        y=compact(values),
+                        mode="lines",
+                        line={"color": color(index), "dash": "solid" if doc_index == 0 else "dot"},
+                        name=_name(name),
+                        legendgroup=_name(name),
+                        showlegend=name not in {d.name for d in fig.data},
+                        hovertemplate="%{x:.1f} s: %{y:.4~g}",
+                    ),
+                    row=row,
+                    col=1,
+                )
+    if not fig.data:
+        return None
+    fig.update_xaxes(title_text="seconds since the run started", row=3, col=1)
+    return _finish(fig, "bb-server-metrics", 640, title={"text": "Server metrics over time"})
+
+
+def _rank_order(rank: str) -> tuple[int, int | str]:
+    return (0, int(rank)) if rank.isdigit() else (1, rank)
+
+
+def _steps_by_agents(capacity: dict[str, Any]) -> list[dict[str, Any]]:
+    steps = [s for s in get(capacity, "steps") or [] if isinstance(s, dict)]
+    steps = [s for s in steps if finite(s.get("agents")) is not None]
+    return sorted(steps, key=lambda s: s["agents"])
+
+
+def _latency_objectives(capacity: dict[str, Any], steps: list[dict[str, Any]]) -> list[str]:
+    """The step SLO objectives with a latency limit, in first-seen order."""
+    names: list[str] = []
+    for step in steps:
+        for objective in get(step, "window", "slo") or []:
+            name = get(objective, "objective")
+            limit = finite(get(objective, "limit_ms"))
+            if isinstance(name, str) and limit is not None and name not in names:
+                names.append(name)
+    return names
+
+
+def _objective(step: dict[str, Any], name: str) -> dict[str, Any] | None:
+    for objective in get(step, "window", "slo") or []:
+        if get(objective, "objective") == name:
+            return objective
+    return None
+
+
+def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
+    """The capacity curve: each latency objective's value (with its confidence interval)
+    against active agents with its limit as a horizontal line; throughput and good
+    throughput below (and the goodput ratio when the SLO has a goodput objective); each
+    step's marker coloured by its verdict; the answer and the breaking point marked."""
+    steps = _steps_by_agents(capacity)
+    if not steps:
+        return None
+    goodput_objective = next(
+        (
+            o
+            for o in get(steps[-1], "window", "slo") or []
+            if get(o, "metric") == "goodput" and finite(get(o, "quantile")) is not None
+        ),
+        None,
+    )
+    has_ratio = any(finite(get(s, "window", "goodput", "goodput_ratio")) is not None for s in steps)
+    rows = 3 if has_ratio else 2
+    titles = ["Latency objectives (ms)", "Requests per second"]
+    if has_ratio:
+        titles.append("Goodput ratio")
+    fig = make_subplots(
+        rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=titles
+    )
+    agents = [s["agents"] for s in steps]
+    verdicts = [s.get("verdict") if isinstance(s.get("verdict"), str) else "?" for s in steps]
+    colors = [VERDICT_COLORS.get(v, UNKNOWN_COLOR) for v in verdicts]
+    hover = [html.escape(f"{a} agents: {v}") for a, v in zip(agents, verdicts, strict=True)]
+    marker = {"color": colors, "size": 10, "line": {"color": "#333", "width": 1}}
+    names = _latency_objectives(capacity, steps)
+    answer = finite(get(capacity, "answer", "agents"))
+    latency_rows: list[tuple[str, list[float | None], dict[str, Any] | None]] = []
+    for name in names:
+        objectives = [_objective(s, name) for s in steps]
+        values = [finite(get(o, "value_ms")) for o in objectives]
+        high = [finite(get(o, "value_high_ms")) for o in objectives]
+        low = [finite(get(o, "value_low_ms")) for o in objectives]
+        error = None
+        if any(h is not None for h in high) or any(lo is not None for lo in low):
+            error = {
+                "type": "data",
+                "symmetric": False,
+                "array": [_gap(h, v) for h, v in zip(high, values, strict=True)],
+                "arrayminus": [_gap(v, lo) for v, lo in zip(values, low, strict=True)],
+                "thickness": 1,
+            }
+        latency_rows.append((name, values, error))
+        limit = next((finite(get(o, "limit_ms")) for o in objectives if o), None)
+        if limit is not None:
+            fig.add_hline(
+                y=limit,
+                line={"color": SLO_COLOR, "dash": "dash", "width": 1.5},
+                annotation_text=_name(f"{name} ≤ {number(limit)} ms"),
+                annotation_position="top left",
+                row=1,
+                col=1,
+            )
+    if not latency_rows:  # no latency objective: show TTFT (or E2E) p99 of each step
+        for key, name in (("ttft_ms", "TTFT p99"), ("e2e_ms", "E2E p99")):
+            values = [finite(get(s, "window", "latency", key, "percentiles", "p99")) for s in steps]
+            if any(v is not None for v in values):
+                latency_rows.append((name, values, None))
+                break
+    for index, (name, values, error) in enumerate(latency_rows):
+        fig.add_trace(
+            go.Scatter(
+                x=agents,
+                y=values,
+                error_y=error,
+                mode="lines+markers",
+                line={"color": color(index)},
+                marker=marker,
+                name=_name(name),
+                text=hover,
+                hovertemplate="%{text}<br>%{y:.4~g} ms",
+            ),
+            row=1,
+            col=1,
+        )
+        if answer is not None and answer in agents:
+            value = values[agents.index(answer)]
+            if value is not None:
+                fig.add_trace(
+                    go.Scatter(
+                        x=[answer],
+                        y=[value],
+                        mode="markers",
+                        marker={"symbol": "star", "size": 18, "color": "#ffd400",
+                                "line": {"color": "#333", "width": 1}},
+                        name=_name(f"capacity: {number(int(answer))} agents"),
+                        showlegend=index == 0,
+                        legendgroup="answer",
+                        hovertemplate=_name(f"capacity: {number(int(answer))} agents") + "<br>"
+                        "%{y:.4~g} ms<extra></extra>",
+                    ),
+                    row=1,
+                    col=1,
+                )  # fmt: skip
+    for key, name, offset in (
+        ("requests_per_second", "requests/s", 0),
+        ("good_requests_per_second", "good requests/s", 1),
+    ):
+        path = ("window", key) if key == "requests_per_second" else ("window", "goodput", key)
+        values = [finite(get(s, *path)) for s in steps]
+        if not any(v is not None for v in values):
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=agents,
+                y=values,
+                mode="lines+markers",
+                line={"color": color(len(latency_rows) + offset)},
+                marker=marker,
+                name=name,
+                text=hover,
+                hovertemplate="%{text}<br>%{y:.4~g} " + name,
+            ),
+            row=2,
+            col=1,
+        )
+    if has_ratio:
+        ratios = [finite(get(s, "window", "goodput", "goodput_ratio")) for s in steps]
+        fig.add_trace(
+            go.Scatter(
+                x=agents,
+                y=ratios,
+                mode="lines+markers",
+                line={"color": color(len(latency_rows) + 2)},
+                marker=marker,
+                name="goodput ratio",
+                text=hover,
+                hovertemplate="%{text}<br>%{y:.1%} good",
+            ),
+            row=3,
+            col=1,
+        )
+        if goodput_objective is not None:
+            required = float(goodput_objective["quantile"])
+            fig.add_hline(
+                y=required,
+                line={"color": SLO_COLOR, "dash": "dash", "width": 1.5},
+                annotation_text=_name(f"goodput ≥ {ratio_percent(required)}"),
+                annotation_position="bottom left",
+                row=3,
+                col=1,
+            )
+        fig.update_yaxes(tickformat=".0%", row=3, col=1)
+    for verdict, verdict_color in VERDICT_COLORS.items():  # legend entries for the colours
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                marker={"color": verdict_color, "size": 10},
+                name=f"step {verdict}",
+                legendgroup="verdicts",
+            ),
+            row=1,
+            col=1,
+        )
+    breaking = finite(get(capacity, "answer", "breaking_agents"))
+    for value, text, dash in ((answer, "capacity", "solid"), (breaking, "breaks", "dot")):
+        if value is None:
+            continue
+        line = {"color": "#444", "dash": dash, "width": 1}
+        fig.add_shape(
+            type="line", x0=value, x1=value, xref="x", y0=0, y1=1, yref="paper", line=line
+        )
+        fig.add_annotation(
+            x=value,
+            xref="x",
+            y=1,
+            yref="paper",
+            text=_name(f"{text}: {number(int(value))}"),
+            showarrow=False,
+            xanchor="left",
+            yanchor="top",
+        )
+    fig.update_xaxes(title_text="active agents", row=rows, col=1)
+    return _finish(fig, chart_id, 260 + 220 * rows, title={"text": "Capacity curve"})
+
+
+def _gap(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or math.isnan(a - b):
+        return None
+    return max(a - b, 0.0)

@@ -1,0 +1,187 @@
+"""Service-level objectives (``--slo``), per-request goodput thresholds (``--goodput``) and
+the percentiles a run reports (``--percentiles``): parsing and their canonical text.
+
+An objective is either a percentile of a latency under a limit (``ttft_p99=2s``: at least
+99 % of requests reach their first token within 2 s) or a share of good requests
+(``goodput=95%``: at least 95 % of requests meet every ``--goodput`` threshold). Durations
+need a unit so that "100" can never mean the wrong thing.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from batchbench.errors import UsageError
+
+# Latency metrics by name: what --slo and --goodput may name, and what each measures.
+LATENCY_METRICS = {
+    "ttft": "time to first token (streamed requests)",
+    "itl": "gap between content chunks (for --goodput: the request's mean gap)",
+    "tpot": "time per output token after the first (streamed requests)",
+    "e2e": "request latency, send to last byte",
+}
+STREAMED_METRICS = ("ttft", "itl", "tpot")
+UNIT_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}
+DEFAULT_PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
+_DURATION = re.compile(r"^([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)(us|ms|s|m)$")
+_OBJECTIVE = re.compile(r"^([a-z0-9]+)_p([0-9]*\.?[0-9]+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Objective:
+    """One SLO: ``metric``'s ``quantile`` at most ``limit_ms``, or (metric "goodput") the
+    share of good requests at least ``quantile``."""
+
+    metric: str
+    quantile: float  # 0.99 for p99; the required ratio for goodput
+    limit_ms: float | None  # None for goodput
+
+    @property
+    def name(self) -> str:
+        """``ttft_p99`` / ``goodput``: the objective's key in reports."""
+        if self.metric == "goodput":
+            return "goodput"
+        return f"{self.metric}_{percentile_label(self.quantile * 100.0)}"
+
+    @property
+    def text(self) -> str:
+        """The objective as --slo spells it (canonical units)."""
+        if self.metric == "goodput":
+            return f"goodput={_number(self.quantile * 100.0)}%"
+        return f"{self.name}={duration_text(self.limit_ms or 0.0)}"
+
+    @property
+    def human(self) -> str:
+        """For sentences: ``TTFT p99 ≤ 2 s``, ``goodput ≥ 95%``."""
+        if self.metric == "goodput":
+            return f"goodput ≥ {_number(self.quantile * 100.0)}%"
+        label = percentile_label(self.quantile * 100.0)
+        return f"{self.metric.upper()} {label} ≤ {duration_text(self.limit_ms or 0.0, ' ')}"
+
+
+def percentile_label(percent: float) -> str:
+    """``p99``, ``p99.9``: the key a percentile has in the results JSON."""
+    return f"p{_number(percent)}"
+
+
+def _number(value: float) -> str:
+    return f"{value:g}" if value != int(value) else str(int(value))
+
+
+def duration_text(ms: float, separator: str = "") -> str:
+    """A limit in its natural unit: ``2s``, ``100ms``, ``250us`` (``2 s`` with a space)."""
+    if ms >= 1000.0 and (ms / 1000.0) == round(ms / 1000.0, 3):
+        return f"{_number(round(ms / 1000.0, 3))}{separator}s"
+    if ms >= 1.0 or ms == 0.0:
+        return f"{_number(round(ms, 3))}{separator}ms"
+    return f"{_number(round(ms * 1000.0, 3))}{separator}us"
+
+
+def parse_duration_ms(text: str, flag: str, item: str) -> float:
+    match = _DURATION.match(text.strip())
+    if match is None:
+        raise UsageError(
+            f'invalid {flag} "{item}": "{text}" needs a number and a unit (us, ms, s or m), '
+            "for example 2s or 100ms"
+        )
+    value = float(match.group(1)) * UNIT_MS[match.group(2)]
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(f'invalid {flag} "{item}": the limit must be greater than zero')
+    return value
+
+
+def _pairs(text: str, flag: str) -> list[tuple[str, str, str]]:
+    items = [part.strip() for part in text.split(",") if part.strip()]
+    if not items:
+        raise UsageError(f"invalid {flag}: expected name=value[,name=value...]")
+    pairs = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise UsageError(f'invalid {flag} "{item}": expected name=value')
+        pairs.append((name.strip().lower(), value.strip(), item))
+    return pairs
+
+
+def parse_slo(text: str) -> tuple[Objective, ...]:
+    """``ttft_p99=2s,itl_p99=100ms,goodput=95%`` -> objectives, in the order given."""
+    objectives: list[Objective] = []
+    seen: set[str] = set()
+    for name, value, item in _pairs(text, "--slo"):
+        if name == "goodput":
+            objective = Objective("goodput", _ratio(value, item), None)
+        else:
+            match = _OBJECTIVE.match(name)
+            if match is None or match.group(1) not in LATENCY_METRICS:
+                raise UsageError(
+                    f'invalid --slo "{item}": expected METRIC_pPERCENTILE=DURATION with METRIC '
+                    f"one of {', '.join(LATENCY_METRICS)} (e.g. ttft_p99=2s), or goodput=PERCENT"
+                )
+            percent = float(match.group(2))
+            if not 0.0 < percent < 100.0:
+                raise UsageError(f'invalid --slo "{item}": the percentile must be in (0, 100)')
+            limit = parse_duration_ms(value, "--slo", item)
+            objective = Objective(match.group(1), percent / 100.0, limit)
+        if objective.name in seen:
+            raise UsageError(f'invalid --slo "{item}": {objective.name} is given twice')
+        seen.add(objective.name)
+        objectives.append(objective)
+    return tuple(objectives)
+
+
+def _ratio(value: str, item: str) -> float:
+    text = value.rstrip("%")
+    try:
+        number = float(text)
+    except ValueError:
+        number = math.nan
+    ratio = number / 100.0 if value.endswith("%") else number
+    if not 0.0 < ratio <= 1.0:
+        raise UsageError(
+            f'invalid --slo "{item}": goodput is a share of requests, e.g. 95% or 0.95'
+        )
+    return ratio
+
+
+def parse_goodput(text: str) -> tuple[tuple[str, float], ...]:
+    """``ttft=2s,itl=100ms`` -> ((metric, limit ms), ...) in the order given."""
+    thresholds: dict[str, float] = {}
+    for name, value, item in _pairs(text, "--goodput"):
+        if name not in LATENCY_METRICS:
+            raise UsageError(
+                f'invalid --goodput "{item}": unknown metric "{name}" '
+                f"(expected one of {', '.join(LATENCY_METRICS)})"
+            )
+        if name in thresholds:
+            raise UsageError(f'invalid --goodput "{item}": {name} is given twice')
+        thresholds[name] = parse_duration_ms(value, "--goodput", item)
+    return tuple(thresholds.items())
+
+
+def goodput_text(thresholds: tuple[tuple[str, float], ...]) -> str:
+    return ",".join(f"{name}={duration_text(ms)}" for name, ms in thresholds)
+
+
+def slo_text(objectives: tuple[Objective, ...]) -> str:
+    return ",".join(objective.text for objective in objectives)
+
+
+def parse_percentiles(text: str) -> tuple[float, ...]:
+    """``50,90,99.9`` -> sorted unique percentiles in (0, 100]."""
+    values: set[float] = set()
+    for part in text.split(","):
+        part = part.strip().rstrip("%").lstrip("pP")
+        if not part:
+            continue
+        try:
+            value = float(part)
+        except ValueError:
+            raise UsageError(f'invalid --percentiles "{text}": "{part}" is not a number') from None
+        if not 0.0 < value <= 100.0:
+            raise UsageError(f'invalid --percentiles "{text}": {part} is not in (0, 100]')
+        values.add(value)
+    if not values:
+        raise UsageError(f'invalid --percentiles "{text}": expected e.g. 50,90,95,99,99.9')
+    return tuple(sorted(values))

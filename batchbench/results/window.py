@@ -1,0 +1,347 @@
+"""The measured window of a live run: figures over the requests that started after the
+warm-up, goodput, SLO outcomes with their confidence, and verdicts on the client and the
+server (docs/metrics.md, "Measured window").
+
+Whole-run figures (the CSV's original columns) stay as they were; everything that judges a
+deployment (goodput, SLOs, a capacity step) is computed here, from per-request samples, so
+that a warm-up can be left out and a percentile can carry its confidence interval.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+
+from batchbench.results.confidence import (
+    attainment_verdict,
+    combine_verdicts,
+    percentile_interval,
+    wilson_interval,
+)
+from batchbench.results.lifecycle import TrajectoryRecord
+from batchbench.results.metrics import percentile
+from batchbench.results.recording import ClientHealth
+from batchbench.results.samples import RequestSamples, TimeSeries
+from batchbench.results.slo import Objective, percentile_label
+
+# The client is the bottleneck when its event loop wakes this late (p99), or when it used
+# this share of its one core: past either, latencies measure the client, not the server.
+CLIENT_LAG_P99_LIMIT_MS = 20.0
+CLIENT_CPU_LIMIT = 0.9
+DISTRIBUTION_POINTS = 1000
+LATENCY_KEYS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "agent_e2e_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricStats:
+    count: int
+    mean: float
+    min: float
+    max: float
+    std: float  # population standard deviation
+    percentiles: dict[str, float]  # "p50" -> value, for every --percentiles entry
+
+    def get(self, percent: float) -> float | None:
+        return self.percentiles.get(percentile_label(percent))
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectiveOutcome:
+    objective: str  # "ttft_p99", "goodput"
+    metric: str
+    quantile: float
+    limit_ms: float | None
+    value_ms: float | None  # the measured percentile; None for goodput
+    samples: int
+    within: int  # samples within the limit (good requests for goodput)
+    attainment: float | None
+    attainment_low: float
+    attainment_high: float
+    value_low_ms: float | None
+    value_high_ms: float | None
+    verdict: str  # pass, fail or unresolved
+
+
+@dataclass(frozen=True, slots=True)
+class GoodputFigures:
+    thresholds_ms: dict[str, float]
+    good_requests: int
+    good_requests_per_second: float
+    goodput_ratio: float | None
+    trajectories: int  # finished trajectories admitted in the window
+    good_trajectories: int
+    good_trajectories_per_minute: float
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    verdict: str | None
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class WindowFigures:
+    """Figures of the requests that started in [start, end] (the results JSON ``window``)."""
+
+    start_seconds: float
+    end_seconds: float
+    duration_seconds: float
+    requests: int
+    successful_requests: int
+    failed_requests: int
+    requests_per_second: float
+    input_tokens_per_second: float
+    output_tokens_per_second: float
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int | None
+    cache_hit_percent: float | None
+    mean_active_agents: float | None
+    peak_in_flight: int
+    latency: dict[str, MetricStats | None]
+    goodput: GoodputFigures | None
+    slo: tuple[ObjectiveOutcome, ...]
+    slo_verdict: str | None
+    client: Verdict
+    server: Verdict
+
+    def as_dict(self) -> dict:
+        document = asdict(self)
+        document["slo"] = [asdict(outcome) for outcome in self.slo]
+        return document
+
+    def outcome(self, name: str) -> ObjectiveOutcome | None:
+        return next((o for o in self.slo if o.objective == name), None)
+
+
+def _stats(values: Sequence[float], percents: Sequence[float]) -> MetricStats | None:
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        return None
+    mean = math.fsum(ordered) / n
+    variance = math.fsum((v - mean) * (v - mean) for v in ordered) / n
+    return MetricStats(
+        count=n,
+        mean=mean,
+        min=ordered[0],
+        max=ordered[-1],
+        std=math.sqrt(variance),
+        percentiles={percentile_label(p): percentile(ordered, p / 100.0) for p in percents},  # type: ignore[misc]
+    )
+
+
+def distribution(values: Iterable[float], points: int = DISTRIBUTION_POINTS) -> dict | None:
+    """A CDF of at most ``points`` points: sorted values and the share of samples at or
+    below each (evenly spaced ranks, always the largest)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        return None
+    if n <= points:
+        ranks = range(1, n + 1)
+    else:
+        ranks = sorted({max(1, round(n * (i + 1) / points)) for i in range(points)})
+    return {
+        "values": [round(ordered[r - 1], 4) for r in ranks],
+        "fractions": [round(r / n, 6) for r in ranks],
+    }
+
+
+@dataclass
+class WindowInputs:
+    """What the window is computed from (one live run's recordings)."""
+
+    samples: RequestSamples
+    gaps_ms: array  # every streamed request's gaps between content chunks, in order
+    records: Sequence[TrajectoryRecord]
+    series: TimeSeries
+    health: ClientHealth | None
+    wall_seconds: float
+    goodput: tuple[tuple[str, float], ...]
+    objectives: tuple[Objective, ...]
+    percents: tuple[float, ...]
+
+
+class Window:
+    """Rows of one window and the values each metric took there."""
+
+    def __init__(self, inputs: WindowInputs, start: float, end: float) -> None:
+        self.inputs = inputs
+        self.start, self.end = start, end
+        samples = inputs.samples
+        starts = samples.start_s
+        self.rows = [i for i in range(len(samples)) if start <= starts[i] <= end]
+        ok = samples.ok
+        self.ok_rows = [i for i in self.rows if ok[i]]
+
+    def values(self, key: str) -> list[float]:
+        samples = self.inputs.samples
+        if key == "itl_ms":
+            gaps = self.inputs.gaps_ms
+            out: list[float] = []
+            for i in self.ok_rows:
+                first = samples.gap_first[i]
+                out.extend(gaps[first : first + samples.gap_count[i]])
+            return out
+        if key == "agent_e2e_ms":
+            return [r.loop_seconds * 1000.0 for r in self.finished_trajectories() if r.completed]
+        column = {"ttft_ms": samples.ttft_ms, "tpot_ms": samples.tpot_ms}.get(key)
+        if column is None:
+            column = samples.latency_ms
+        return [column[i] for i in self.ok_rows if not math.isnan(column[i])]
+
+    def finished_trajectories(self) -> list[TrajectoryRecord]:
+        """Trajectories admitted in the window (records exist only once one finished)."""
+        return [r for r in self.inputs.records if self.start <= r.admitted_at <= self.end]
+
+
+def window_figures(inputs: WindowInputs, start: float, end: float) -> WindowFigures:
+    """Every window figure; ``end`` is where measurement stopped (the run's end, or the
+    time a --duration or --window-trajectories stop took effect)."""
+    window = Window(inputs, start, end)
+    samples = inputs.samples
+    rows, ok_rows = window.rows, window.ok_rows
+    duration = max(end - start, 0.0)
+    input_tokens = sum(samples.input_tokens[i] for i in ok_rows)
+    output_tokens = sum(samples.output_tokens[i] for i in ok_rows)
+    reported = [samples.cached_tokens[i] for i in ok_rows if samples.cached_tokens[i] >= 0]
+    cached = sum(reported) if reported else None
+    cache_hit = 100.0 * cached / input_tokens if cached is not None and input_tokens else None
+    latency = {key: _stats(window.values(key), inputs.percents) for key in LATENCY_KEYS}
+    goodput = _goodput(inputs, window, duration)
+    outcomes = tuple(_outcome(o, window) for o in inputs.objectives)
+    in_window = [
+        v
+        for t, v in zip(inputs.series.t, inputs.series.in_flight, strict=True)
+        if start <= t <= end
+    ]
+    return WindowFigures(
+        start_seconds=start,
+        end_seconds=end,
+        duration_seconds=duration,
+        requests=len(rows),
+        successful_requests=len(ok_rows),
+        failed_requests=len(rows) - len(ok_rows),
+        requests_per_second=_per(len(rows), duration),
+        input_tokens_per_second=_per(input_tokens, duration),
+        output_tokens_per_second=_per(output_tokens, duration),
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cached_tokens=cached,
+        cache_hit_percent=cache_hit,
+        mean_active_agents=inputs.series.mean_between("active_agents", start, end),
+        peak_in_flight=max(in_window, default=0),
+        latency=latency,
+        goodput=goodput,
+        slo=outcomes,
+        slo_verdict=combine_verdicts([o.verdict for o in outcomes]),
+        client=client_verdict(inputs.health, inputs.wall_seconds),
+        server=Verdict(None, None),
+    )
+
+
+def _per(total: float, seconds: float) -> float:
+    return total / seconds if seconds > 0 else 0.0
+
+
+def _goodput(inputs: WindowInputs, window: Window, duration: float) -> GoodputFigures | None:
+    if not inputs.goodput:
+        return None
+    samples = inputs.samples
+    good = sum(1 for i in window.rows if samples.good[i])
+    bad_agents = {samples.agent[i] for i in range(len(samples)) if not samples.good[i]}
+    finished = window.finished_trajectories()
+    good_trajectories = sum(1 for r in finished if r.completed and r.agent_id not in bad_agents)
+    return GoodputFigures(
+        thresholds_ms=dict(inputs.goodput),
+        good_requests=good,
+        good_requests_per_second=_per(good, duration),
+        goodput_ratio=good / len(window.rows) if window.rows else None,
+        trajectories=len(finished),
+        good_trajectories=good_trajectories,
+        good_trajectories_per_minute=_per(good_trajectories * 60.0, duration),
+    )
+
+
+def _outcome(objective: Objective, window: Window) -> ObjectiveOutcome:
+    if objective.metric == "goodput":
+        samples = window.inputs.samples
+        n = len(window.rows)
+        within = sum(1 for i in window.rows if samples.good[i])
+        low, high = wilson_interval(within, n)
+        return ObjectiveOutcome(
+            objective=objective.name,
+            metric="goodput",
+            quantile=objective.quantile,
+            limit_ms=None,
+            value_ms=None,
+            samples=n,
+            within=within,
+            attainment=within / n if n else None,
+            attainment_low=low,
+            attainment_high=high,
+            value_low_ms=None,
+            value_high_ms=None,
+            verdict=attainment_verdict(within, n, objective.quantile),
+        )
+    values = sorted(window.values(f"{objective.metric}_ms"))
+    n = len(values)
+    limit = objective.limit_ms or 0.0
+    within = _count_at_most(values, limit)
+    low, high = wilson_interval(within, n)
+    value_low, value_high = percentile_interval(values, objective.quantile)
+    return ObjectiveOutcome(
+        objective=objective.name,
+        metric=objective.metric,
+        quantile=objective.quantile,
+        limit_ms=limit,
+        value_ms=percentile(values, objective.quantile),
+        samples=n,
+        within=within,
+        attainment=within / n if n else None,
+        attainment_low=low,
+        attainment_high=high,
+        value_low_ms=value_low,
+        value_high_ms=value_high,
+        verdict=attainment_verdict(within, n, objective.quantile),
+    )
+
+
+def _count_at_most(ordered: list[float], limit: float) -> int:
+    return bisect.bisect_right(ordered, limit)
+
+
+def client_verdict(health: ClientHealth | None, wall_seconds: float) -> Verdict:
+    """One sentence: was the client the bottleneck? (event-loop lag and CPU share)."""
+    if health is None or health.lag_p99_ms is None:
+        return Verdict(None, None)
+    share = health.cpu_seconds / wall_seconds if wall_seconds > 0 else 0.0
+    figures = f"event-loop lag p99 {health.lag_p99_ms:.1f} ms, {share * 100.0:.0f}% of one core"
+    if health.lag_p99_ms > CLIENT_LAG_P99_LIMIT_MS or share > CLIENT_CPU_LIMIT:
+        return Verdict(
+            "client-bound",
+            f"the client was the bottleneck ({figures}): latencies include its own delay; "
+            "run fewer agents per client process, or fewer stream chunks",
+        )
+    return Verdict("ok", f"the client kept up ({figures})")
+
+
+def server_verdict(concepts: dict | None) -> Verdict:
+    """From the server's own metrics: did requests queue there?"""
+    waiting = (concepts or {}).get("waiting_requests")
+    if not waiting:
+        return Verdict(None, None)
+    means = [v.get("mean") or 0.0 for v in waiting.values() if isinstance(v, dict)]
+    peaks = [v.get("max") or 0.0 for v in waiting.values() if isinstance(v, dict)]
+    mean, peak = sum(means), max(peaks, default=0.0)
+    if peak > 0:
+        return Verdict(
+            "server-bound",
+            f"requests queued at the server (waiting mean {mean:.1f}, max {peak:g}): "
+            "it ran at its batch or KV-cache limit",
+        )
+    return Verdict("ok", "no request waited in the server's queue")
