@@ -64,6 +64,7 @@ from batchbench.results.report import (
     write_csv,
     write_json,
 )
+from batchbench.results.scrape import ServerMetricsScraper
 from batchbench.results.sections import distributions, rank_rows
 from batchbench.results.summary import LiveFigures, RunSetup, Summary, build_summary
 from batchbench.results.window import (
@@ -72,6 +73,7 @@ from batchbench.results.window import (
     server_verdict,
     window_figures,
 )
+from batchbench.results.windowreport import window_csv
 from batchbench.text.chat_templates import load_chat_template
 from batchbench.text.content import ContentFactory
 from batchbench.text.framing import ContentContext, Framing, ReplyAccounting, content_contexts
@@ -79,6 +81,7 @@ from batchbench.text.synth import Synthesizer
 from batchbench.text.tokenizer import LoadedTokenizer, load_tokenizer
 
 NO_USAGE_ERRORS = (MISSING_USAGE, NO_STREAM_USAGE)
+SIM_METRICS = "sim"  # --server-metrics sim: the embedded simulator's /metrics
 EXIT_REQUESTS_FAILED = 3  # the run finished, but more requests failed than allowed
 Failure = tuple[int, str, int, str]  # (agent, trajectory id, invocation, error)
 
@@ -230,7 +233,12 @@ def start_sim(config: RunConfig) -> tuple[SimProcess, RunConfig]:
     """Start the simulator child (sharing the tokenizer); the config that targets it."""
     sim = sim_process(config)
     sim.start()
-    return sim, replace(config, host=sim.url, tokenizer_model=config.tokenizer)
+    metrics = config.server_metrics
+    if metrics == SIM_METRICS:
+        metrics = f"{sim.url}/metrics"
+    return sim, replace(
+        config, host=sim.url, tokenizer_model=config.tokenizer, server_metrics=metrics
+    )
 
 
 def sim_process(config: RunConfig) -> SimProcess:
@@ -585,7 +593,7 @@ async def _drive(
         recorder.request_events = JsonlFile(config.request_events_jsonl)
     shutdown = Shutdown(config.grace_seconds)
     show_progress = config.progress and progress_wanted(False)
-    progress = Progress(len(workload), recorder) if show_progress else None
+    progress = Progress(len(workload), workload.n_requests, recorder) if show_progress else None
     background = [asyncio.ensure_future(recorder.sample_lag())]
     if progress is not None:
         background.append(asyncio.ensure_future(progress.refresh()))
@@ -622,6 +630,7 @@ async def _drive(
         out.warning(warning)
     session = make_session(settings, max_connections)
     installed = False
+    scraper: ServerMetricsScraper | None = None
     try:
         fidelity = Fidelity(
             Framing(
@@ -643,6 +652,16 @@ async def _drive(
             settings, workload, factory, pool, session, recorder, shutdown, fidelity
         )
         agents.clock_listeners.append(schedule_end)
+        if config.server_metrics:
+            scraper = ServerMetricsScraper(
+                config.server_metrics, config.server_metrics_interval, config.server_metrics_jsonl
+            )
+            await scraper.start()  # the baseline scrape precedes the first request
+
+            def align(origin: float, scraper=scraper) -> None:
+                scraper.origin = origin  # sample times on the benchmark clock
+
+            agents.clock_listeners.append(align)
         if handle_signals:
             shutdown.install()  # after the oracle's detection, which Ctrl+C interrupts as usual
             installed = True
@@ -655,7 +674,11 @@ async def _drive(
             )
         engine = await running
         recorder.stop_clock()
+        if scraper is not None:
+            await scraper.stop()
     finally:
+        if scraper is not None:
+            await scraper.close()
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
@@ -672,6 +695,9 @@ async def _drive(
         if shutdown.finished_at is not None and origin is not None
         else engine.total_duration
     )
+    metrics = None
+    if scraper is not None:
+        metrics = scraper.document(min(config.warmup, window_end), window_end)
     return LiveRun(
         engine,
         recorder,
@@ -680,6 +706,7 @@ async def _drive(
         agents.fidelity.framing,
         finished_by=shutdown.finished_by,
         window_end=window_end,
+        server_metrics=metrics,
     )
 
 
@@ -710,6 +737,8 @@ def _finish(
             fidelity=recorder.fidelity,
             framing=live.framing.learned() if config.prompt_correction else None,
             no_usage_failures=sum(1 for f in totals.failures if f[3] in NO_USAGE_ERRORS),
+            requests=totals.total_requests,
+            input_tokens=totals.total_input_tokens,
         )
     if live is not None:  # trajectories never started: all their requests were skipped
         started = live.recorder.started_agents
@@ -809,7 +838,8 @@ def write_outputs(result: RunResult, out: RunOutput | None = None) -> RunResult:
     errors: list[str] = []
     if config.results_csv:
         try:
-            write_csv(config.results_csv, csv_row(result.summary))
+            extra = window_csv(result.window, config.percentiles)
+            write_csv(config.results_csv, csv_row(result.summary), extra)
             written.append(("agent benchmark summary", config.results_csv))
         except BatchbenchError as exc:
             errors.append(str(exc))

@@ -17,6 +17,7 @@ from batchbench.plan.limits import MAX_REQUEST_TOKENS
 from batchbench.plan.manifest import check_manifest_opens
 from batchbench.plan.sampling import FamilyFlags, resolve_latency_spec, resolve_size_spec
 from batchbench.plan.workload import SampledShape
+from batchbench.results.scrape import check_metrics_url
 from batchbench.results.slo import (
     DEFAULT_PERCENTILES,
     STREAMED_METRICS,
@@ -593,8 +594,11 @@ class RunConfig:
                 "--window-trajectories must be an integer of at least 1, "
                 f"not {self.window_trajectories!r}"
             )
-        if self.server_metrics is not None:
-            check_url("--server-metrics", self.server_metrics)
+        if self.server_metrics == "sim":
+            if not self.sim:
+                raise UsageError("--server-metrics sim needs --sim (the embedded simulator)")
+        elif self.server_metrics is not None:
+            check_metrics_url(self.server_metrics)
         if self.dry_run and (self.server_metrics or self.report_html):
             flag = "--server-metrics" if self.server_metrics else "--report-html"
             raise UsageError(f"{flag} needs a live run (not --dry-run)")

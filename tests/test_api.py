@@ -133,7 +133,7 @@ def test_output_paths_are_checked_before_the_run(tmp_path):
 
 
 def test_one_failed_output_keeps_the_others_and_the_result(tmp_path, monkeypatch):
-    def failing(path, row):
+    def failing(path, row, extra=()):
         raise BatchbenchError(f"failed to write {path}: disk full")
 
     monkeypatch.setattr(api_module, "write_csv", failing)

@@ -1204,7 +1204,8 @@ def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
         "Result: FAILED: 1 of 3 sent requests failed (33.3%; --max-failure-rate 0%); exit status 3",
     ]
     assert run.line("Server-reported cached input tokens") == (
-        "Server-reported cached input tokens (usage.prompt_tokens_details): 100"
+        "Server-reported cached input tokens (usage.prompt_tokens_details): 100 "
+        "(40.0% of input tokens)"
     )
     digest = hashlib.sha256(plans.read_bytes()).hexdigest()
     assert run.line("Trajectory manifest SHA-256: ") == f"Trajectory manifest SHA-256: {digest}"
@@ -1214,12 +1215,26 @@ def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
     assert text.count("\n") == 2 and text.endswith("\n") and "\r" not in text
     header, values = read_csv(results)
     assert header[:51] == list(CSV_COLUMNS)
-    assert header == [
+    fixed = [
         *CSV_COLUMNS,
         *EXTRA_CSV_COLUMNS,
         *LIVE_CSV_COLUMNS,
         *FIDELITY_CSV_COLUMNS,
         *OUTCOME_CSV_COLUMNS,
+    ]
+    assert header[: len(fixed)] == fixed
+    # Then the measured window: 14 columns, and per metric mean/min/max/std + 5 percentiles.
+    window = header[len(fixed) :]
+    assert window[:14] == [
+        "window_start_seconds", "window_end_seconds", "window_requests",
+        "window_requests_per_second", "window_output_tokens_per_second", "cache_hit_percent",
+        "good_requests", "good_requests_per_second", "goodput_ratio", "good_trajectories",
+        "good_trajectories_per_minute", "slo_verdict", "client_verdict", "server_verdict",
+    ]  # fmt: skip
+    assert window[14:] == [
+        f"window_{m}_{f}_ms"
+        for m in ("ttft", "itl", "tpot", "e2e")
+        for f in ("mean", "min", "max", "std", "p50", "p90", "p95", "p99", "p99_9")
     ]
     # The stub's canned usage is far from the plan: 24 -> 100 and 40 -> 150 prompt tokens,
     # 4 -> 3 and 4 -> 7 output tokens. Perfect caching explains min(100 + 3, 150) tokens of

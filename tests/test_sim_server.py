@@ -104,7 +104,7 @@ def parse_metrics(text: str) -> dict[tuple[str, str], float]:
     samples = {}
     for line in text.splitlines():
         if line.startswith("#"):
-            assert re.fullmatch(r"# (HELP|TYPE) [a-z_]+ .+", line), line
+            assert re.fullmatch(r"# (HELP|TYPE) [a-z_:]+ .+", line), line
             continue
         match = LINE.fullmatch(line)
         assert match, f"malformed metrics line: {line!r}"

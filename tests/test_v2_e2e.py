@@ -138,9 +138,7 @@ def test_dry_run_closed_loop_one_slot(capsys, tmp_path):
     assert dry == [text.format(a1=300, a2=200, b1=100, slot=0) for text in DRY_RUN_LINES]
     assert line(out, "Agents: ") == "Agents: 2 completed / 2 total"
     assert line(out, "Rolling admission: ").startswith("Rolling admission: 1 maximum active; ")
-    assert line(out, "Open-loop admission: ") == (
-        "Open-loop admission: 0 late admissions; maximum admission lag 0.00ms"
-    )
+    assert not any(text.startswith("Open-loop admission: ") for text in out)  # closed loop
     assert line(out, "Tool invocations: ") == (
         "Tool invocations: 5 planned; requests 0 (success 0, failure 0)"
     )

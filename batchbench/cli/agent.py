@@ -13,7 +13,14 @@ from collections.abc import Iterable, Sequence
 from batchbench.api import OutputError, RunResult, run
 from batchbench.cli.agent_args import config_from_argv
 from batchbench.errors import BatchbenchError, UsageError
-from batchbench.results.report import dry_run_lines, live_lines, summary_lines, verdict_lines
+from batchbench.results.report import (
+    dry_run_lines,
+    live_lines,
+    server_rank_lines,
+    summary_lines,
+    verdict_lines,
+)
+from batchbench.results.windowreport import window_lines
 
 
 class ConsoleOutput:
@@ -49,6 +56,14 @@ def render(result: RunResult) -> None:
     )
     if result.live is not None:
         write_lines(live_lines(result.live))
+        sections = result.sections or {}
+        if sections.get("ranks_source") == "server":
+            write_lines(server_rank_lines(sections["ranks"]))
+    if result.window is not None:
+        config = result.config
+        write_lines(
+            window_lines(result.window, config.percentiles, config.warmup, result.finished_by)
+        )
     for what, path in result.written:
         print(f"Wrote {what} to {path}")
     write_lines(verdict_lines(result.summary))

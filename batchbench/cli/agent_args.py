@@ -536,8 +536,9 @@ def add_window_flags(group) -> None:
     group.add_argument(
         "--server-metrics",
         metavar="URL",
-        help="scrape this Prometheus text endpoint (vLLM, SGLang or llama.cpp /metrics) during "
-        "the run: KV-cache use, running and waiting requests, prefix-cache hits, per rank",
+        help="scrape this Prometheus text endpoint (vLLM, SGLang or llama.cpp /metrics; a URL "
+        "without a path means /metrics) during the run: KV-cache use, running and waiting "
+        "requests, prefix-cache hits, per rank; `sim` with --sim scrapes the simulator",
     )
     group.add_argument(
         "--server-metrics-interval",

@@ -52,6 +52,14 @@ def color(index: int) -> str:
     return PALETTE[index % len(PALETTE)]
 
 
+# Lines of the capacity curve avoid the verdict colours its markers use.
+CURVE_PALETTE = ("#1f77b4", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+
+
+def curve_color(index: int) -> str:
+    return CURVE_PALETTE[index % len(CURVE_PALETTE)]
+
+
 def compact(values: Any) -> list[float | None]:
     """Numbers rounded to six significant digits (smaller page, same picture); others None."""
     if not isinstance(values, list):
@@ -107,7 +115,7 @@ def cdf_chart(
     each SLO as a dashed vertical line at its limit and a marker at its required fraction:
     the objective holds where the curve passes at or above the marker."""
     fig = go.Figure()
-    drawn = 0
+    drawn = zeros = 0
     for index, (label, distribution) in enumerate(series):
         values = compact(get(distribution, "values"))
         fractions = compact(get(distribution, "fractions"))
@@ -116,6 +124,7 @@ def cdf_chart(
             for x, y in zip(values, fractions, strict=False)
             if x is not None and y is not None and x > 0
         ]
+        zeros += sum(1 for x in values if x is not None and x <= 0)
         if not points:
             continue
         drawn += 1
@@ -152,9 +161,21 @@ def cdf_chart(
                 marker={"color": SLO_COLOR, "symbol": "x", "size": 10},
                 legendgroup=_name(name),
                 showlegend=False,
-                name=_name(name),
+                name=_name(text),
                 hovertemplate=_name(f"{text}: at least {ratio_percent(quantile)} within"),
             )
+        )
+    if zeros:  # a log axis has no 0: say what is left out (the fractions stay cumulative)
+        fig.add_annotation(
+            text=f"{zeros} points at 0 ms are not drawn (log scale)",
+            xref="paper",
+            yref="paper",
+            x=0,
+            y=1,
+            xanchor="left",
+            yanchor="bottom",
+            showarrow=False,
+            font={"size": 11, "color": "#666"},
         )
     return _finish(
         fig,
@@ -319,7 +340,7 @@ def fidelity_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | None:
 
 
 SERVER_SERIES = (
-    ("kv_cache_usage", "KV-cache usage"),
+    ("kv_cache_usage", "KV-cache usage (fraction of the pool)"),
     ("running_requests", "Running requests"),
     ("waiting_requests", "Waiting requests"),
 )
@@ -427,8 +448,16 @@ def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
     hover = [html.escape(f"{a} agents: {v}") for a, v in zip(agents, verdicts, strict=True)]
     marker = {"color": colors, "size": 10, "line": {"color": "#333", "width": 1}}
     names = _latency_objectives(capacity, steps)
-    answer = finite(get(capacity, "answer", "agents"))
+    answer = get(capacity, "answer", "agents")
+    answer = answer if finite(answer) is not None else None
+    # A search that did not conclude still names the highest cap that held so far.
+    concluded = get(capacity, "answer", "concluded") is not False
+    answer_label = "capacity" if concluded else "held so far (not concluded)"
     latency_rows: list[tuple[str, list[float | None], dict[str, Any] | None]] = []
+    limits: list[float | None] = []  # per latency objective
+    span = (
+        [agents[0], agents[-1]] if agents[0] != agents[-1] else [agents[0] - 0.5, agents[0] + 0.5]
+    )
     for name in names:
         objectives = [_objective(s, name) for s in steps]
         values = [finite(get(o, "value_ms")) for o in objectives]
@@ -444,16 +473,7 @@ def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
                 "thickness": 1,
             }
         latency_rows.append((name, values, error))
-        limit = next((finite(get(o, "limit_ms")) for o in objectives if o), None)
-        if limit is not None:
-            fig.add_hline(
-                y=limit,
-                line={"color": SLO_COLOR, "dash": "dash", "width": 1.5},
-                annotation_text=_name(f"{name} ≤ {number(limit)} ms"),
-                annotation_position="top left",
-                row=1,
-                col=1,
-            )
+        limits.append(next((finite(get(o, "limit_ms")) for o in objectives if o), None))
     if not latency_rows:  # no latency objective: show TTFT (or E2E) p99 of each step
         for key, name in (("ttft_ms", "TTFT p99"), ("e2e_ms", "E2E p99")):
             values = [finite(get(s, "window", "latency", key, "percentiles", "p99")) for s in steps]
@@ -467,7 +487,7 @@ def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
                 y=values,
                 error_y=error,
                 mode="lines+markers",
-                line={"color": color(index)},
+                line={"color": curve_color(index)},
                 marker=marker,
                 name=_name(name),
                 text=hover,
@@ -476,6 +496,10 @@ def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
             row=1,
             col=1,
         )
+        limit = limits[index] if index < len(limits) else None
+        if limit is not None:
+            text = f"{name} ≤ {number(limit)} ms"
+            fig.add_trace(_limit_line(span, limit, text, curve_color(index)), row=1, col=1)
         if answer is not None and answer in agents:
             value = values[agents.index(answer)]
             if value is not None:
@@ -486,10 +510,10 @@ def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
                         mode="markers",
                         marker={"symbol": "star", "size": 18, "color": "#ffd400",
                                 "line": {"color": "#333", "width": 1}},
-                        name=_name(f"capacity: {number(int(answer))} agents"),
+                        name=_name(f"{answer_label}: {number(answer)} agents"),
                         showlegend=index == 0,
                         legendgroup="answer",
-                        hovertemplate=_name(f"capacity: {number(int(answer))} agents") + "<br>"
+                        hovertemplate=_name(f"{answer_label}: {number(answer)} agents") + "<br>"
                         "%{y:.4~g} ms<extra></extra>",
                     ),
                     row=1,
@@ -508,7 +532,7 @@ def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
                 x=agents,
                 y=values,
                 mode="lines+markers",
-                line={"color": color(len(latency_rows) + offset)},
+                line={"color": curve_color(len(latency_rows) + offset)},
                 marker=marker,
                 name=name,
                 text=hover,
@@ -524,7 +548,7 @@ def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
                 x=agents,
                 y=ratios,
                 mode="lines+markers",
-                line={"color": color(len(latency_rows) + 2)},
+                line={"color": curve_color(len(latency_rows) + 2)},
                 marker=marker,
                 name="goodput ratio",
                 text=hover,
@@ -535,15 +559,12 @@ def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
         )
         if goodput_objective is not None:
             required = float(goodput_objective["quantile"])
-            fig.add_hline(
-                y=required,
-                line={"color": SLO_COLOR, "dash": "dash", "width": 1.5},
-                annotation_text=_name(f"goodput ≥ {ratio_percent(required)}"),
-                annotation_position="bottom left",
+            fig.add_trace(
+                _limit_line(span, required, f"goodput ≥ {ratio_percent(required)}", SLO_COLOR),
                 row=3,
                 col=1,
             )
-        fig.update_yaxes(tickformat=".0%", row=3, col=1)
+        fig.update_yaxes(tickformat=".0%", range=[0, 1.05], row=3, col=1)
     for verdict, verdict_color in VERDICT_COLORS.items():  # legend entries for the colours
         fig.add_trace(
             go.Scatter(
@@ -557,8 +578,9 @@ def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
             row=1,
             col=1,
         )
-    breaking = finite(get(capacity, "answer", "breaking_agents"))
-    for value, text, dash in ((answer, "capacity", "solid"), (breaking, "breaks", "dot")):
+    breaking = get(capacity, "answer", "breaking_agents")
+    breaking = breaking if finite(breaking) is not None else None
+    for value, text, dash in ((answer, answer_label, "solid"), (breaking, "breaks", "dot")):
         if value is None:
             continue
         line = {"color": "#444", "dash": dash, "width": 1}
@@ -570,13 +592,28 @@ def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
             xref="x",
             y=1,
             yref="paper",
-            text=_name(f"{text}: {number(int(value))}"),
+            text=_name(f"{text}: {number(value)}"),
             showarrow=False,
             xanchor="left",
             yanchor="top",
         )
+    fig.update_yaxes(type="log", row=1, col=1)  # objectives from ms (ITL) to s (E2E)
+    fig.update_xaxes(tickmode="array", tickvals=agents)  # ticks at the steps only
     fig.update_xaxes(title_text="active agents", row=rows, col=1)
     return _finish(fig, chart_id, 260 + 220 * rows, title={"text": "Capacity curve"})
+
+
+def _limit_line(span: list[float], limit: float, text: str, line_color: str) -> go.Scatter:
+    """An SLO limit as a dashed horizontal line in the objective's colour, named in the
+    legend (a trace, not a shape: it works on log axes and says which objective it is)."""
+    return go.Scatter(
+        x=span,
+        y=[limit, limit],
+        mode="lines",
+        line={"color": line_color, "dash": "dash", "width": 1.5},
+        name=_name("SLO " + text),
+        hovertemplate=_name("SLO " + text) + "<extra></extra>",
+    )
 
 
 def _gap(a: float | None, b: float | None) -> float | None:

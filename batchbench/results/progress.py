@@ -16,33 +16,45 @@ def progress_wanted(disabled: bool) -> bool:
 
 
 class Progress:
-    """Trajectories finished of total, with active agents, req/s and failures."""
+    """Requests settled of those planned (a long trajectory moves the bar at every
+    request, not only when it ends), with trajectories done, active agents, throughput in
+    requests and output tokens, and failures."""
 
-    def __init__(self, total: int, recorder: Recorder) -> None:
+    def __init__(self, trajectories: int, requests: int, recorder: Recorder) -> None:
         from tqdm import tqdm
 
         self._recorder = recorder
+        self._trajectories = trajectories
+        self._finished = 0
         self._bar = tqdm(
-            total=total, unit="traj", file=sys.stderr, dynamic_ncols=True, desc="trajectories"
+            total=requests, unit="req", file=sys.stderr, dynamic_ncols=True, desc="requests"
         )
         self._started = time.perf_counter()
 
     def trajectory_finished(self) -> None:
-        self._bar.update(1)
+        self._finished += 1
 
     async def refresh(self) -> None:
-        """Update the postfix twice a second (never per request)."""
-        recorder = self._recorder
+        """Redraw twice a second (never per request)."""
         while True:
             await asyncio.sleep(REFRESH_SECONDS)
-            totals = recorder.totals
-            elapsed = time.perf_counter() - self._started
-            self._bar.set_postfix(
-                active=len(recorder.agents),
-                req_s=f"{totals.total_requests / elapsed:.1f}" if elapsed > 0 else "0",
-                failed=totals.failed_requests,
-                refresh=True,
-            )
+            self.draw()
+
+    def draw(self) -> None:
+        recorder = self._recorder
+        totals = recorder.totals
+        settled = totals.total_requests + totals.cancelled_requests
+        elapsed = time.perf_counter() - self._started
+        bar = self._bar
+        bar.n = min(settled, bar.total)
+        bar.set_postfix(
+            traj=f"{self._finished}/{self._trajectories}",
+            active=len(recorder.agents),
+            out_tok_s=f"{totals.total_output_tokens / elapsed:.0f}" if elapsed > 0 else "0",
+            failed=totals.failed_requests,
+            refresh=True,
+        )
 
     def close(self) -> None:
+        self.draw()
         self._bar.close()

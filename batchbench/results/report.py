@@ -207,9 +207,12 @@ def summary_lines(
         f"Agents: {s.completed_agents} completed / {s.agents} total",
         f"Rolling admission: {s.max_active_agents} maximum active; last admission at "
         f"{s.last_agent_admitted_seconds:.2f}s; final drain {s.final_drain_seconds:.2f}s",
-        f"Open-loop admission: {s.late_admissions} late admissions; maximum admission lag "
-        f"{s.max_admission_lag_ms:.2f}ms",
     ]
+    if s.admission_mode == "open-loop":  # closed loop has no schedule to be late against
+        lines.append(
+            f"Open-loop admission: {s.late_admissions} late admissions; maximum admission "
+            f"lag {s.max_admission_lag_ms:.2f}ms"
+        )
     if s.live_block_fallbacks > 0:
         lines.append(
             "Live block fallbacks (generated in place of a missing previous reply): "
@@ -374,10 +377,19 @@ def live_lines(live: LiveFigures) -> list[str]:
     """After the summary, what only a live run has: fidelity, server-reported cache hits,
     the per-rank table (perfect routing) and the client-health line."""
     lines = fidelity_lines(live)
+    if not live.streaming:
+        lines.append(
+            "Time to first token, inter-token latency, TPOT: not measured "
+            "(they need streamed replies: add --stream)"
+        )
     if live.server_cached_tokens is not None:
+        sent = live.input_tokens
+        share = (
+            f" ({100.0 * live.server_cached_tokens / sent:.1f}% of input tokens)" if sent else ""
+        )
         lines.append(
             f"Server-reported cached input tokens (usage.prompt_tokens_details): "
-            f"{live.server_cached_tokens}"
+            f"{live.server_cached_tokens}{share}"
         )
     if live.ranks:
         lines.append(f"Per-rank load ({len(live.ranks)} ranks, perfect routing):")
@@ -399,13 +411,45 @@ def live_lines(live: LiveFigures) -> list[str]:
     health = live.health
     if health is not None:
         per_k = health.cpu_seconds_per_1000_requests
+        if per_k is None:
+            cost = ""
+        elif live.requests >= 1000:
+            cost = f" ({per_k:.3f} s per 1000 requests)"
+        else:  # a per-1000 figure from a handful of requests would be mostly start-up
+            cost = f" ({per_k:.2f} ms per request over {live.requests} requests)"
         lines.append(
             f"Client health: event-loop lag p50={_ms_unit(health.lag_p50_ms)} "
             f"p99={_ms_unit(health.lag_p99_ms)} max={_ms_unit(health.lag_max_ms)}; "
-            f"client CPU {health.cpu_seconds:.2f}s "
-            f"({'n/a' if per_k is None else f'{per_k:.3f}'} s per 1000 requests); "
+            f"client CPU {health.cpu_seconds:.2f}s{cost}; "
             f"peak in-flight requests {health.peak_in_flight}"
         )
+    return lines
+
+
+def server_rank_lines(rows: Sequence[dict]) -> list[str]:
+    """Per-rank load from the server's own metrics, when the client does not route."""
+    if not rows:
+        return []
+    header = ("rank", "requests", "input_tokens", "output_tokens", "ttft_p50_ms", "ttft_p99_ms")
+
+    def cell(value) -> str:
+        if value is None:
+            return "n/a"
+        return (
+            f"{value:.2f}"
+            if isinstance(value, float) and not value.is_integer()
+            else (str(int(value)))
+        )
+
+    table = [tuple(cell(row.get(name)) for name in header) for row in rows]
+    widths = [max(len(h), *(len(r[c]) for r in table)) for c, h in enumerate(header)]
+    lines = [f"Per-rank load ({len(rows)} ranks, from the server's metrics):"]
+    lines.append("  " + "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
+    for row in table:
+        lines.append("  " + "  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
+    requests = [int(r["requests"]) for r in rows if r.get("requests") is not None]
+    if len(requests) == len(rows):
+        lines.append(f"Rank imbalance (max/mean): requests {_ratio(rank_imbalance(requests))}")
     return lines
 
 
@@ -432,13 +476,13 @@ def csv_row(summary: Summary) -> list[str]:
     return [_cell(getattr(summary, name)) for name in ALL_CSV_COLUMNS]
 
 
-def write_csv(path: str, row: list[str]) -> None:
+def write_csv(path: str, row: list[str], extra: Sequence[tuple[str, str]] = ()) -> None:
     """Overwrite ``path`` with the header and one row (its directory was checked before
-    the run)."""
+    the run); ``extra`` (column, cell) pairs follow the fixed columns."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(ALL_CSV_COLUMNS)
-    writer.writerow(row)
+    writer.writerow([*ALL_CSV_COLUMNS, *(column for column, _ in extra)])
+    writer.writerow([*row, *(cell for _, cell in extra)])
     try:
         with open(path, "w", encoding="utf-8", newline="") as handle:
             handle.write(buffer.getvalue())

@@ -47,6 +47,8 @@ class LiveFigures:
     fidelity: FidelityFigures = field(default_factory=FidelityFigures)
     framing: dict | None = None  # what the run learned of the server's framing
     no_usage_failures: int = 0  # failed requests whose server sent no usage
+    requests: int = 0  # sent requests (succeeded or failed)
+    input_tokens: int = 0  # prompt tokens the server counted
 
 
 # Column groups, in CSV order: the original tool's columns, then this package's streaming

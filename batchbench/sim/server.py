@@ -338,19 +338,21 @@ class SimServer:
             "prompt_tokens_details": {"cached_tokens": cached},
         }
 
-    async def _run_model(self, job: Job) -> None:
+    async def _run_model(self, request: web.Request, job: Job) -> None:
         if self.config.serving.speed > 0:
             sequence = job.rank.submit(
                 job.prompt - job.cached, job.output.tokens, job.store, job.prompt
             )
             try:
+                await sequence.wait_beyond(0)  # the first token: vLLM's TTFT, streamed or not
+                self._first_token(request, job.rank)
                 await sequence.done
             finally:
                 job.rank.cancel(sequence)
 
     async def _complete(self, request: web.Request, job: Job) -> web.StreamResponse:
-        await self._run_model(job)
-        self._first_token(request, job.rank)
+        await self._run_model(request, job)
+        self._first_token(request, job.rank)  # --speed 0: no modelled first token
         output, fault = job.output, job.fault
         if fault is not Fault.DROP:  # a dropped reply never reached the client
             job.rank.account(job.prompt, job.cached, output.tokens)
@@ -541,9 +543,11 @@ class SimServer:
         return "\n".join(lines) + "\n"
 
     def _first_token(self, request: web.Request, rank: Rank) -> None:
-        """Observe the request's time to first token (streams: the first content chunk;
-        whole replies: the reply, which carries every token at once)."""
-        self.ttft[rank.index].observe(time.perf_counter() - request[ARRIVED])
+        """Observe the request's time to first token, once (streams: when the first content
+        chunk is written; whole replies: when the first token is generated)."""
+        arrived = request.pop(ARRIVED, None)
+        if arrived is not None:
+            self.ttft[rank.index].observe(time.perf_counter() - arrived)
 
     def _vllm_families(self, lines: list[str]) -> None:
         """vLLM's names, labels (``engine``, ``model_name``) and layout, as prometheus_client

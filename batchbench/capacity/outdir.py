@@ -1,0 +1,244 @@
+"""The capacity search's output directory: every step's results JSON (``step-0008.json``)
+and ``capacity.json``, rewritten after every step so that an interrupted search keeps what
+it measured, and read back so that the same command resumes where it stopped.
+
+A directory is only resumed by the same search: the options that shape the workload, the
+target, the objectives and the search itself must equal the recorded ones, or the search
+refuses with one line naming what differs (``--restart`` discards the old steps instead).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from batchbench.capacity.search import CLIENT_BOUND, StepRecord
+from batchbench.errors import BatchbenchError, UsageError
+
+CAPACITY_FILE = "capacity.json"
+_STEP_FILE = re.compile(r"^step-[0-9]{4,}(?:\.partial)?(?:\.json|\.config\.toml)$")
+
+# Options that change neither what is sent nor how it is judged: outputs, the console, and
+# figures reported but not judged. Everything else must match to resume.
+NOT_COMPARED = frozenset(
+    {
+        "results-csv",
+        "results-json",
+        "agent-events-jsonl",
+        "request-events-jsonl",
+        "server-metrics-jsonl",
+        "report-html",
+        "no-progress",
+        "verbose",
+        "grace-seconds",
+        "percentiles",
+        "server-metrics",
+        "server-metrics-interval",
+    }
+)
+SEARCH_FLAGS = {
+    "min_agents": "--min-agents",
+    "max_agents": "--max-agents",
+    "resolution": "--resolution",
+    "warmup_seconds": "--warmup",
+    "window_seconds": "--window",
+    "window_trajectories": "--window-trajectories",
+    "max_extensions": "--max-extensions",
+}
+
+
+def step_file(agents: int) -> str:
+    """``step-0008.json``: the step's results JSON inside the output directory."""
+    return f"step-{agents:04d}.json"
+
+
+def partial_file(agents: int) -> str:
+    """Where a step writes while it runs; renamed to ``step_file`` once it finished."""
+    return f"step-{agents:04d}.partial.json"
+
+
+def compared(options: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in options.items() if name not in NOT_COMPARED}
+
+
+def differences(
+    recorded: Mapping[str, Any], current: Mapping[str, Any], flags: Mapping[str, str] | None = None
+) -> list[str]:
+    """``--max-agents was 64, now 128`` for every key whose value differs."""
+    found = []
+    for key in sorted(set(recorded) | set(current), key=lambda k: (k not in current, k)):
+        before, after = recorded.get(key), current.get(key)
+        if before == after:
+            continue
+        flag = (flags or {}).get(key, f"--{key}")
+        found.append(f"{flag} was {_shown(before)}, now {_shown(after)}")
+    return found
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float) and value == int(value):
+        return str(int(value))
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+class OutputDirectory:
+    """One search's directory. ``open`` checks it and returns the steps an earlier run of
+    the same search finished; ``write`` replaces ``capacity.json`` atomically."""
+
+    def __init__(
+        self,
+        path: str,
+        configuration: Mapping[str, Any],
+        search: Mapping[str, Any],
+        manifest_sha256: str | None = None,
+        restart: bool = False,
+    ) -> None:
+        self.path = path
+        self.configuration = dict(configuration)
+        self.search = dict(search)
+        self.manifest_sha256 = manifest_sha256
+        self.restart = restart
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def open(self) -> dict[int, StepRecord]:
+        """Create the directory, or check an earlier search in it; returns its finished
+        steps by agents (client-bound steps are measured again: they judged the client)."""
+        if os.path.exists(self.path) and not os.path.isdir(self.path):
+            raise UsageError(f"--output-dir {self.path} is a file; give a directory")
+        try:
+            os.makedirs(self.path, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(
+                f"--output-dir {self.path} cannot be created: {exc.strerror or exc}"
+            ) from None
+        if not os.access(self.path, os.W_OK | os.X_OK):
+            raise UsageError(f"--output-dir {self.path} cannot be written (permission denied)")
+        if self.restart:
+            self._discard()
+            return {}
+        document = self._read_capacity()
+        if document is None:
+            return {}
+        self._check_same_search(document)
+        return self._finished_steps(document)
+
+    def _read_capacity(self) -> dict[str, Any] | None:
+        path = self.file(CAPACITY_FILE)
+        try:
+            with open(path, "rb") as handle:
+                raw = handle.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+        try:
+            document = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise UsageError(
+                f"{path} is not JSON ({exc}); add --restart to start the search again"
+            ) from None
+        if not isinstance(document, dict) or document.get("kind") != "capacity":
+            raise UsageError(
+                f"{path} is not a capacity document; add --restart to start the search again"
+            )
+        return document
+
+    def _check_same_search(self, document: dict[str, Any]) -> None:
+        recorded_options = document.get("configuration")
+        recorded_search = document.get("search")
+        if not isinstance(recorded_options, dict) or not isinstance(recorded_search, dict):
+            raise UsageError(
+                f"{self.file(CAPACITY_FILE)} has no configuration or search section; add "
+                "--restart to start the search again"
+            )
+        found = differences(compared(recorded_options), compared(self.configuration))
+        found += differences(recorded_search, self.search, SEARCH_FLAGS)
+        recorded_sha = (document.get("manifest") or {}).get("sha256")
+        if self.manifest_sha256 is not None and recorded_sha not in (None, self.manifest_sha256):
+            found.append("the manifest's contents changed (SHA-256)")
+        if found:
+            raise UsageError(
+                f"--output-dir {self.path} holds a search with other options ("
+                + "; ".join(found)
+                + "): run with the same options, add --restart to discard it, or give another "
+                "--output-dir"
+            )
+
+    def _finished_steps(self, document: dict[str, Any]) -> dict[int, StepRecord]:
+        steps: dict[int, StepRecord] = {}
+        entries = document.get("steps")
+        for entry in entries if isinstance(entries, list) else []:
+            if not isinstance(entry, dict):
+                continue
+            try:
+                record = StepRecord.from_dict(entry)
+            except ValueError:
+                continue
+            if record.verdict == CLIENT_BOUND or record.results_json != step_file(record.agents):
+                continue
+            window = self._step_window(record.results_json)
+            if window is None:  # its results are gone: measure it again
+                continue
+            record.window = window
+            record.resumed = True
+            steps[record.agents] = record
+        return steps
+
+    def _step_window(self, name: str) -> dict[str, Any] | None:
+        try:
+            with open(self.file(name), "rb") as handle:
+                document = orjson.loads(handle.read())
+        except (OSError, orjson.JSONDecodeError):
+            return None
+        window = document.get("window") if isinstance(document, dict) else None
+        return window if isinstance(window, dict) else None
+
+    def _discard(self) -> None:
+        """--restart: the old capacity document and step files go."""
+        for name in os.listdir(self.path):
+            if name == CAPACITY_FILE or _STEP_FILE.match(name):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.file(name))
+
+    def finish_step(self, agents: int) -> str:
+        """Move a finished step's files from their partial names; returns the JSON's name."""
+        name = step_file(agents)
+        partial = partial_file(agents)
+        try:
+            os.replace(self.file(partial), self.file(name))
+        except OSError as exc:
+            raise BatchbenchError(
+                f"cannot keep the results of the step at {agents} agents "
+                f"({self.file(partial)}): {exc.strerror or exc}"
+            ) from None
+        toml = partial.removesuffix(".json") + ".config.toml"
+        if os.path.exists(self.file(toml)):
+            with contextlib.suppress(OSError):
+                os.replace(self.file(toml), self.file(name.removesuffix(".json") + ".config.toml"))
+        return name
+
+    def write(self, document: dict[str, Any]) -> str:
+        """Replace capacity.json (write a temporary file, then rename it over)."""
+        path = self.file(CAPACITY_FILE)
+        temporary = path + ".tmp"
+        data = orjson.dumps(document, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+        try:
+            with open(temporary, "wb") as handle:
+                handle.write(data + b"\n")
+            os.replace(temporary, path)
+        except OSError as exc:
+            raise BatchbenchError(f"cannot write {path}: {exc.strerror or exc}") from None
+        return path

@@ -1,0 +1,383 @@
+"""``batchbench capacity``: the batchbench-agent flags plus the search's bounds; one table row
+per step as it finishes, then one answer line.
+
+Exit statuses: 0 the search concluded; 1 it did not (a step stayed unresolved, or the client
+was the bottleneck) or a step could not run; 2 a usage error; 130 / 143 interrupted (the
+output directory keeps the finished steps; the same command resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+from batchbench.capacity.api import run_capacity, write_capacity_report
+from batchbench.capacity.render import header, step_row
+from batchbench.capacity.search import UNRESOLVED, Bounds, Search, StepRecord
+from batchbench.capacity.steps import StepInterrupted, WindowPlan
+from batchbench.cli.agent_args import (
+    build_parser,
+    check_companions,
+    config_file_argument,
+    config_from_namespace,
+    toml_defaults,
+)
+from batchbench.cli.argtypes import non_negative_float, positive_finite, positive_uint, uint
+from batchbench.config import RunConfig
+from batchbench.errors import BatchbenchError, UsageError
+from batchbench.results.slo import duration_text
+
+PROG = "batchbench capacity"
+DEFAULT_WINDOW_SECONDS = 30.0
+
+DESCRIPTION = """\
+Find how many concurrent agents a deployment holds while its service-level objectives
+(--slo) hold. The same workload runs at increasing --max-active-agents caps, the "steps":
+starting at --min-agents, the cap doubles until a step breaks the objectives (or
+--max-agents holds), then bisection between the highest cap that held and the lowest that
+broke narrows the answer to --resolution agents. Each step leaves its first --warmup
+seconds out and judges a measured window of --window seconds (or --window-trajectories
+finished trajectories): an objective passes or fails only when its 95% confidence interval
+lies on one side of the limit; a step too short to decide is run again with its window
+doubled (--max-extensions times), and is reported unresolved after that. A step whose
+client was the bottleneck is marked client-bound, and the search will not conclude from
+it. Every step's results JSON and capacity.json stay in --output-dir; running the same
+command again resumes there."""
+
+EPILOG = """\
+exit statuses: 0 the search concluded; 1 it did not (a step stayed unresolved, or the
+client was the bottleneck) or a step could not run; 2 a usage error; 130 / 143 interrupted
+by SIGINT / SIGTERM (finished steps kept; run the same command to resume).
+
+example (offline, the embedded simulator: each running sequence adds 40 ms to a decode
+step, so ITL p50 <= 260 ms holds up to 6 agents):
+  batchbench capacity --sim --sim-args "--decode-step-ms 0 --decode-step-ms-per-seq 40
+    --decode-step-ms-per-ktoken 0 --prefill-tokens-per-s 1e9" --stream
+    --output-tokens 8 --slo itl_p50=260ms --warmup 1 --window 3 --output-dir capacity-out"""
+
+# batchbench-agent options a search sets itself, per step, or cannot use.
+REFUSED = (
+    ("--max-active-agents", "max_active_agents", "the search sets it per step; use --min-agents "
+     "and --max-agents"),
+    ("--duration", "duration", "each step runs --warmup plus --window seconds"),
+    ("--results-json", "results_json", "each step's results JSON is kept in --output-dir"),
+    ("--results-csv", "results_csv", "each step's results JSON is kept in --output-dir"),
+    ("--agent-events-jsonl", "agent_events_jsonl", "not written by a capacity search"),
+    ("--request-events-jsonl", "request_events_jsonl", "not written by a capacity search"),
+    ("--server-metrics-jsonl", "server_metrics_jsonl", "each step's results JSON holds its "
+     "server metrics"),
+)  # fmt: skip
+
+
+def build_capacity_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """batchbench-agent's parser with a "capacity search" group (which takes over --warmup
+    and --window-trajectories) and the options a search sets itself refused."""
+    parser = build_parser(prog)
+    parser.description = DESCRIPTION
+    parser.epilog = EPILOG
+    parser.conflict_handler = "resolve"  # the group below replaces a few agent options
+    group = parser.add_argument_group("capacity search")
+    group.add_argument(
+        "--output-dir",
+        metavar="DIR",
+        help="directory for every step's results JSON (step-0008.json) and capacity.json "
+        "(rewritten after every step); required. Running the same search again with it "
+        "skips the finished steps",
+    )
+    group.add_argument(
+        "--min-agents",
+        type=positive_uint,
+        default=1,
+        metavar="N",
+        help="first step's active-agent cap (default: %(default)s)",
+    )
+    group.add_argument(
+        "--max-agents",
+        type=positive_uint,
+        default=1024,
+        metavar="N",
+        help="largest cap tried; when it holds, the answer says so (default: %(default)s)",
+    )
+    group.add_argument(
+        "--resolution",
+        type=positive_uint,
+        default=1,
+        metavar="N",
+        help="stop bisecting when the lowest failing and highest passing caps are at most N "
+        "agents apart (default: %(default)s)",
+    )
+    group.add_argument(
+        "--warmup",
+        type=non_negative_float,
+        default=5.0,
+        metavar="S",
+        help="seconds at the start of each step left out of its figures (default: %(default)g)",
+    )
+    group.add_argument(
+        "--window",
+        type=positive_finite,
+        metavar="S",
+        help=f"each step's measured window in seconds after the warm-up (default: "
+        f"{DEFAULT_WINDOW_SECONDS:g})",
+    )
+    group.add_argument(
+        "--window-trajectories",
+        type=positive_uint,
+        metavar="N",
+        help="instead of --window: measure until N trajectories admitted after the warm-up "
+        "have finished",
+    )
+    group.add_argument(
+        "--max-extensions",
+        type=uint,
+        default=2,
+        metavar="K",
+        help="an unresolved step runs again with its window doubled, up to K times; still "
+        "unresolved, the search stops there (default: %(default)s)",
+    )
+    group.add_argument(
+        "--restart",
+        action="store_true",
+        help="discard an earlier search in --output-dir instead of resuming it",
+    )
+    for flag, dest, _why in REFUSED:
+        group.add_argument(flag, dest=f"refused_{dest}", help=argparse.SUPPRESS)
+    group.add_argument("--dry-run", dest="refused_dry_run", action="store_true",
+                        help=argparse.SUPPRESS)  # fmt: skip
+    parser.set_defaults(dry_run=False, **{dest: None for _flag, dest, _why in REFUSED})
+    groups = parser._action_groups  # the search's options first in --help
+    groups.insert(2, groups.pop(groups.index(group)))
+    return parser
+
+
+def parse_capacity_args(argv: Sequence[str]) -> argparse.Namespace | None:
+    """Parse (a --config file's values as defaults) and check; None after --help/--version."""
+    argv = list(argv)
+    parser = build_capacity_parser()
+    path = config_file_argument(argv)
+    if path is not None and not {"-h", "--help", "--version"} & set(argv):
+        parser.set_defaults(**toml_defaults(parser, path))
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            return None
+        raise
+    for flag, dest, why in REFUSED:
+        if getattr(args, f"refused_{dest}") is not None:
+            raise UsageError(f"{flag} does not apply to a capacity search: {why}")
+    if args.refused_dry_run:
+        raise UsageError("--dry-run does not apply to a capacity search: it needs a live server")
+    if args.output_dir is None:
+        raise UsageError(
+            "a capacity search needs --output-dir DIR (where every step's results JSON and "
+            "capacity.json are kept)"
+        )
+    if args.window is not None and args.window_trajectories is not None:
+        raise UsageError("give --window or --window-trajectories, not both")
+    check_companions(args)
+    if not args.slo:
+        raise UsageError(
+            "a capacity search needs --slo: the objectives each step must meet, e.g. "
+            "--slo ttft_p99=2s (with --stream) or --slo e2e_p95=30s"
+        )
+    args.workers_available = "--workers" in parser._option_string_actions
+    return args
+
+
+def window_plan(args: argparse.Namespace) -> WindowPlan:
+    seconds = None if args.window_trajectories is not None else args.window
+    if seconds is None and args.window_trajectories is None:
+        seconds = DEFAULT_WINDOW_SECONDS
+    return WindowPlan(warmup=args.warmup, seconds=seconds, trajectories=args.window_trajectories)
+
+
+def bounds_of(args: argparse.Namespace) -> Bounds:
+    try:
+        return Bounds(args.min_agents, args.max_agents, args.resolution)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def check_report(config: RunConfig) -> None:
+    """--report-html needs the report package and plotly; say so before the search."""
+    if config.report_html is None:
+        return
+    if importlib.util.find_spec("batchbench.report") is None:
+        raise UsageError("--report-html: the HTML report is not part of this installation")
+    if importlib.util.find_spec("plotly") is None:
+        raise UsageError("--report-html needs plotly: pip install 'batchbench[report]'")
+
+
+def banner(config: RunConfig, bounds: Bounds, window: WindowPlan, args) -> str:
+    objectives = " and ".join(o.human for o in config.slo)
+    if window.seconds is not None:
+        measured = f"{window.seconds:g} s window"
+    else:
+        measured = f"window of {window.trajectories} trajectories"
+    return (
+        f"Capacity search: {objectives}; {bounds.min_agents} to {bounds.max_agents} active "
+        f"agents, resolution {bounds.resolution}; each step {window.warmup:g} s warm-up + "
+        f"{measured} (unresolved: doubled up to {args.max_extensions} times); "
+        f"output in {args.output_dir}"
+    )
+
+
+class Ticker:
+    """A one-line progress note on stderr while a step runs (only on a terminal)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, agents: int, extension: int, seconds: float | None) -> None:
+        self.stop()
+        if not self.enabled:
+            return
+        label = f"step at {agents} active agents" + (
+            f" (extension {extension})" if extension else ""
+        )
+        began = time.monotonic()
+        self._stop = threading.Event()
+
+        def tick(stop: threading.Event = self._stop) -> None:
+            while not stop.is_set():
+                elapsed = time.monotonic() - began
+                total = f" of ~{seconds:.0f} s" if seconds is not None else ""
+                sys.stderr.write(f"\r\x1b[K{label}: {elapsed:.0f} s{total}")
+                sys.stderr.flush()
+                stop.wait(0.5)
+
+        self._thread = threading.Thread(target=tick, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _warn(text: str) -> None:
+    sys.stdout.flush()
+    print(text, file=sys.stderr, flush=True)
+
+
+def _terminated(_signum, _frame) -> None:
+    raise StepInterrupted("SIGTERM", 143)
+
+
+def _catch_sigterm() -> None:
+    """SIGTERM between steps ends the search as Ctrl+C does (the simulator child stopped,
+    capacity.json written); a step's run handles it itself, and leaves the default behind."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parse_capacity_args(argv)
+    if args is None:
+        return 0
+    config = config_from_namespace(args)
+    check_report(config)
+    bounds = bounds_of(args)
+    window = window_plan(args)
+    ticker = Ticker(config.progress and sys.stderr.isatty())
+    printed = {"banner": False, "header": False}
+
+    def show_banner() -> None:
+        if not printed["banner"]:  # once the output directory was accepted
+            _say(banner(config, bounds, window, args))
+            printed["banner"] = True
+
+    def started(agents: int, extension: int, seconds: float | None) -> None:
+        show_banner()
+        _catch_sigterm()
+        ticker.start(agents, extension, seconds)
+
+    def listener(record: StepRecord, search: Search, final: bool) -> None:
+        _catch_sigterm()
+        ticker.stop()
+        show_banner()
+        if not printed["header"]:
+            _say(header())
+            printed["header"] = True
+        note = None
+        if not final and record.verdict == UNRESOLVED:
+            seconds, trajectories = window.scaled(record.extensions + 1)
+            longer = (
+                duration_text(seconds * 1000.0, " ")
+                if seconds is not None
+                else f"{trajectories} trajectories"
+            )
+            note = f"extending the window to {longer}"
+        _say(step_row(record, note))
+
+    previous = signal.getsignal(signal.SIGTERM)
+    _catch_sigterm()
+    try:
+        result = run_capacity(
+            config,
+            args.output_dir,
+            bounds,
+            window,
+            args.max_extensions,
+            restart=args.restart,
+            listener=listener,
+            started=started,
+            warn=_warn,
+            workers_available=args.workers_available,
+        )
+    finally:
+        ticker.stop()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
+    show_banner()
+    _say(result.answer.text)
+    steps = len({s.agents for s in result.search.steps})
+    plural = "s" if steps != 1 else ""
+    _say(f"Wrote capacity document to {result.path} ({steps} step result{plural} beside it)")
+    if config.report_html is not None:
+        write_capacity_report(result.path, config.report_html)
+        _say(f"Wrote HTML report to {config.report_html}")
+    return 0 if result.answer.concluded else 1
+
+
+def run(argv: list[str]) -> int:
+    """``batchbench capacity ARGS``: errors as one line on stderr (see the module's exit
+    statuses)."""
+    try:
+        return main(argv)
+    except UsageError as exc:
+        sys.stdout.flush()
+        print(f"Error: {exc}", file=sys.stderr)
+        return 2
+    except StepInterrupted as exc:
+        sys.stdout.flush()
+        print(
+            f"Error: {exc}; the finished steps are kept, run the same command to resume",
+            file=sys.stderr,
+        )
+        return exc.exit_status
+    except (BatchbenchError, OSError) as exc:
+        sys.stdout.flush()
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(
+            "Error: interrupted; the finished steps are kept, run the same command to resume",
+            file=sys.stderr,
+        )
+        return 130

@@ -1,0 +1,83 @@
+"""``batchbench report``: one self-contained HTML report from results and capacity JSON."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from batchbench.cli.argtypes import CommandParser
+from batchbench.errors import BatchbenchError, UsageError
+
+DESCRIPTION = """\
+Write one self-contained HTML file (it opens offline: plotly.js is inlined, nothing is
+fetched) from results JSON documents (--results-json of batchbench-agent) and capacity
+documents (capacity.json of `batchbench capacity`; the step results it names are read
+from its directory).
+
+The report holds: a header table per document (timestamp, version, verdicts) and the
+headline figures of each run's measured window (requests, req/s, output tok/s, TTFT, ITL
+and E2E p50/p99, goodput, trajectory goodput, cache hit rate, client verdict) with the SLO
+outcomes and their confidence intervals; latency CDFs (TTFT, ITL, E2E; runs overlaid, SLO
+limits drawn); throughput, active agents and requests in flight over time; per-DP-rank
+bars; prompt and output token-fidelity histograms; server metrics over time and their
+summary; for a capacity search, the capacity curve (latency objectives and goodput against
+active agents, SLO lines, the answer marked, steps coloured by verdict) and the steps
+table; the configuration and manifest identity.
+
+Needs plotly (pip install 'batchbench[report]').
+
+Exit status: 0 when the report was written, 1 when a file cannot be read or is not a
+batchbench document, 2 on misuse."""
+
+
+def build_parser(prog: str) -> CommandParser:
+    parser = CommandParser(
+        prog=prog,
+        allow_abbrev=False,
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "results",
+        nargs="+",
+        metavar="RESULTS",
+        help="results JSON files (runs are overlaid: one legend entry and table row each) "
+        "and capacity.json files",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="PATH",
+        help="the HTML file to write (replaced if it exists)",
+    )
+    parser.add_argument(
+        "--title",
+        help="the page title (default: 'batchbench report', with the file name for one file)",
+    )
+    return parser
+
+
+def run(argv: Sequence[str], prog: str = "batchbench report") -> int:
+    """0 when the report was written, 1 on bad input, 2 on misuse."""
+    try:
+        try:
+            args = build_parser(prog).parse_args(list(argv))
+        except SystemExit as exc:  # --help
+            return 0 if exc.code in (0, None) else 2
+    except UsageError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 2
+    from batchbench.report import load_documents, write_report
+
+    try:
+        documents = load_documents(args.results)
+        write_report(documents, args.output, args.title)
+    except BatchbenchError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    size = os.path.getsize(args.output) / 1e6
+    print(f"Wrote HTML report to {args.output} ({size:.1f} MB)")
+    return 0

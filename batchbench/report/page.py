@@ -1,0 +1,634 @@
+"""The report page: headline tables, chart divs and the script that draws them, assembled
+into one self-contained HTML file (plotly.js inlined once, no network)."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+
+from batchbench.errors import BatchbenchError
+from batchbench.report.format import DASH, finite, get, number, percent, ratio_percent, text
+from batchbench.report.load import NOTES_KEY, STEPS_KEY, document_kind, kind_of, labels
+
+PLOTLY_MISSING = "the HTML report needs plotly: pip install 'batchbench[report]'"
+
+
+def _plotly() -> Any:
+    """The chart builders (which import plotly), or one clear line when plotly is missing."""
+    try:
+        from batchbench.report import charts
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] == "plotly":
+            raise BatchbenchError(PLOTLY_MISSING) from None
+        raise
+    return charts
+
+
+def write_report(documents: list[dict[str, Any]], path: str, title: str | None = None) -> None:
+    """Write the HTML report of ``documents`` (from ``load_documents``, or results documents
+    built in memory) to ``path``."""
+    page = render_html(documents, title)
+    data = page.encode()
+    try:
+        with open(path, "wb") as handle:
+            handle.write(data)
+    except OSError as exc:
+        raise BatchbenchError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def render_html(documents: list[dict[str, Any]], title: str | None = None) -> str:
+    """The report page as a string."""
+    charts = _plotly()
+    if not documents:
+        raise BatchbenchError("no documents to report on")
+    names = labels(documents)
+    for document, name in zip(documents, names, strict=True):
+        document_kind(document, name)
+    if title is None:
+        title = "batchbench report" + (f": {names[0]}" if len(documents) == 1 else "")
+    page = Page(charts)
+    runs = [(n, d) for n, d in zip(names, documents, strict=True) if kind_of(d) == "run"]
+    capacities = [(n, d) for n, d in zip(names, documents, strict=True) if kind_of(d) == "capacity"]
+    page.header(title, names, documents)
+    if runs:
+        page.runs_summary(runs)
+        page.latency(runs)
+        page.over_time(runs)
+        page.ranks(runs)
+        page.fidelity(runs)
+        page.server_metrics(runs)
+    for index, (name, capacity) in enumerate(capacities):
+        page.capacity(name, capacity, "" if index == 0 else f"-{index + 1}")
+    page.configuration(names, documents)
+    return page.render(title)
+
+
+class Page:
+    """Sections in order, and the charts their divs name."""
+
+    def __init__(self, charts: Any) -> None:
+        self.charts_module = charts
+        self.parts: list[str] = []
+        self.charts: list[Any] = []
+        self.toc: list[tuple[str, str]] = []
+
+    # -- building blocks --------------------------------------------------------------------
+
+    def section(self, anchor: str, heading: str) -> None:
+        self.toc.append((anchor, heading))
+        self.parts.append(f'<h2 id="{anchor}">{html.escape(heading)}</h2>')
+
+    def note(self, message: str) -> None:
+        self.parts.append(f'<p class="bb-note">{html.escape(message)}</p>')
+
+    def chart(self, chart: Any) -> None:
+        self.charts.append(chart)
+        self.parts.append(
+            f'<div id="{chart.id}" class="bb-chart" style="height:{chart.height}px"></div>'
+        )
+
+    def table(
+        self,
+        table_id: str,
+        headers: Sequence[str],
+        rows: Sequence[Sequence[tuple[str, str]]],
+        caption: str | None = None,
+    ) -> None:
+        """A table; each cell is (field name for ``data-field``, escaped HTML text)."""
+        out = [f'<table id="{table_id}" class="bb-table">']
+        if caption:
+            out.append(f"<caption>{html.escape(caption)}</caption>")
+        out.append("<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in headers))
+        out.append("</tr></thead><tbody>")
+        for row in rows:
+            cells = "".join(
+                f'<td data-field="{html.escape(field)}"{_verdict_class(value)}>{value}</td>'
+                for field, value in row
+            )
+            out.append(f"<tr>{cells}</tr>")
+        out.append("</tbody></table>")
+        self.parts.append("".join(out))
+
+    # -- sections ---------------------------------------------------------------------------
+
+    def header(self, title: str, names: list[str], documents: list[dict[str, Any]]) -> None:
+        self.parts.append(f"<h1>{html.escape(title)}</h1>")
+        rows = []
+        for name, document in zip(names, documents, strict=True):
+            capacity = kind_of(document) == "capacity"
+            verdict = get(document, "metrics", "verdict")
+            if capacity:
+                concluded = get(document, "answer", "concluded")
+                verdict = None if concluded is None else ("concluded" if concluded else "open")
+            rows.append(
+                [
+                    ("file", text(name)),
+                    ("kind", text(kind_of(document))),
+                    ("timestamp", text(document.get("timestamp"))),
+                    ("batchbench_version", text(document.get("batchbench_version"))),
+                    ("verdict", text(verdict)),
+                    ("slo_verdict", text(get(document, "window", "slo_verdict"))),
+                ]
+            )
+        self.table(
+            "bb-documents",
+            ["file", "kind", "run timestamp", "batchbench", "verdict", "SLO verdict"],
+            rows,
+        )
+        sentences = []
+        for name, document in zip(names, documents, strict=True):
+            prefix = f"{name}: " if len(documents) > 1 else ""
+            answer = get(document, "answer", "text")
+            if isinstance(answer, str):
+                sentences.append(f'<li class="bb-answer">{html.escape(prefix + answer)}</li>')
+            for side in ("client", "server"):
+                verdict = get(document, "window", side, "verdict")
+                reason = get(document, "window", side, "reason")
+                if isinstance(reason, str) and reason:
+                    line = f"{prefix}{side} {verdict or ''}: {reason}".replace(" :", ":")
+                    sentences.append(f"<li>{html.escape(line)}</li>")
+            for note in document.get(NOTES_KEY) or []:
+                sentences.append(f'<li class="bb-note">{html.escape(prefix + str(note))}</li>')
+        if sentences:
+            self.parts.append('<ul class="bb-verdicts">' + "".join(sentences) + "</ul>")
+
+    def runs_summary(self, runs: list[tuple[str, dict[str, Any]]]) -> None:
+        self.section("summary", "Headline figures")
+        rows, fallback = [], []
+        for name, document in runs:
+            if not isinstance(document.get("window"), dict):
+                fallback.append(name)
+            rows.append([("file", text(name))] + [(c[0], c[2](headline_value(document, c[0])))
+                                                   for c in HEADLINE])  # fmt: skip
+        self.table("bb-headline", ["file"] + [c[1] for c in HEADLINE], rows)
+        if fallback:
+            self.note(
+                f"{', '.join(fallback)}: no measured window in the document (a dry run or an "
+                "older batchbench); figures are the whole run's summary."
+            )
+        slo_rows = []
+        for name, document in runs:
+            for objective in get(document, "window", "slo") or []:
+                if isinstance(objective, dict):
+                    slo_rows.append([("file", text(name)), *slo_cells(objective)])
+        if slo_rows:
+            self.table(
+                "bb-slo",
+                ["file", "objective", "limit", "value (95% interval)", "required",
+                 "attainment (95% interval)", "within / samples", "verdict"],
+                slo_rows,
+                caption="SLO outcomes, each with its confidence interval",
+            )  # fmt: skip
+
+    def latency(self, runs: list[tuple[str, dict[str, Any]]]) -> None:
+        self.section("latency", "Latency distributions")
+        documents = [d for _, d in runs]
+        for metric, key, title in self.charts_module.CDF_METRICS:
+            series = [(n, get(d, "distributions", key)) for n, d in runs]
+            limits = self.charts_module.slo_limits(documents, metric)
+            chart = self.charts_module.cdf_chart(f"bb-cdf-{metric}", title, series, limits)
+            if chart is None:
+                hint = " (TTFT and ITL need --stream)" if metric != "e2e" else ""
+                self.note(f"{title}: no distribution in the documents{hint}.")
+            else:
+                self.chart(chart)
+
+    def over_time(self, runs: list[tuple[str, dict[str, Any]]]) -> None:
+        self.section("over-time", "Throughput and concurrency over time")
+        series = [(n, d["timeseries"]) for n, d in runs if isinstance(d.get("timeseries"), dict)]
+        throughput = self.charts_module.throughput_chart(series)
+        concurrency = self.charts_module.concurrency_chart(series)
+        if throughput is None and concurrency is None:
+            self.note("No time series in the documents.")
+        for chart in (throughput, concurrency):
+            if chart is not None:
+                self.chart(chart)
+
+    def ranks(self, runs: list[tuple[str, dict[str, Any]]]) -> None:
+        self.section("ranks", "Data-parallel ranks")
+        series = [(n, d["ranks"]) for n, d in runs if isinstance(d.get("ranks"), list)]
+        chart = self.charts_module.ranks_chart(series)
+        if chart is None:
+            self.note(
+                "No per-rank figures: the client did not route to ranks and no server "
+                "metrics with rank labels were scraped."
+            )
+            return
+        for name, document in runs:
+            source = RANK_SOURCES.get(document.get("ranks_source"), "source not recorded")
+            if document.get("ranks"):
+                self.note(f"{name}: per-rank figures from {source}.")
+        self.chart(chart)
+
+    def fidelity(self, runs: list[tuple[str, dict[str, Any]]]) -> None:
+        self.section("fidelity", "Token fidelity")
+        series = [(n, d["fidelity"]) for n, d in runs if isinstance(d.get("fidelity"), dict)]
+        chart = self.charts_module.fidelity_chart(series)
+        if chart is None:
+            self.note("No fidelity figures in the documents (a dry run, or no usage reported).")
+            return
+        self.chart(chart)
+        rows = []
+        for name, fidelity in series:
+            for side in ("prompt", "output"):
+                figures = fidelity.get(side)
+                if not isinstance(figures, dict):
+                    continue
+                rows.append(
+                    [
+                        ("file", text(name)),
+                        ("side", side),
+                        ("requests", number(figures.get("requests"))),
+                        ("exact", number(figures.get("exact"))),
+                        ("exact_percent", percent(figures.get("exact_percent"))),
+                        ("mean_abs_drift", number(figures.get("mean_abs_drift"))),
+                        ("max_abs_drift", number(figures.get("max_abs_drift"))),
+                    ]
+                )
+        self.table(
+            "bb-fidelity-table",
+            ["file", "tokens", "requests", "exact", "exact", "mean |drift|", "max |drift|"],
+            rows,
+        )
+
+    def server_metrics(self, runs: list[tuple[str, dict[str, Any]]]) -> None:
+        self.section("server-metrics", "Server metrics")
+        present = [(n, d["server_metrics"]) for n, d in runs
+                   if isinstance(d.get("server_metrics"), dict)]  # fmt: skip
+        if not present:
+            self.note("No server metrics in the documents (scrape them with --server-metrics URL).")
+            return
+        for name, metrics in present:
+            self.note(
+                f"{name}: {metrics.get('url', DASH)} ({metrics.get('dialect', 'unknown')}), "
+                f"{number(metrics.get('scrapes'))} scrapes every "
+                f"{number(metrics.get('interval_seconds'))} s, "
+                f"{number(metrics.get('failed_scrapes'))} failed."
+            )
+        series = [(n, m["series"]) for n, m in present if isinstance(m.get("series"), dict)]
+        chart = self.charts_module.server_metrics_chart(series)
+        if chart is None:
+            self.note("The server metrics hold no time series.")
+        else:
+            self.chart(chart)
+        rows = []
+        for name, metrics in present:
+            concepts = metrics.get("concepts")
+            if not isinstance(concepts, dict):
+                continue
+            for concept, by_rank in concepts.items():
+                if not isinstance(by_rank, dict):
+                    continue
+                for rank, value in by_rank.items():
+                    rows.append([("file", text(name)), ("concept", text(concept)),
+                                 ("rank", text(rank)), *concept_cells(value)])  # fmt: skip
+        if rows:
+            self.table(
+                "bb-server-concepts",
+                ["file", "concept", "rank", "value", "mean", "min", "p50", "p90", "p99", "max"],
+                rows,
+                caption="Summarized over the measured window",
+            )
+
+    def capacity(self, name: str, capacity: dict[str, Any], suffix: str) -> None:
+        self.section(f"capacity{suffix}", f"Capacity search: {name}")
+        answer = get(capacity, "answer", "text")
+        if isinstance(answer, str):
+            self.parts.append(f'<p class="bb-answer">{html.escape(answer)}</p>')
+        slo = capacity.get("slo")
+        if isinstance(slo, list) and slo:
+            self.note("SLO: " + ", ".join(str(s) for s in slo))
+        chart = self.charts_module.capacity_chart(f"bb-capacity-curve{suffix}", capacity)
+        if chart is None:
+            self.note("No steps in the capacity document.")
+        else:
+            self.chart(chart)
+        steps_documents = capacity.get(STEPS_KEY) or {}
+        series, metric = capacity_cdf_series(capacity, steps_documents)
+        if series:
+            names = {m: t for m, _, t in self.charts_module.CDF_METRICS}
+            key = {m: k for m, k, _ in self.charts_module.CDF_METRICS}[metric]
+            limits = self.charts_module.slo_limits(
+                [d for d in steps_documents.values() if d], metric
+            )
+            chart = self.charts_module.cdf_chart(
+                f"bb-capacity-cdf{suffix}",
+                f"{names[metric]} by step",
+                [(label, get(d, "distributions", key)) for label, d in series],
+                limits,
+            )
+            if chart is not None:
+                self.chart(chart)
+        rows = []
+        for index, step in enumerate(capacity.get("steps") or [], start=1):
+            if isinstance(step, dict):
+                rows.append(step_cells(index, step))
+        self.table("bb-capacity-steps" + suffix, [c[1] for c in STEP_COLUMNS], rows,
+                   caption="Steps in the order they ran")  # fmt: skip
+
+    def configuration(self, names: list[str], documents: list[dict[str, Any]]) -> None:
+        self.section("configuration", "Configuration and manifest")
+        rows = []
+        for name, document in zip(names, documents, strict=True):
+            manifest = document.get("manifest")
+            rows.append(
+                [
+                    ("file", text(name)),
+                    ("path", text(get(manifest, "path"))),
+                    ("sha256", text(get(manifest, "sha256"))),
+                    ("schema_version", text(get(manifest, "schema_version"))),
+                ]
+            )
+        self.table("bb-manifest", ["file", "manifest path", "SHA-256", "schema"], rows)
+        for index, (name, document) in enumerate(zip(names, documents, strict=True)):
+            configuration = document.get("configuration")
+            if not isinstance(configuration, dict):
+                self.note(f"{name}: no configuration in the document.")
+                continue
+            suffix = "" if index == 0 else f"-{index + 1}"
+            self.parts.append(f"<details{' open' if index == 0 else ''}><summary>"
+                              f"{html.escape(name)}</summary>")  # fmt: skip
+            self.table(
+                "bb-configuration" + suffix,
+                ["option", "value"],
+                [[("option", text(k)), ("value", text(v))] for k, v in configuration.items()],
+            )
+            self.parts.append("</details>")
+
+    # -- output -----------------------------------------------------------------------------
+
+    def render(self, title: str) -> str:
+        from plotly.io import templates
+        from plotly.offline import get_plotlyjs
+
+        specs = {
+            "template": templates["plotly_white"].to_plotly_json(),
+            "charts": [{"id": c.id, "figure": c.figure} for c in self.charts],
+        }
+        nav = " · ".join(f'<a href="#{a}">{html.escape(h)}</a>' for a, h in self.toc)
+        return "".join(
+            [
+                '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
+                '<meta name="viewport" content="width=device-width, initial-scale=1">',
+                f"<title>{html.escape(title)}</title><style>{STYLE}</style>",
+                f"<script>{ERROR_COLLECTOR}</script>",
+                f"<script>{get_plotlyjs()}</script>",
+                f'</head><body><nav class="bb-nav">{nav}</nav>',
+                "\n".join(self.parts),
+                f'<script type="application/json" id="bb-figures">{_script_json(specs)}</script>',
+                f"<script>{DRAW}</script></body></html>\n",
+            ]
+        )
+
+
+def _script_json(value: Any) -> str:
+    """JSON safe inside a script element: ``<``, ``>`` and ``&`` as \\u escapes."""
+    data = orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+    return data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _verdict_class(value: str) -> str:
+    if value in ("pass", "fail", "unresolved", "client-bound", "ok", "server-bound"):
+        return f' class="bb-verdict-{value}"'
+    return ""
+
+
+# -- table contents -----------------------------------------------------------------------
+
+
+def _latency(key: str, percentile: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda d: get(d, "window", "latency", key, "percentiles", percentile)
+
+
+# (field, header, formatter); values come from headline_value.
+HEADLINE: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+    ("requests", "requests", number),
+    ("failed_requests", "failed", number),
+    ("duration_seconds", "window (s)", number),
+    ("requests_per_second", "req/s", number),
+    ("output_tokens_per_second", "output tok/s", number),
+    ("ttft_p50_ms", "TTFT p50 (ms)", number),
+    ("ttft_p99_ms", "TTFT p99 (ms)", number),
+    ("itl_p50_ms", "ITL p50 (ms)", number),
+    ("itl_p99_ms", "ITL p99 (ms)", number),
+    ("e2e_p50_ms", "E2E p50 (ms)", number),
+    ("e2e_p99_ms", "E2E p99 (ms)", number),
+    ("good_requests_per_second", "good req/s", number),
+    ("goodput_ratio", "goodput", ratio_percent),
+    ("good_trajectories_per_minute", "good trajectories/min", number),
+    ("cache_hit_percent", "cache hit", percent),
+    ("client_verdict", "client", lambda v: text(v)),
+    ("slo_verdict", "SLO", lambda v: text(v)),
+)
+
+_WINDOW_PATHS: dict[str, tuple[str, ...]] = {
+    "requests": ("requests",),
+    "failed_requests": ("failed_requests",),
+    "duration_seconds": ("duration_seconds",),
+    "requests_per_second": ("requests_per_second",),
+    "output_tokens_per_second": ("output_tokens_per_second",),
+    "ttft_p50_ms": ("latency", "ttft_ms", "percentiles", "p50"),
+    "ttft_p99_ms": ("latency", "ttft_ms", "percentiles", "p99"),
+    "itl_p50_ms": ("latency", "itl_ms", "percentiles", "p50"),
+    "itl_p99_ms": ("latency", "itl_ms", "percentiles", "p99"),
+    "e2e_p50_ms": ("latency", "e2e_ms", "percentiles", "p50"),
+    "e2e_p99_ms": ("latency", "e2e_ms", "percentiles", "p99"),
+    "good_requests_per_second": ("goodput", "good_requests_per_second"),
+    "goodput_ratio": ("goodput", "goodput_ratio"),
+    "good_trajectories_per_minute": ("goodput", "good_trajectories_per_minute"),
+    "cache_hit_percent": ("cache_hit_percent",),
+    "client_verdict": ("client", "verdict"),
+    "slo_verdict": ("slo_verdict",),
+}
+
+# The whole-run summary's names, for documents without a measured window.
+_METRICS_NAMES = {
+    "requests": "total_requests",
+    "failed_requests": "failed_requests",
+    "duration_seconds": "total_duration_seconds",
+    "requests_per_second": "requests_per_second",
+    "output_tokens_per_second": "output_tokens_per_second",
+    "ttft_p50_ms": "ttft_p50_ms",
+    "ttft_p99_ms": "ttft_p99_ms",
+    "itl_p50_ms": "inter_token_latency_p50_ms",
+    "itl_p99_ms": "inter_token_latency_p99_ms",
+    "e2e_p50_ms": "latency_p50_ms",
+    "e2e_p99_ms": "latency_p99_ms",
+}
+
+
+def headline_value(document: dict[str, Any], field: str) -> Any:
+    """A headline figure: from the measured window, else from the whole-run summary."""
+    window = document.get("window")
+    if isinstance(window, dict):
+        return get(window, *_WINDOW_PATHS[field])
+    metrics = document.get("metrics")
+    if field == "cache_hit_percent":
+        cached = finite(get(metrics, "server_cached_input_tokens"))
+        total = finite(get(metrics, "total_input_tokens"))
+        return None if cached is None or not total else cached / total * 100.0
+    name = _METRICS_NAMES.get(field)
+    return get(metrics, name) if name else None
+
+
+def slo_cells(objective: dict[str, Any]) -> list[tuple[str, str]]:
+    """One SLO outcome: its limit, value and attainment, each with its interval."""
+    quantile = objective.get("quantile")
+    if objective.get("metric") == "goodput":
+        limit = f"≥ {ratio_percent(quantile)} good"
+        value = DASH
+    else:
+        limit = f"≤ {number(objective.get('limit_ms'))} ms"
+        value = _interval(
+            objective.get("value_ms"), objective.get("value_low_ms"), objective.get("value_high_ms")
+        )
+    attainment = _interval(
+        objective.get("attainment"),
+        objective.get("attainment_low"),
+        objective.get("attainment_high"),
+        ratio_percent,
+    )
+    within = f"{number(objective.get('within'))} / {number(objective.get('samples'))}"
+    return [
+        ("objective", text(objective.get("objective"))),
+        ("limit", html.escape(limit)),
+        ("value", html.escape(value)),
+        ("required", ratio_percent(quantile)),
+        ("attainment", html.escape(attainment)),
+        ("within", within),
+        ("verdict", text(objective.get("verdict"))),
+    ]
+
+
+def _interval(value: Any, low: Any, high: Any, fmt: Callable[[Any], str] = number) -> str:
+    if finite(value) is None:
+        return DASH
+    if finite(low) is None and finite(high) is None:
+        return fmt(value)
+    bounds = [fmt(b) if finite(b) is not None else "?" for b in (low, high)]
+    return f"{fmt(value)} ({bounds[0]} – {bounds[1]})"  # "?": too few samples to bound
+
+
+def concept_cells(value: Any) -> list[tuple[str, str]]:
+    """A server-metrics concept for one rank: a single value, or summary statistics."""
+    stats = ("mean", "min", "p50", "p90", "p99", "max")
+    if isinstance(value, dict):
+        return [("value", DASH)] + [(s, number(value.get(s))) for s in stats]
+    return [("value", number(value))] + [(s, DASH) for s in stats]
+
+
+# (field, header, value of a step) for the capacity steps table.
+STEP_COLUMNS: tuple[tuple[str, str, Callable[[dict[str, Any]], str]], ...] = (
+    ("agents", "agents", lambda s: number(s.get("agents"))),
+    ("phase", "phase", lambda s: text(s.get("phase"))),
+    ("verdict", "verdict", lambda s: text(s.get("verdict"))),
+    ("extensions", "extensions", lambda s: number(s.get("extensions"))),
+    ("requests", "requests", lambda s: number(get(s, "window", "requests"))),
+    ("requests_per_second", "req/s", lambda s: number(get(s, "window", "requests_per_second"))),
+    ("output_tokens_per_second", "output tok/s",
+     lambda s: number(get(s, "window", "output_tokens_per_second"))),
+    ("ttft_p50_ms", "TTFT p50 (ms)", lambda s: number(_latency("ttft_ms", "p50")(s))),
+    ("ttft_p99_ms", "TTFT p99 (ms)", lambda s: number(_latency("ttft_ms", "p99")(s))),
+    ("itl_p99_ms", "ITL p99 (ms)", lambda s: number(_latency("itl_ms", "p99")(s))),
+    ("e2e_p95_ms", "E2E p95 (ms)", lambda s: number(_latency("e2e_ms", "p95")(s))),
+    ("goodput_ratio", "goodput",
+     lambda s: ratio_percent(get(s, "window", "goodput", "goodput_ratio"))),
+    ("good_trajectories_per_minute", "good trajectories/min",
+     lambda s: number(get(s, "window", "goodput", "good_trajectories_per_minute"))),
+    ("cache_hit_percent", "cache hit", lambda s: percent(get(s, "window", "cache_hit_percent"))),
+    ("client_verdict", "client", lambda s: text(get(s, "window", "client", "verdict"))),
+    ("results_json", "results", lambda s: text(s.get("results_json"))),
+    ("note", "note", lambda s: text(s.get("note")) if s.get("note") else ""),
+)  # fmt: skip
+
+
+def step_cells(index: int, step: dict[str, Any]) -> list[tuple[str, str]]:
+    del index  # rows are in run order; the table needs no number column
+    return [(field, value(step)) for field, _, value in STEP_COLUMNS]
+
+
+def capacity_cdf_series(
+    capacity: dict[str, Any], steps: dict[str, dict[str, Any] | None]
+) -> tuple[list[tuple[str, dict[str, Any]]], str]:
+    """(label, step document) per loaded step in agent order, and the metric to draw: the
+    first latency objective's metric, else TTFT when streamed, else E2E."""
+    metric = None
+    for objective in capacity.get("slo") or []:
+        head = str(objective).split("_", 1)[0].split("=", 1)[0]
+        if head in ("ttft", "itl", "e2e"):
+            metric = head
+            break
+    ordered = sorted(
+        (s for s in capacity.get("steps") or [] if isinstance(s, dict)),
+        key=lambda s: finite(s.get("agents")) or 0.0,
+    )
+    series: list[tuple[str, dict[str, Any]]] = []
+    seen = set()
+    for step in ordered:
+        name = step.get("results_json")
+        document = steps.get(name) if isinstance(name, str) else None
+        if document is None or name in seen:
+            continue
+        seen.add(name)
+        agents = step.get("agents")
+        series.append((f"{number(agents)} agent{'' if agents == 1 else 's'}", document))
+    if metric is None:
+        has_ttft = any(get(d, "distributions", "ttft_ms") for _, d in series)
+        metric = "ttft" if has_ttft else "e2e"
+    return series, metric
+
+
+RANK_SOURCES = {
+    "client": "client routing (the rank each request was sent to)",
+    "server": "the server's metrics (per-rank labels)",
+}
+
+STYLE = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;
+max-width:1280px;padding:0 24px 48px;color:#222}
+h1{font-size:1.6em;margin:16px 0 8px}h2{font-size:1.25em;margin-top:32px;
+border-bottom:1px solid #ddd;padding-bottom:4px}
+.bb-nav{position:sticky;top:0;background:#fff;padding:8px 0;border-bottom:1px solid #eee;
+font-size:.9em;z-index:10}.bb-nav a{color:#1f5fa0;text-decoration:none}
+.bb-table{border-collapse:collapse;margin:8px 0 16px;font-size:.85em;display:block;
+overflow-x:auto}.bb-table caption{text-align:left;font-weight:600;padding:4px 0}
+.bb-table th,.bb-table td{border:1px solid #ddd;padding:3px 8px;text-align:right;
+white-space:nowrap}.bb-table th{background:#f5f5f5;white-space:normal}
+.bb-table td[data-field=file]{text-align:left}
+.bb-table td[data-field=option],.bb-table td[data-field=value],.bb-table td[data-field=path]
+{text-align:left;white-space:normal;word-break:break-all}
+.bb-table td[data-field=note]{text-align:left;white-space:normal;min-width:16em}
+.bb-verdict-pass,.bb-verdict-ok{color:#1a7f37;font-weight:600}
+.bb-verdict-fail,.bb-verdict-client-bound,.bb-verdict-server-bound{color:#c62828;
+font-weight:600}.bb-verdict-unresolved{color:#b86e00;font-weight:600}
+.bb-note{color:#555;font-size:.9em}.bb-answer{font-weight:600;font-size:1.05em}
+.bb-chart{width:100%;margin:8px 0 24px}details summary{cursor:pointer;margin:8px 0}
+"""
+
+# Before plotly.js: every script error and rejected promise is kept for tests and readers.
+ERROR_COLLECTOR = (
+    "window.__bbErrors=[];window.__bbReady=false;"
+    "window.addEventListener('error',function(e){window.__bbErrors.push(String(e.message||e))});"
+    "window.addEventListener('unhandledrejection',function(e){"
+    "window.__bbErrors.push('unhandled rejection: '+String(e.reason))});"
+)
+
+# Draw every chart; when all have drawn, record the time (ms since navigation started).
+DRAW = """
+(function(){
+  window.__bbDrawStartMs=performance.now();
+  var specs=JSON.parse(document.getElementById('bb-figures').textContent);
+  var config={responsive:true,displaylogo:false};
+  var jobs=specs.charts.map(function(c){
+    var layout=c.figure.layout;layout.template=specs.template;
+    return Plotly.newPlot(document.getElementById(c.id),c.figure.data,layout,config);
+  });
+  Promise.all(jobs).then(function(){
+    window.__bbReadyMs=performance.now();window.__bbReady=true;
+    document.body.setAttribute('data-bb-ready','true');
+  },function(err){window.__bbErrors.push('chart failed: '+String(err));});
+})();
+"""

@@ -1,0 +1,221 @@
+"""``--server-metrics``: scrape a Prometheus ``/metrics`` page during a run.
+
+The scraper runs beside the benchmark on its event loop: one scrape at once, then one per
+interval (missed ticks are skipped, never bunched up). A failed scrape is counted and its
+error kept; it never stops the run. Each successful page is parsed (prometheus_client's
+parser; see ``promsummary``) into an in-memory time series of the metrics batchbench knows,
+and, with a file, every sample is written as one JSON line per scrape:
+``{"t": seconds since the run began, "samples": {"name{labels}": value}}``.
+Parsing a vLLM-sized page costs about a millisecond of CPU (``benchmarks/bench_scrape.py``),
+so it is done on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import aiohttp
+import orjson
+import yarl
+
+from batchbench.errors import UsageError
+from batchbench.results.promsummary import Timeline
+
+ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"  # the classic text format, not OpenMetrics
+MIN_TIMEOUT_SECONDS = 5.0
+
+
+def check_metrics_url(url: str) -> None:
+    """Refuse what cannot be scraped: only http(s) URLs with a host."""
+    try:
+        parsed = yarl.URL(url)
+    except (TypeError, ValueError):
+        parsed = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+        raise UsageError(
+            f"--server-metrics {url!r} is not an http:// or https:// URL "
+            "(e.g. http://127.0.0.1:8000/metrics)"
+        )
+
+
+def metrics_url(url: str) -> str:
+    """The page to scrape: a URL without a path means the server's ``/metrics``."""
+    check_metrics_url(url)
+    parsed = yarl.URL(url)
+    if parsed.path in ("", "/") and not parsed.query_string:
+        return str(parsed.with_path("/metrics"))
+    return url
+
+
+class ServerMetricsScraper:
+    """Scrapes one metrics page at an interval into a time series; see the module text.
+
+    ``origin`` is the run's ``time.perf_counter()`` origin, so that sample times are
+    seconds since the run began (default: when the scraper was made). Without a
+    ``session`` the scraper makes its own and closes it in ``final_scrape``/``close``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        interval: float,
+        path: str | None,
+        session: aiohttp.ClientSession | None = None,
+        origin: float | None = None,
+    ) -> None:
+        self.url = metrics_url(url)
+        if not (isinstance(interval, int | float) and math.isfinite(interval) and interval > 0):
+            raise UsageError(f"--server-metrics-interval must be above 0 seconds, got {interval}")
+        self.interval = float(interval)
+        self.path = path
+        self.origin = time.perf_counter() if origin is None else origin
+        self.timeline = Timeline()
+        self.scrapes = 0
+        self.failed_scrapes = 0
+        self.last_error: str | None = None
+        self.cpu_seconds = 0.0  # parsing and writing, on this thread
+        self._session = session
+        self._own_session = session is None
+        self._file: IO[bytes] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        if path is not None:
+            try:
+                self._file = Path(path).open("wb")  # noqa: SIM115 - closed by close()
+            except OSError as exc:
+                raise UsageError(f"--server-metrics-jsonl {path}: {exc.strerror or exc}") from None
+
+    # --- scraping ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Scrape once (awaited: the baseline precedes the run's first request), then
+        every interval in a background task until ``stop``."""
+        await self.scrape_once()
+        self._task = asyncio.get_running_loop().create_task(self.run(scrape_now=False))
+
+    async def stop(self) -> None:
+        """End the background scraping, take the final scrape and close (idempotent)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if not self._closed:
+            await self.final_scrape()
+
+    async def run(self, *, scrape_now: bool = True) -> None:
+        """Scrape now (unless told not to) and then every interval until cancelled;
+        errors are only counted."""
+        loop = asyncio.get_running_loop()
+        due = loop.time()
+        if not scrape_now:
+            await asyncio.sleep(self.interval)
+            due += self.interval
+        while True:
+            await self.scrape_once()
+            due += self.interval
+            now = loop.time()
+            if due < now:  # the scrape overran: skip the ticks it missed
+                due += math.ceil((now - due) / self.interval) * self.interval
+            await asyncio.sleep(due - now)
+
+    async def final_scrape(self) -> None:
+        """One last scrape (the state at the run's end), then close the file and session."""
+        try:
+            await self.scrape_once()
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Close the file and the scraper's own session (idempotent); no scrape follows."""
+        self._closed = True
+        if self._file is not None:
+            file, self._file = self._file, None
+            try:
+                file.close()
+            except OSError as exc:
+                self.last_error = f"writing {self.path}: {exc.strerror or exc}"
+        if self._own_session and self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    async def scrape_once(self) -> bool:
+        """One scrape; True when its page was read and parsed. Never raises (but
+        cancellation)."""
+        if self._closed:
+            return False
+        try:
+            session = self._session
+            if session is None:
+                session = self._session = aiohttp.ClientSession()
+            timeout = aiohttp.ClientTimeout(total=max(MIN_TIMEOUT_SECONDS, self.interval))
+            sent = time.perf_counter()
+            async with session.get(
+                self.url, headers={"Accept": ACCEPT}, timeout=timeout
+            ) as response:
+                if response.status != 200:
+                    self._fail(f"HTTP {response.status} from {self.url}")
+                    return False
+                body = await response.read()
+            received = time.perf_counter()
+        except asyncio.CancelledError:
+            raise
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
+            self._fail(f"{self.url}: {_describe(exc)}")
+            return False
+        return self.ingest((sent + received) / 2 - self.origin, body)
+
+    def ingest(self, t: float, body: bytes) -> bool:
+        """Parse one page taken at ``t`` and store it (and write it to the file)."""
+        started = time.thread_time()
+        try:
+            text = body.decode("utf-8", "replace")
+            samples = self.timeline.ingest(t, text, keep_all=self._file is not None)
+        except Exception as exc:  # the parser's errors are not all ValueError
+            self.cpu_seconds += time.thread_time() - started
+            self._fail(f"{self.url}: not Prometheus text ({_describe(exc)})")
+            return False
+        self.scrapes += 1
+        if self._file is not None and samples is not None:
+            try:
+                self._file.write(orjson.dumps({"t": round(t, 6), "samples": samples}) + b"\n")
+                self._file.flush()
+            except OSError as exc:  # the run goes on; the file stops here
+                self.last_error = f"writing {self.path}: {exc.strerror or exc}"
+                file, self._file = self._file, None
+                with contextlib.suppress(OSError):
+                    file.close()
+        self.cpu_seconds += time.thread_time() - started
+        return True
+
+    def _fail(self, message: str) -> None:
+        self.failed_scrapes += 1
+        self.last_error = message
+
+    # --- the summary ---------------------------------------------------------------------
+
+    def document(self, start: float, end: float) -> dict[str, Any]:
+        """The results JSON ``server_metrics`` document of the window ``[start, end]``."""
+        summary = self.timeline.summary(start, end)
+        return {
+            "url": self.url,
+            "interval_seconds": self.interval,
+            "scrapes": self.scrapes,
+            "failed_scrapes": self.failed_scrapes,
+            "last_error": self.last_error,
+            "file": self.path,
+            "window": {"start_seconds": start, "end_seconds": end},
+            "dialect": summary["dialect"],
+            "concepts": summary["concepts"],
+            "series": summary["series"],
+        }
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,168 @@
+"""The measured window on the console and in the CSV: one table of latency statistics,
+goodput, SLO verdicts with their confidence, and one-sentence verdicts on the client and
+the server."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from batchbench.results.slo import Objective, duration_text, percentile_label
+from batchbench.results.window import MetricStats, ObjectiveOutcome, WindowFigures
+
+LATENCY_ROWS = (
+    ("ttft_ms", "TTFT"),
+    ("itl_ms", "ITL"),
+    ("tpot_ms", "TPOT"),
+    ("e2e_ms", "Request latency"),
+    ("agent_e2e_ms", "Agent end-to-end"),
+)
+CSV_METRICS = (("ttft_ms", "ttft"), ("itl_ms", "itl"), ("tpot_ms", "tpot"), ("e2e_ms", "e2e"))
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 100.0:.1f}%"
+
+
+def latency_table(window: WindowFigures, percents: Sequence[float]) -> list[str]:
+    """count, mean, min, max, std and every --percentiles entry per latency metric."""
+    labels = [percentile_label(p) for p in percents]
+    header = ["(ms)", "count", "mean", "min", "max", "std", *labels]
+    rows = []
+    for key, label in LATENCY_ROWS:
+        stats: MetricStats | None = window.latency.get(key)
+        if stats is None:
+            continue
+        rows.append(
+            [
+                label,
+                str(stats.count),
+                _num(stats.mean),
+                _num(stats.min),
+                _num(stats.max),
+                _num(stats.std),
+                *(_num(stats.percentiles.get(name)) for name in labels),
+            ]
+        )
+    if not rows:
+        return []
+    widths = [max(len(header[c]), *(len(r[c]) for r in rows)) for c in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        first = cells[0].ljust(widths[0])
+        rest = (cell.rjust(width) for cell, width in zip(cells[1:], widths[1:], strict=True))
+        return "  " + "  ".join((first, *rest))
+
+    return [line(header), *(line(r) for r in rows)]
+
+
+def outcome_text(outcome: ObjectiveOutcome, objective: Objective | None = None) -> str:
+    """``ttft_p99 ≤ 2 s: pass (1.83 s, 95% CI 1.70–1.95 s; 99.6% within [99.1, 99.8])``."""
+    if outcome.metric == "goodput":
+        target = f"goodput ≥ {outcome.quantile * 100.0:g}%"
+        measured = f"{_percent(outcome.attainment)} good"
+    else:
+        target = f"{outcome.objective} ≤ {duration_text(outcome.limit_ms or 0.0, ' ')}"
+        value = "n/a" if outcome.value_ms is None else duration_text(outcome.value_ms, " ")
+        low, high = outcome.value_low_ms, outcome.value_high_ms
+        interval = f", 95% CI {_bound(low)}–{_bound(high)}" if outcome.samples else ""
+        measured = f"{value}{interval}; {_percent(outcome.attainment)} within"
+    return (
+        f"{target}: {outcome.verdict} ({measured} "
+        f"[{outcome.attainment_low * 100.0:.1f}, {outcome.attainment_high * 100.0:.1f}], "
+        f"{outcome.samples} samples)"
+    )
+
+
+def _bound(value: float | None) -> str:
+    return "?" if value is None else duration_text(value, " ")
+
+
+def window_lines(
+    window: WindowFigures, percents: Sequence[float], warmup: float, finished_by: str | None
+) -> list[str]:
+    """The console's measured-window section (after the live-run lines)."""
+    w = window
+    why = {"duration": "--duration reached", "window": "--window-trajectories reached"}
+    end_note = f"; stopped: {why[finished_by]}" if finished_by in why else ""
+    lines = [
+        f"Measured window: {w.start_seconds:.2f}s to {w.end_seconds:.2f}s "
+        f"(warm-up {warmup:g}s excluded{end_note}): {w.requests} requests, "
+        f"{w.requests_per_second:.2f} req/s, output {w.output_tokens_per_second:.2f} tok/s",
+    ]
+    if w.cache_hit_percent is not None:
+        lines.append(
+            f"Prefix cache hit rate: {w.cache_hit_percent:.1f}% of input tokens "
+            f"({w.cached_tokens} of {w.input_tokens}, server-reported)"
+        )
+    table = latency_table(w, percents)
+    if table:
+        lines.append("Latency in the measured window:")
+        lines += table
+    goodput = w.goodput
+    if goodput is not None:
+        limits = ", ".join(
+            f"{metric} ≤ {duration_text(ms, ' ')}" for metric, ms in goodput.thresholds_ms.items()
+        )
+        good_share = (
+            "n/a" if goodput.goodput_ratio is None else f"{goodput.goodput_ratio * 100.0:.1f}%"
+        )
+        lines.append(
+            f"Goodput ({limits}): {goodput.good_requests}/{w.requests} requests good "
+            f"({good_share}), {goodput.good_requests_per_second:.2f} good req/s; "
+            f"trajectory goodput {goodput.good_trajectories}/{goodput.trajectories} "
+            f"trajectories all good ({goodput.good_trajectories_per_minute:.2f} per minute)"
+        )
+    for outcome in w.slo:
+        lines.append(f"SLO {outcome_text(outcome)}")
+    if w.slo_verdict is not None:
+        lines.append(f"SLO verdict: {w.slo_verdict}")
+    if w.client.verdict is not None:
+        lines.append(f"Client: {w.client.verdict}: {w.client.reason}")
+    if w.server.verdict is not None:
+        lines.append(f"Server: {w.server.verdict}: {w.server.reason}")
+    return lines
+
+
+def window_csv(window: WindowFigures | None, percents: Sequence[float]) -> list[tuple[str, str]]:
+    """(column, cell) pairs appended to the CSV row: window bounds, goodput, SLO verdict,
+    verdicts, and mean/min/max/std plus each --percentiles entry of every latency metric."""
+    if window is None:
+        return []
+    w = window
+    g = w.goodput
+    cells: list[tuple[str, object]] = [
+        ("window_start_seconds", w.start_seconds),
+        ("window_end_seconds", w.end_seconds),
+        ("window_requests", w.requests),
+        ("window_requests_per_second", w.requests_per_second),
+        ("window_output_tokens_per_second", w.output_tokens_per_second),
+        ("cache_hit_percent", w.cache_hit_percent),
+        ("good_requests", g.good_requests if g else None),
+        ("good_requests_per_second", g.good_requests_per_second if g else None),
+        ("goodput_ratio", g.goodput_ratio if g else None),
+        ("good_trajectories", g.good_trajectories if g else None),
+        ("good_trajectories_per_minute", g.good_trajectories_per_minute if g else None),
+        ("slo_verdict", w.slo_verdict),
+        ("client_verdict", w.client.verdict),
+        ("server_verdict", w.server.verdict),
+    ]
+    for key, name in CSV_METRICS:
+        stats = w.latency.get(key)
+        for field in ("mean", "min", "max", "std"):
+            cells.append((f"window_{name}_{field}_ms", getattr(stats, field) if stats else None))
+        for p in percents:
+            label = percentile_label(p).replace(".", "_")
+            cells.append((f"window_{name}_{label}_ms", stats.get(p) if stats else None))
+    return [(column, _cell(value)) for column, value in cells]
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)

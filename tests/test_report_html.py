@@ -1,0 +1,577 @@
+"""The HTML report (issue 13): rendered from real simulator runs, checked for content (every
+chart present, table cells equal to the JSON's values as formatted, figures carrying the
+JSON's data, hostile strings escaped), and opened in a real headless Chromium."""
+
+from __future__ import annotations
+
+import html
+import json
+import shutil
+import subprocess
+import sys
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from batchbench.cli.agent import main as agent_main
+from batchbench.cli.capacity import run as capacity_main
+from batchbench.cli.report import run as report_main
+from batchbench.drive.simlaunch import SimProcess, sim_command
+from batchbench.report import PLOTLY_MISSING, load_documents, render_html, write_report
+from batchbench.report.charts import VERDICT_COLORS
+from batchbench.report.format import DASH, number, percent, ratio_percent
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "trajectory-replay" / "plans.jsonl"
+SLO = "ttft_p99=2s,itl_p99=100ms,e2e_p95=30s"
+HOSTILE = '<img src=x onerror="window.__bbPwned=1">&amp;"'
+RUN_CHARTS = {
+    "bb-cdf-ttft",
+    "bb-cdf-itl",
+    "bb-cdf-e2e",
+    "bb-throughput",
+    "bb-concurrency",
+    "bb-ranks",
+    "bb-fidelity",
+    "bb-server-metrics",
+}
+CAPACITY_CHARTS = {"bb-capacity-curve", "bb-capacity-cdf"}
+
+
+# -- real runs ------------------------------------------------------------------------------
+
+
+def run_agent(sim_url: str, out: Path, *extra: str) -> dict:
+    """batchbench-agent against a running simulator, scraping its /metrics; returns the
+    results JSON document."""
+    status = agent_main(
+        [
+            "--host", sim_url, "--agent-plans-jsonl", str(EXAMPLE),
+            "--tokenizer-model", "deepseek-v3", "--model", "batchbench-sim", "--stream",
+            "--no-progress", "--no-preflight", "--slo", SLO,
+            "--server-metrics", sim_url + "/metrics", "--server-metrics-interval", "0.2",
+            "--results-json", str(out), *extra,
+        ]
+    )  # fmt: skip
+    assert status == 0
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """Two real runs against one simulator with 2 DP ranks: all 3 agents at once with client
+    routing ("a"), and one agent at a time ("b")."""
+    root = tmp_path_factory.mktemp("runs")
+    routing = ["--dp-rank-perfect-routing", "--dp-rank-perfect-routing-num", "2"]
+    with SimProcess(sim_command("deepseek-v3", 2, "--speed 4")) as sim:
+        run_agent(sim.url, root / "a.json", *routing)
+        run_agent(sim.url, root / "b.json", "--max-active-agents", "1")
+    return {"a": root / "a.json", "b": root / "b.json"}
+
+
+@pytest.fixture(scope="module")
+def capacity(tmp_path_factory) -> Path:
+    """A real capacity search against the simulator (2 to 4 active agents; two running
+    sequences per rank, so a third agent queues behind them); returns its capacity.json."""
+    out = tmp_path_factory.mktemp("capacity") / "search"
+    status = capacity_main(
+        [
+            "--sim", "--sim-args", "--speed 4 --max-batch 2", "--tokenizer-model", "deepseek-v3",
+            "--agents", "400", "--tool-invocations", "4", "--input-tokens", "256",
+            "--output-tokens", "32", "--environment-tokens", "32", "--stream", "--seed", "3",
+            "--slo", "ttft_p90=40ms,itl_p99=100ms", "--min-agents", "2", "--max-agents", "4",
+            "--resolution", "1", "--warmup", "0.5", "--window", "3", "--max-extensions", "0",
+            "--output-dir", str(out), "--no-progress",
+        ]
+    )  # fmt: skip
+    assert status in (0, 1)  # 1: not concluded; the report draws what was measured either way
+    return out / "capacity.json"
+
+
+# -- reading the page ---------------------------------------------------------------------
+
+
+class PageParser(HTMLParser):
+    """Chart div ids, and each table's rows as {data-field: cell text}."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.charts: list[str] = []
+        self.tables: dict[str, list[dict[str, str]]] = {}
+        self.text: list[str] = []
+        self._table: str | None = None
+        self._field: str | None = None
+        self._cell: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "div" and "bb-chart" in (attrs.get("class") or "").split():
+            self.charts.append(attrs["id"])
+        elif tag == "table":
+            self._table = attrs.get("id")
+            self.tables[self._table] = []
+        elif tag == "tr" and self._table is not None:
+            self.tables[self._table].append({})
+        elif tag == "td" and self._table is not None:
+            self._field, self._cell = attrs.get("data-field"), []
+
+    def handle_endtag(self, tag):
+        if tag == "td" and self._field is not None:
+            self.tables[self._table][-1][self._field] = "".join(self._cell)
+            self._field = None
+        elif tag == "table":
+            self.tables[self._table] = [row for row in self.tables[self._table] if row]
+            self._table = None
+
+    def handle_data(self, data):
+        if self._field is not None:
+            self._cell.append(data)
+        self.text.append(data)
+
+
+def parse(page: str) -> tuple[PageParser, dict[str, dict]]:
+    """The parsed page and its figures by chart id."""
+    parser = PageParser()
+    parser.feed(page)
+    start = page.index('<script type="application/json" id="bb-figures">')
+    start = page.index(">", start) + 1
+    specs = json.loads(page[start : page.index("</script>", start)])
+    return parser, {chart["id"]: chart["figure"] for chart in specs["charts"]}
+
+
+def report(tmp_path: Path, *files: Path, name: str = "report.html") -> tuple[str, Path]:
+    out = tmp_path / name
+    assert report_main([*map(str, files), "-o", str(out)]) == 0
+    return out.read_text(), out
+
+
+def six(values: list) -> list:
+    return [float(f"{v:.6g}") for v in values]
+
+
+# -- content ------------------------------------------------------------------------------
+
+
+def test_formatting_is_the_documented_one():
+    assert [number(v) for v in (7, 12345, 2.100739, 201.671, 1010.0166, 0.0123, 0.0, None)] == [
+        "7", "12,345", "2.10", "201.7", "1,010.0", "0.0123", "0.00", DASH,
+    ]  # fmt: skip
+    assert number(float("nan")) == DASH and number(True) == "yes"
+    assert percent(36.54384830855419) == "36.5%" and ratio_percent(0.91666) == "91.7%"
+    assert percent(None) == DASH
+
+
+def test_report_of_a_real_run_has_every_chart_and_the_json_values(runs, tmp_path, capsys):
+    document = json.loads(runs["a"].read_text())
+    page, out = report(tmp_path, runs["a"])
+    assert capsys.readouterr().out == f"Wrote HTML report to {out} (4.9 MB)\n"
+    assert out.stat().st_size < 10 * 1024 * 1024
+    assert "<script src" not in page and page.count("* plotly.js v") == 1  # inlined once
+    parser, figures = parse(page)
+    assert set(parser.charts) == RUN_CHARTS == set(figures)
+
+    window = document["window"]
+    latency = window["latency"]
+    (row,) = parser.tables["bb-headline"]
+    assert row == {
+        "file": "a.json",
+        "requests": number(window["requests"]),
+        "failed_requests": "0",
+        "duration_seconds": number(window["duration_seconds"]),
+        "requests_per_second": number(window["requests_per_second"]),
+        "output_tokens_per_second": number(window["output_tokens_per_second"]),
+        "ttft_p50_ms": number(latency["ttft_ms"]["percentiles"]["p50"]),
+        "ttft_p99_ms": number(latency["ttft_ms"]["percentiles"]["p99"]),
+        "itl_p50_ms": number(latency["itl_ms"]["percentiles"]["p50"]),
+        "itl_p99_ms": number(latency["itl_ms"]["percentiles"]["p99"]),
+        "e2e_p50_ms": number(latency["e2e_ms"]["percentiles"]["p50"]),
+        "e2e_p99_ms": number(latency["e2e_ms"]["percentiles"]["p99"]),
+        "good_requests_per_second": number(window["goodput"]["good_requests_per_second"]),
+        "goodput_ratio": ratio_percent(window["goodput"]["goodput_ratio"]),
+        "good_trajectories_per_minute": number(window["goodput"]["good_trajectories_per_minute"]),
+        "cache_hit_percent": percent(window["cache_hit_percent"]),
+        "client_verdict": window["client"]["verdict"],
+        "slo_verdict": window["slo_verdict"],
+    }
+    assert row["requests"] == "7" and row["goodput_ratio"] == "100.0%"
+    assert [(r["objective"], r["limit"], r["verdict"]) for r in parser.tables["bb-slo"]] == [
+        ("ttft_p99", "≤ 2,000.0 ms", window["slo"][0]["verdict"]),
+        ("itl_p99", "≤ 100.0 ms", window["slo"][1]["verdict"]),
+        ("e2e_p95", "≤ 30,000.0 ms", window["slo"][2]["verdict"]),
+    ]
+    itl = window["slo"][1]
+    assert parser.tables["bb-slo"][1]["value"] == (
+        f"{number(itl['value_ms'])} ({number(itl['value_low_ms'])} – "
+        f"{number(itl['value_high_ms'])})"
+    )
+    assert parser.tables["bb-slo"][1]["within"] == f"{itl['within']:,} / {itl['samples']:,}"
+    (header,) = parser.tables["bb-documents"]
+    assert header == {
+        "file": "a.json",
+        "kind": "run",
+        "timestamp": document["timestamp"],
+        "batchbench_version": document["batchbench_version"],
+        "verdict": "ok",
+        "slo_verdict": window["slo_verdict"],
+    }
+
+    # The figures carry the document's data.
+    for metric in ("ttft", "itl", "e2e"):
+        distribution = document["distributions"][f"{metric}_ms"]
+        trace = figures[f"bb-cdf-{metric}"]["data"][0]
+        assert trace["name"] == "a.json"
+        positive = [  # a log axis has no 0 (sub-millisecond gaps are rounded to 0 ms)
+            (x, y)
+            for x, y in zip(distribution["values"], distribution["fractions"], strict=True)
+            if x > 0
+        ]
+        assert trace["x"] == six([x for x, _ in positive])
+        assert trace["y"] == six([y for _, y in positive])
+        zeros = len(distribution["values"]) - len(positive)
+        notes = [a["text"] for a in figures[f"bb-cdf-{metric}"]["layout"].get("annotations", [])]
+        assert notes == ([f"{zeros} points at 0 ms are not drawn (log scale)"] if zeros else [])
+        assert figures[f"bb-cdf-{metric}"]["layout"]["xaxis"]["type"] == "log"
+    limit = figures["bb-cdf-ttft"]["data"][1]
+    assert (limit["x"], limit["y"], limit["name"]) == (
+        [2000.0, 2000.0],
+        [0, 1],
+        "SLO ttft_p99 ≤ 2,000.0 ms",
+    )
+    timeseries = document["timeseries"]
+    throughput = figures["bb-throughput"]["data"]
+    assert [t["y"] for t in throughput] == [
+        six(timeseries["requests_per_second"]),
+        six(timeseries["output_tokens_per_second"]),
+    ]
+    assert all(t["x"] == six(timeseries["t"]) for t in throughput)
+    concurrency = figures["bb-concurrency"]["data"]
+    assert [(t["name"], t["y"]) for t in concurrency] == [
+        ("active agents", six(timeseries["active_agents"])),
+        ("requests in flight", six(timeseries["in_flight"])),
+    ]
+    assert document["ranks_source"] == "client"
+    bars = figures["bb-ranks"]["data"]
+    assert [b["x"] for b in bars] == [["rank 0", "rank 1"]] * 5
+    assert [b["y"] for b in bars] == [
+        [r[key] for r in document["ranks"]]
+        for key in ("requests", "input_tokens", "ttft_p50_ms", "ttft_p99_ms", "cached_tokens")
+    ]
+    assert sum(bars[0]["y"]) == 7
+    assert "a.json: per-rank figures from client routing" in page
+    prompt, output = figures["bb-fidelity"]["data"]
+    histogram = document["fidelity"]["prompt"]["histogram"]
+    assert prompt["x"] == sorted(int(k) for k in histogram)
+    assert prompt["y"] == [histogram[str(k)] for k in prompt["x"]]
+    assert sum(prompt["y"]) == 7 and sum(output["y"]) == 7
+    fidelity_rows = parser.tables["bb-fidelity-table"]
+    assert fidelity_rows[0]["exact_percent"] == percent(
+        document["fidelity"]["prompt"]["exact_percent"]
+    )
+    server = document["server_metrics"]
+    kv = [t for t in figures["bb-server-metrics"]["data"] if t["yaxis"] == "y"]
+    assert [t["name"] for t in kv] == sorted(
+        f"rank {r}" for r in server["series"]["kv_cache_usage"]
+    )
+    assert kv[0]["y"] == six(server["series"]["kv_cache_usage"]["0"])
+    concepts = parser.tables["bb-server-concepts"]
+    assert {(r["concept"], r["rank"]) for r in concepts} == {
+        (concept, rank) for concept, by_rank in server["concepts"].items() for rank in by_rank
+    }
+
+    # Configuration and manifest identity.
+    (manifest,) = parser.tables["bb-manifest"]
+    assert manifest == {
+        "file": "a.json",
+        "path": document["manifest"]["path"],
+        "sha256": document["manifest"]["sha256"],
+        "schema_version": "1",
+    }
+    configuration = {r["option"]: r["value"] for r in parser.tables["bb-configuration"]}
+    assert configuration["model"] == "batchbench-sim"
+    assert configuration["stream"] == "true"
+    assert configuration["max_active_agents"] == DASH
+
+
+def test_two_runs_overlay_their_cdfs_with_one_row_each(runs, tmp_path):
+    page, _ = report(tmp_path, runs["a"], runs["b"])
+    parser, figures = parse(page)
+    for metric in ("ttft", "itl", "e2e"):
+        names = [t["name"] for t in figures[f"bb-cdf-{metric}"]["data"] if "SLO" not in t["name"]]
+        assert names[:2] == ["a.json", "b.json"]
+    assert [r["file"] for r in parser.tables["bb-headline"]] == ["a.json", "b.json"]
+    b = json.loads(runs["b"].read_text())
+    assert parser.tables["bb-headline"][1]["requests_per_second"] == number(
+        b["window"]["requests_per_second"]
+    )
+    # a routed to ranks (client figures); b did not, so its ranks come from the scraped
+    # server metrics.
+    assert (b["ranks_source"], [r["rank"] for r in b["ranks"]]) == ("server", [0, 1])
+    bars = figures["bb-ranks"]["data"]
+    assert [t["legendgroup"] for t in bars] == ["a.json"] * 5 + ["b.json"] * 5
+    assert [t["y"] for t in bars[5:]] == [
+        [r[key] for r in b["ranks"]]
+        for key in ("requests", "input_tokens", "ttft_p50_ms", "ttft_p99_ms", "cached_tokens")
+    ]
+    assert (
+        "a.json: per-rank figures from client routing (the rank each request was sent to)." in page
+    )
+    assert "b.json: per-rank figures from the server&#x27;s metrics (per-rank labels)." in page
+    assert [r["file"] for r in parser.tables["bb-manifest"]] == ["a.json", "b.json"]
+    assert {"bb-configuration", "bb-configuration-2"} <= set(parser.tables)
+
+
+def test_capacity_report_draws_the_curve_and_marks_the_answer(capacity, tmp_path):
+    document = json.loads(capacity.read_text())
+    page, _ = report(tmp_path, capacity)
+    parser, figures = parse(page)
+    assert set(parser.charts) == CAPACITY_CHARTS  # a capacity document alone: no run sections
+    steps = document["steps"]
+    by_agents = {s["agents"]: s for s in steps}
+    agents = sorted(by_agents)
+    assert agents == [2, 3, 4]  # doubling 2 -> 4, then bisection to 3 (resolution 1)
+    curve = figures["bb-capacity-curve"]
+    traces = {t["name"]: t for t in curve["data"]}
+    for objective in ("ttft_p90", "itl_p99"):
+        trace = traces[objective]
+        outcomes = [
+            next(o for o in by_agents[a]["window"]["slo"] if o["objective"] == objective)
+            for a in agents
+        ]
+        assert trace["x"] == agents
+        assert trace["y"] == [o["value_ms"] for o in outcomes]
+        assert trace["error_y"]["array"] == [
+            None if o["value_high_ms"] is None else max(o["value_high_ms"] - o["value_ms"], 0.0)
+            for o in outcomes
+        ]
+        assert trace["marker"]["color"] == [VERDICT_COLORS[by_agents[a]["verdict"]] for a in agents]
+        limit = traces[f"SLO {objective} ≤ {number(outcomes[0]['limit_ms'])} ms"]
+        assert (limit["x"], limit["y"]) == ([2, 4], [outcomes[0]["limit_ms"]] * 2)
+        assert limit["line"]["color"] == trace["line"]["color"]
+    assert traces["SLO ttft_p90 ≤ 40.00 ms"]["y"] == [40.0, 40.0]
+    assert curve["layout"]["yaxis"]["type"] == "log"
+    assert traces["requests/s"]["y"] == [
+        by_agents[a]["window"]["requests_per_second"] for a in agents
+    ]
+    assert traces["goodput ratio"]["y"] == [
+        by_agents[a]["window"]["goodput"]["goodput_ratio"] for a in agents
+    ]
+    assert {f"step {v}" for v in VERDICT_COLORS} <= set(traces)
+    answer = document["answer"]
+    label = "capacity" if answer["concluded"] else "held so far (not concluded)"
+    marked = [(s["x0"], a["text"]) for s, a in zip(curve["layout"]["shapes"],
+                                                   curve["layout"]["annotations"][-2:], strict=True)]  # fmt: skip
+    expected = [(v, f"{text}: {v}") for v, text in ((answer["agents"], label),
+                (answer["breaking_agents"], "breaks")) if v is not None]  # fmt: skip
+    assert marked == expected
+    if answer["agents"] is not None:
+        stars = [t for t in curve["data"] if t["name"] == f"{label}: {answer['agents']} agents"]
+        assert [(t["x"], t["y"]) for t in stars] == [
+            ([answer["agents"]], [traces[o]["y"][agents.index(answer["agents"])]])
+            for o in ("ttft_p90", "itl_p99")
+        ]
+    cdf = figures["bb-capacity-cdf"]
+    assert [t["name"] for t in cdf["data"] if "SLO" not in t["name"]] == [
+        "2 agents", "3 agents", "4 agents",
+    ]  # fmt: skip
+    step = json.loads((capacity.parent / by_agents[3]["results_json"]).read_text())
+    positive = [v for v in step["distributions"]["ttft_ms"]["values"] if v > 0]
+    assert cdf["data"][1]["x"] == six(positive)
+    assert cdf["data"][-1]["name"] == "SLO ttft_p90 ≤ 40.00 ms"  # the limit marker's trace
+    rows = parser.tables["bb-capacity-steps"]
+    assert [(r["agents"], r["phase"], r["verdict"], r["results_json"]) for r in rows] == [
+        (str(s["agents"]), s["phase"], s["verdict"], s["results_json"]) for s in steps
+    ]
+    for row, step in zip(rows, steps, strict=True):
+        latency = step["window"]["latency"]
+        assert row["requests_per_second"] == number(step["window"]["requests_per_second"])
+        assert row["ttft_p99_ms"] == number(latency["ttft_ms"]["percentiles"]["p99"])
+        assert row["e2e_p95_ms"] == number(latency["e2e_ms"]["percentiles"]["p95"])
+        assert row["cache_hit_percent"] == percent(step["window"]["cache_hit_percent"])
+    assert f'<p class="bb-answer">{html.escape(answer["text"])}</p>' in page
+    assert parser.tables["bb-documents"][0]["verdict"] == (
+        "concluded" if answer["concluded"] else "open"
+    )
+
+
+def test_capacity_without_a_step_file_still_draws_its_curve(capacity, tmp_path):
+    document = json.loads(capacity.read_text())
+    names = [s["results_json"] for s in sorted(document["steps"], key=lambda s: s["agents"])]
+    directory = tmp_path / "moved"
+    directory.mkdir()
+    shutil.copy(capacity, directory / "capacity.json")
+    shutil.copy(capacity.parent / names[0], directory)
+    (directory / names[1]).write_text("{not json")
+    page, _ = report(tmp_path, directory / "capacity.json")
+    parser, figures = parse(page)
+    assert set(parser.charts) == CAPACITY_CHARTS
+    assert [t["name"] for t in figures["bb-capacity-cdf"]["data"] if "SLO" not in t["name"]] == [
+        "2 agents"
+    ]
+    assert len(parser.tables["bb-capacity-steps"]) == 3
+    assert figures["bb-capacity-curve"]["data"][0]["x"] == [2, 3, 4]
+    text = "".join(parser.text)
+    assert f"cannot read {directory / names[2]}: No such file or directory" in text
+    assert f"{directory / names[1]} is not JSON" in text
+
+
+def test_strings_from_documents_are_escaped(runs, tmp_path):
+    document = json.loads(runs["a"].read_text())
+    document["manifest"]["path"] = HOSTILE
+    document["configuration"]["model"] = HOSTILE
+    document["window"]["client"]["reason"] = HOSTILE
+    hostile_file = tmp_path / "<b>evil&amp;.json"
+    hostile_file.write_text(json.dumps(document))
+    page, _ = report(tmp_path, hostile_file)
+    assert "<img" not in page and "<b>evil&" not in page
+    assert page.count(html.escape(HOSTILE)) >= 3
+    parser, figures = parse(page)
+    assert parser.tables["bb-manifest"][0]["path"] == HOSTILE  # shown as text
+    assert parser.tables["bb-configuration"][0] == {"option": "model", "value": HOSTILE}
+    assert figures["bb-cdf-ttft"]["data"][0]["name"] == "&lt;b&gt;evil&amp;amp;.json"
+
+
+def test_library_api_renders_documents_built_in_memory(runs, tmp_path):
+    document = json.loads(runs["a"].read_text())
+    write_report([document], str(tmp_path / "r.html"), title="nightly <run>")
+    page = (tmp_path / "r.html").read_text()
+    assert "<title>nightly &lt;run&gt;</title>" in page and "<h1>nightly &lt;run&gt;</h1>" in page
+    parser, _ = parse(page)
+    assert parser.tables["bb-headline"][0]["file"] == "document 1"
+    assert set(parser.charts) == RUN_CHARTS
+    assert render_html(load_documents([runs["a"]])) == render_html(load_documents([runs["a"]]))
+
+
+def test_an_older_document_falls_back_to_the_whole_run_summary(runs, tmp_path):
+    document = json.loads(runs["a"].read_text())
+    for key in ("kind", "window", "distributions", "timeseries", "server_metrics"):
+        document.pop(key)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(document))
+    page, _ = report(tmp_path, path)
+    parser, _ = parse(page)
+    metrics = document["metrics"]
+    row = parser.tables["bb-headline"][0]
+    assert row["requests_per_second"] == number(metrics["requests_per_second"])
+    assert row["ttft_p99_ms"] == number(metrics["ttft_p99_ms"])
+    assert row["e2e_p50_ms"] == number(metrics["latency_p50_ms"])
+    assert row["cache_hit_percent"] == percent(
+        metrics["server_cached_input_tokens"] / metrics["total_input_tokens"] * 100
+    )
+    assert row["goodput_ratio"] == DASH
+    assert set(parser.charts) == {"bb-ranks", "bb-fidelity"}
+    text = "".join(parser.text)
+    assert "old.json: no measured window in the document" in text
+    assert "Time to first token: no distribution in the documents" in text
+    assert "No server metrics in the documents" in text
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read {path}: No such file or directory"),
+        (b"\xff not json", "{path} is not JSON: "),
+        (b"[1, 2]", "{path} is not a batchbench results or capacity document (a JSON list"),
+        (b'{"hello": 1}', '{path} is not a batchbench results or capacity document (no "kind";'),
+        (b'{"kind": "sweep"}', '{path} is not a batchbench results or capacity document ("kind": "sweep";'),
+        (b'{"kind": "capacity"}', '{path}: capacity document without a "steps" list'),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_naming_the_file(tmp_path, capsys, content, message):
+    path = tmp_path / "in.json"
+    if content is not None:
+        path.write_bytes(content)
+    assert report_main([str(path), "-o", str(tmp_path / "r.html")]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("Error: " + message.format(path=path))
+    assert captured.err.count("\n") == 1
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_usage(capsys):
+    assert report_main(["x.json"]) == 2
+    assert capsys.readouterr().err == ("Error: the following arguments are required: -o/--output\n")
+    assert report_main(["--help"]) == 0
+    help_text = capsys.readouterr().out
+    assert "self-contained HTML" in help_text and "capacity.json" in help_text
+
+
+def test_missing_plotly_is_one_clear_line(runs, tmp_path):
+    code = (
+        "import sys; sys.modules['plotly'] = None\n"
+        "from batchbench.cli.report import run\n"
+        f"sys.exit(run([{str(runs['a'])!r}, '-o', {str(tmp_path / 'r.html')!r}]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == f"Error: {PLOTLY_MISSING}\n"
+    assert PLOTLY_MISSING == "the HTML report needs plotly: pip install 'batchbench[report]'"
+
+
+# -- a real browser -----------------------------------------------------------------------
+
+
+def chromium_driver(tmp_path: Path):
+    """Headless Chromium through the system chromedriver (never selenium-manager)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    for argument in (
+        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+        "--window-size=1400,1000", f"--user-data-dir={tmp_path / 'profile'}",
+    ):  # fmt: skip
+        options.add_argument(argument)
+    options.binary_location = shutil.which("chromium") or ""
+    options.set_capability("goog:loggingOptions", {"browser": "ALL"})
+    service = Service(executable_path=shutil.which("chromedriver"))
+    return webdriver.Chrome(service=service, options=options)
+
+
+def test_report_opens_in_headless_chromium_and_draws_every_chart(runs, capacity, tmp_path):
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        pytest.skip("chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)")  # fmt: skip
+    document = json.loads(runs["a"].read_text())
+    document["manifest"]["path"] = HOSTILE
+    hostile = tmp_path / "hostile.json"
+    hostile.write_text(json.dumps(document))
+    page, out = report(tmp_path, hostile, runs["b"], capacity)
+    parser, _ = parse(page)
+    assert set(parser.charts) == RUN_CHARTS | CAPACITY_CHARTS
+    driver = chromium_driver(tmp_path)
+    try:
+        driver.get(out.as_uri())
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if driver.execute_script("return window.__bbReady === true || window.__bbErrors.length > 0"):  # fmt: skip
+                break
+            time.sleep(0.05)
+        state = driver.execute_script(
+            """
+            var charts = Array.from(document.querySelectorAll('.bb-chart'));
+            return {
+              ready: window.__bbReady, errors: window.__bbErrors, pwned: window.__bbPwned,
+              charts: charts.length,
+              drawn: charts.filter(function (c) {
+                return c.classList.contains('js-plotly-plot') && c.querySelector('.main-svg');
+              }).length,
+              plotted: document.querySelectorAll('.js-plotly-plot').length,
+              traces: charts.map(function (c) {
+                return c.querySelectorAll('.scatterlayer .trace, .barlayer .trace').length;
+              }),
+            };
+            """
+        )
+        logs = driver.get_log("browser")
+        screenshot = tmp_path / "report.png"
+        assert driver.save_screenshot(str(screenshot))
+    finally:
+        driver.quit()
+    assert state["errors"] == [] and state["ready"] is True
+    assert [entry for entry in logs if entry["level"] == "SEVERE"] == []
+    assert state["charts"] == len(RUN_CHARTS | CAPACITY_CHARTS) == state["plotted"]
+    assert state["drawn"] == state["charts"]
+    assert all(count > 0 for count in state["traces"]), state["traces"]
+    assert state["pwned"] is None  # the hostile manifest path stayed text
+    assert screenshot.stat().st_size > 10_000
