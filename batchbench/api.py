@@ -201,7 +201,7 @@ async def _run(
     try:
         if sim is not None:
             await call(sim.start)
-            config = replace(config, host=sim.url, tokenizer_model=config.tokenizer)
+            config = targeting_sim(config, sim)
         if not config.dry_run:
             config = await check_target(config, out)
         steps = _Steps(call, handle_signals, tune_gc)
@@ -233,12 +233,16 @@ def start_sim(config: RunConfig) -> tuple[SimProcess, RunConfig]:
     """Start the simulator child (sharing the tokenizer); the config that targets it."""
     sim = sim_process(config)
     sim.start()
+    return sim, targeting_sim(config, sim)
+
+
+def targeting_sim(config: RunConfig, sim: SimProcess) -> RunConfig:
+    """The config of a run against the started simulator: its URL as host (and as the
+    metrics endpoint with --server-metrics sim)."""
     metrics = config.server_metrics
     if metrics == SIM_METRICS:
         metrics = f"{sim.url}/metrics"
-    return sim, replace(
-        config, host=sim.url, tokenizer_model=config.tokenizer, server_metrics=metrics
-    )
+    return replace(config, host=sim.url, tokenizer_model=config.tokenizer, server_metrics=metrics)
 
 
 def sim_process(config: RunConfig) -> SimProcess:
@@ -843,15 +847,26 @@ def write_outputs(result: RunResult, out: RunOutput | None = None) -> RunResult:
             written.append(("agent benchmark summary", config.results_csv))
         except BatchbenchError as exc:
             errors.append(str(exc))
-    if config.results_json:
+    document = None
+    if config.results_json or config.report_html:
         document = summary_document(
             config, result.setup, result.summary, result.failures, result.live
         )
         if result.sections:
             document.update(result.sections)
+    if config.results_json:
         try:
             write_json(config.results_json, document)
             written.append(("agent benchmark JSON summary", config.results_json))
+        except BatchbenchError as exc:
+            errors.append(str(exc))
+    if config.report_html and document is not None:
+        try:
+            from batchbench.report import write_report
+
+            name = os.path.basename(config.results_json) if config.results_json else "this run"
+            write_report([dict(document, source=name)], config.report_html)
+            written.append(("HTML report", config.report_html))
         except BatchbenchError as exc:
             errors.append(str(exc))
     options_path = config_file_path(config) if not errors else None

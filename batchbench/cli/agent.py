@@ -20,7 +20,7 @@ from batchbench.results.report import (
     summary_lines,
     verdict_lines,
 )
-from batchbench.results.windowreport import window_lines
+from batchbench.results.windowreport import server_metrics_lines, window_lines
 
 
 class ConsoleOutput:
@@ -64,6 +64,7 @@ def render(result: RunResult) -> None:
         write_lines(
             window_lines(result.window, config.percentiles, config.warmup, result.finished_by)
         )
+        write_lines(server_metrics_lines((result.sections or {}).get("server_metrics")))
     for what, path in result.written:
         print(f"Wrote {what} to {path}")
     write_lines(verdict_lines(result.summary))

@@ -17,6 +17,9 @@ commands:
   sim          run the OpenAI-compatible serving simulator (DP ranks, prefix caches, faults)
   calibrate    measure a server's chat-template overheads with probe requests
   validate     check trajectory manifests, report every invalid line, summarize valid files
+  capacity     find how many active agents a deployment holds under --slo (doubling, then
+               bisection; one results JSON per step, resumable)
+  report       write a self-contained HTML report (charts) from results or capacity JSON
   tokenizers   list the built-in tokenizer names usable with --tokenizer-model
 
 options:
@@ -49,6 +52,14 @@ def run(argv: Sequence[str]) -> int:
         from batchbench.cli.validate import run as run_validate
 
         return run_validate(rest)
+    if command == "capacity":
+        from batchbench.cli.capacity import run as run_capacity
+
+        return run_capacity(rest)
+    if command == "report":
+        from batchbench.cli.report import run as run_report
+
+        return run_report(rest)
     if command == "tokenizers":
         for name, path in describe_builtins():
             print(f"{name}\t{path}")
@@ -63,7 +74,7 @@ def run(argv: Sequence[str]) -> int:
     return 2
 
 
-COMMANDS = ("agent", "sim", "calibrate", "validate", "tokenizers")
+COMMANDS = ("agent", "sim", "calibrate", "validate", "capacity", "report", "tokenizers")
 
 
 def main() -> None:

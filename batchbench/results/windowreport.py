@@ -127,6 +127,44 @@ def window_lines(
     return lines
 
 
+def server_metrics_lines(document: dict | None) -> list[str]:
+    """What the server's own metrics said over the window, summed or averaged over ranks."""
+    if not document:
+        return []
+    scrapes, failed = document.get("scrapes", 0), document.get("failed_scrapes", 0)
+    head = (
+        f"Server metrics ({document.get('dialect')}, {scrapes} scrapes every "
+        f"{document.get('interval_seconds'):g}s"
+        + (f", {failed} failed: {document.get('last_error')}" if failed else "")
+        + ")"
+    )
+    concepts = document.get("concepts") or {}
+    parts = []
+
+    def gauges(name: str) -> list[dict]:
+        return [v for v in (concepts.get(name) or {}).values() if isinstance(v, dict)]
+
+    usage = gauges("kv_cache_usage")
+    if usage:
+        parts.append(
+            f"KV cache use mean {100.0 * max(g['mean'] for g in usage):.1f}%, "
+            f"max {100.0 * max(g['max'] for g in usage):.1f}% (busiest rank)"
+        )
+    for name, label in (("running_requests", "running"), ("waiting_requests", "waiting")):
+        found = gauges(name)
+        if found:
+            parts.append(
+                f"{label} mean {sum(g['mean'] for g in found):.1f} over all ranks "
+                f"(peak {max(g['max'] for g in found):g} on one rank)"
+            )
+    hits = [v for v in (concepts.get("prefix_cache_hit_percent") or {}).values() if v is not None]
+    if hits:
+        parts.append(f"prefix cache hits {min(hits):.1f}–{max(hits):.1f}% per rank")
+    if not parts:
+        return [f"{head}: no known metric found"]
+    return [f"{head}: " + "; ".join(parts)]
+
+
 def window_csv(window: WindowFigures | None, percents: Sequence[float]) -> list[tuple[str, str]]:
     """(column, cell) pairs appended to the CSV row: window bounds, goodput, SLO verdict,
     verdicts, and mean/min/max/std plus each --percentiles entry of every latency metric."""
