@@ -865,7 +865,7 @@ def write_outputs(result: RunResult, out: RunOutput | None = None) -> RunResult:
             from batchbench.report import write_report
 
             name = os.path.basename(config.results_json) if config.results_json else "this run"
-            write_report([dict(document, source=name)], config.report_html)
+            write_report([dict(document, _report_source=name)], config.report_html)
             written.append(("HTML report", config.report_html))
         except BatchbenchError as exc:
             errors.append(str(exc))

@@ -26,6 +26,7 @@ from batchbench.results.slo import (
     parse_goodput,
     parse_percentiles,
     parse_slo,
+    percentile_label,
     slo_text,
 )
 
@@ -557,7 +558,7 @@ class RunConfig:
         """Objectives that need streaming, the window's bounds and the metrics endpoint."""
         if not self.stream:
             named = [o.name for o in self.slo if o.metric in STREAMED_METRICS]
-            named += [f"{m}=" for m, _ in self.goodput if m in STREAMED_METRICS]
+            named += [f"--goodput {m}" for m, _ in self.goodput if m in STREAMED_METRICS]
             if named:
                 raise UsageError(
                     f"{', '.join(named)} needs --stream: TTFT, ITL and TPOT are measured only "
@@ -684,7 +685,7 @@ class RunConfig:
             "sim-args": self.sim_args,
             "slo": slo_text(self.slo) or None,
             "goodput": goodput_text(self.goodput) or None,
-            "percentiles": ",".join(f"{p:g}" for p in self.percentiles),
+            "percentiles": ",".join(percentile_label(p)[1:] for p in self.percentiles),
             "warmup": self.warmup,
             "duration": self.duration,
             "window-trajectories": self.window_trajectories,

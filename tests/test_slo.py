@@ -10,6 +10,7 @@ from statistics import NormalDist
 
 import pytest
 
+from batchbench.cli.agent import run_console
 from batchbench.cli.agent_args import config_from_argv
 from batchbench.config import RunConfig
 from batchbench.errors import UsageError
@@ -68,7 +69,7 @@ def check_error(config: RunConfig) -> str:
         ("tpot_p50=250us", "tpot", 0.5, 0.25),
         ("e2e_p95=1.5m", "e2e", 0.95, 90000.0),
         ("e2e_p95=0.5m", "e2e", 0.95, 30000.0),
-        ("ttft_p99.9=1500ms", "ttft", 99.9 / 100.0, 1500.0),
+        ("ttft_p99.9=1500ms", "ttft", 0.999, 1500.0),
         ("ttft_p90=.5s", "ttft", 0.9, 500.0),
         ("ttft_p90=1e3ms", "ttft", 0.9, 1000.0),
         ("ttft_p90=2.5e-1s", "ttft", 0.9, 250.0),
@@ -118,7 +119,7 @@ def test_objectives_keep_their_order_and_canonical_text():
 @pytest.mark.parametrize(
     ("objective", "name", "text"),
     [
-        (Objective("ttft", 99.9 / 100.0, 1500.0), "ttft_p99.9", "ttft_p99.9=1.5s"),
+        (Objective("ttft", 0.999, 1500.0), "ttft_p99.9", "ttft_p99.9=1.5s"),
         (Objective("e2e", 0.9, 1234.5), "e2e_p90", "e2e_p90=1234.5ms"),
         (Objective("e2e", 0.9, 1000.5), "e2e_p90", "e2e_p90=1000.5ms"),
         (Objective("e2e", 0.9, 60000.0), "e2e_p90", "e2e_p90=60s"),
@@ -324,8 +325,8 @@ def test_python_configs_parse_the_command_line_spellings():
         (["--percentiles", ","], 'argument --percentiles: ",": expected e.g. 50,90,95,99,99.9'),
         (["--slo", "ttft_p99=2s"], f"ttft_p99 {STREAM_HELP}"),
         (["--slo", "tpot_p50=1ms,e2e_p99=1s,itl_p99=5ms"], f"tpot_p50, itl_p99 {STREAM_HELP}"),
-        (["--goodput", "ttft=2s"], f"ttft= {STREAM_HELP}"),
-        (["--slo", "ttft_p99=2s", "--goodput", "itl=100ms,e2e=3s"], f"ttft_p99, itl= {STREAM_HELP}"),
+        (["--goodput", "ttft=2s"], f"--goodput ttft {STREAM_HELP}"),
+        (["--slo", "ttft_p99=2s", "--goodput", "itl=100ms,e2e=3s"], f"ttft_p99, --goodput itl {STREAM_HELP}"),
         (["--slo", "goodput=95%"], "--slo goodput=... needs --goodput thresholds (e.g. --goodput ttft=2s) or a latency objective such as ttft_p99=2s"),
         (["--warmup", "2", "--duration", "2"], "--warmup (2 s) must end before --duration (2 s)"),
         (["--warmup", "3", "--duration", "2.5"], "--warmup (3 s) must end before --duration (2.5 s)"),
@@ -333,12 +334,22 @@ def test_python_configs_parse_the_command_line_spellings():
         (["--duration", "0"], "argument --duration: value must be a positive finite number"),
         (["--warmup", "-1"], "argument --warmup: value must be a non-negative finite number"),
         (["--server-metrics-interval", "0"], "argument --server-metrics-interval: value must be a positive finite number"),
-        (["--server-metrics", "ftp://x/metrics"], "--server-metrics ftp://x/metrics: only http:// and https:// servers are supported"),
-        (["--server-metrics", "localhost:9000/metrics"], "--server-metrics localhost:9000/metrics has no scheme: use --server-metrics http://localhost:9000/metrics (or https://localhost:9000/metrics)"),
+        (["--server-metrics", "ftp://x/metrics"], "--server-metrics 'ftp://x/metrics' is not an http:// or https:// URL (e.g. http://127.0.0.1:8000/metrics)"),
+        (["--server-metrics", "localhost:9000/metrics"], "--server-metrics 'localhost:9000/metrics' is not an http:// or https:// URL (e.g. http://127.0.0.1:8000/metrics)"),
+        (["--server-metrics", "http:///metrics"], "--server-metrics 'http:///metrics' is not an http:// or https:// URL (e.g. http://127.0.0.1:8000/metrics)"),
     ],
 )  # fmt: skip
 def test_command_line_errors_word_for_word(argv, message):
     assert usage_error(["--sim", *argv]) == message
+
+
+def test_the_console_shows_one_error_line(capsys):
+    assert run_console(["--sim", "--slo", "ttft_p99=2"], "batchbench-agent") == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f'Error: argument --slo: "ttft_p99=2": "2" {UNIT_HELP}\n'
+    assert run_console(["--sim", "--slo", "ttft_p99=2s"], "batchbench-agent") == 2
+    assert capsys.readouterr().err == f"Error: ttft_p99 {STREAM_HELP}\n"
 
 
 def test_streamed_objectives_pass_with_stream_and_e2e_needs_no_stream():
@@ -359,6 +370,15 @@ def test_streamed_objectives_pass_with_stream_and_e2e_needs_no_stream():
     # the warm-up may equal zero, and without --duration it has no upper bound
     assert RunConfig.from_args(["--sim", "--warmup", "0", "--duration", "0.1"]).warmup == 0.0
     assert RunConfig.from_args(["--sim", "--warmup", "100"]).warmup == 100.0
+
+
+def test_server_metrics_sim_needs_the_simulator():
+    assert RunConfig.from_args(["--sim", "--server-metrics", "sim"]).server_metrics == "sim"
+    host = ["--host", "http://127.0.0.1:8000"]
+    assert usage_error([*host, "--server-metrics", "sim"]) == (
+        "--server-metrics sim needs --sim (the embedded simulator)"
+    )
+    assert RunConfig.from_args([*host, "--server-metrics", "http://127.0.0.1:8000"]).server_metrics
 
 
 def test_dry_runs_refuse_what_needs_a_live_run():
@@ -385,7 +405,7 @@ def test_dry_runs_refuse_what_needs_a_live_run():
         ({"warmup": 5.0, "duration": 5.0}, "--warmup (5 s) must end before --duration (5 s)"),
         ({"slo": "ttft_p99=2s"}, f"ttft_p99 {STREAM_HELP}"),
         ({"slo": "goodput=90%"}, "--slo goodput=... needs --goodput thresholds (e.g. --goodput ttft=2s) or a latency objective such as ttft_p99=2s"),
-        ({"server_metrics": "metrics"}, "--server-metrics metrics has no scheme: use --server-metrics http://metrics (or https://metrics)"),
+        ({"server_metrics": "metrics"}, "--server-metrics 'metrics' is not an http:// or https:// URL (e.g. http://127.0.0.1:8000/metrics)"),
     ],
 )  # fmt: skip
 def test_python_configs_are_checked_like_command_lines(options, message):

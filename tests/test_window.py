@@ -19,6 +19,8 @@ import pytest
 
 from batchbench import RunConfig, run
 from batchbench.cli.agent import main
+from batchbench.drive.simlaunch import SimProcess, sim_command
+from batchbench.results.failures import AttemptError, ErrorKind
 from batchbench.results.lifecycle import TrajectoryRecord
 from batchbench.results.progress import Progress
 from batchbench.results.recording import ClientHealth, Recorder
@@ -36,7 +38,13 @@ from batchbench.results.window import (
     server_verdict,
     window_figures,
 )
-from batchbench.results.windowreport import latency_table, outcome_text, window_csv, window_lines
+from batchbench.results.windowreport import (
+    latency_table,
+    outcome_text,
+    server_metrics_lines,
+    window_csv,
+    window_lines,
+)
 
 Z = NormalDist().inv_cdf(0.975)
 PERCENTS = (25.0, 50.0, 90.0, 99.9)
@@ -130,8 +138,11 @@ def test_window_counts_rates_and_cache_hits():
     assert w.input_tokens_per_second == 950 / 3 and w.output_tokens_per_second == 10 / 3
     assert w.cached_tokens == 350  # rows that reported: 100 + 200 + 50
     assert w.cache_hit_percent == 100.0 * 350 / 950
-    assert w.mean_active_agents == 22 / 7  # samples at t = 1.0 ... 4.0
-    assert w.peak_in_flight == 5  # the 7 at t = 4.5 is after the end
+    # Time-weighted from admissions and finishes: agents 1-4 run 0.5 + 0.1 + 1.25 + 0.25 s
+    # of the 3 s window (agent 0 ended before it, agent 5 started after it).
+    assert w.mean_active_agents == pytest.approx(2.1 / 3, abs=1e-12)
+    # From send times and latencies: rows 4 (2.5-3.5 s) and 5 (3.0-3.05 s) overlap.
+    assert w.peak_in_flight == 2
     assert w.client == Verdict(
         "ok", "the client kept up (event-loop lag p99 5.0 ms, 10% of one core)"
     )
@@ -174,6 +185,53 @@ def test_goodput_per_request_and_per_trajectory():
         good_trajectories_per_minute=40.0,
     )
     assert window_figures(hand_inputs(goodput=()), 1.0, 4.0).goodput is None
+
+
+def test_one_trajectory_with_a_slow_and_a_failed_request_counts_once():
+    samples = RequestSamples()
+    for start, latency, ttft, ok, good, agent in [
+        (1.0, 100.0, 50.0, True, True, 7),
+        (1.1, 100.0, 50.0, True, True, 8),
+        (1.2, 900.0, 800.0, True, False, 7),  # too slow
+        (1.3, 100.0, 50.0, True, True, 8),
+        (1.4, 300.0, NAN, False, False, 7),  # failed: the trajectory ends there
+    ]:
+        samples.add(start, latency, ttft, NAN, NAN, ok, good, -1, agent, 10, 2, -1, 0, 0)
+    records = [
+        TrajectoryRecord(8, 1, 0.0, 1.0, 1.5, loop_seconds=0.5, completed=True),
+        TrajectoryRecord(7, 0, 0.0, 1.0, 1.7, loop_seconds=0.7, completed=False),
+    ]
+    inputs = hand_inputs(samples=samples, gaps_ms=array("d"), records=records, objectives=())
+    g = window_figures(inputs, 0.0, 2.0).goodput
+    assert (g.good_requests, g.goodput_ratio, g.good_requests_per_second) == (3, 0.6, 1.5)
+    assert (g.trajectories, g.good_trajectories, g.good_trajectories_per_minute) == (2, 1, 30.0)
+
+
+def test_recorder_rows_and_good_flags():
+    recorder = Recorder(dp_ranks=2, goodput=(("ttft", 100.0), ("e2e", 500.0)))
+    figures = recorder.agent_started(3, 1)
+    recorder.request_succeeded(
+        figures, 1, 50, 4, 16, 0.25, 0.05, [0.01, 0.02, 0.03], 0.02, started=0.5
+    )
+    recorder.request_succeeded(figures, 1, 60, 4, None, 0.625, 0.05, [0.01], 0.01, started=1.0)
+    recorder.request_succeeded(figures, 0, 10, 2, 0, 0.125, started=2.0)  # not streamed
+    error = AttemptError(1, ErrorKind.HTTP_STATUS, "HTTP 500", 500)
+    recorder.request_failed(figures, 0, 3, "t3", 4, [error], 1, started=2.5, elapsed=0.375)
+    s = recorder.samples
+    assert len(s) == 4
+    assert list(s.start_s) == [0.5, 1.0, 2.0, 2.5]
+    assert list(s.latency_ms) == [250.0, 625.0, 125.0, 375.0]
+    assert list(s.ttft_ms)[:2] == [0.05 * 1000.0] * 2 and math.isnan(s.ttft_ms[2])
+    assert s.itl_mean_ms[0] == pytest.approx(20.0) and s.itl_mean_ms[1] == pytest.approx(10.0)
+    assert math.isnan(s.itl_mean_ms[2]) and math.isnan(s.itl_mean_ms[3])
+    assert s.tpot_ms[0] == pytest.approx(20.0) and math.isnan(s.tpot_ms[3])
+    # good: TTFT 50 ms <= 100 and 250 ms <= 500; then 625 ms > 500; then no TTFT; failed
+    assert list(s.ok) == [1, 1, 1, 0] and list(s.good) == [1, 0, 0, 0]
+    assert list(s.rank) == [1, 1, 0, 0] and list(s.agent) == [3, 3, 3, 3]
+    assert list(s.input_tokens) == [50, 60, 10, 0] and list(s.output_tokens) == [4, 4, 2, 0]
+    assert list(s.cached_tokens) == [16, -1, 0, -1]
+    assert list(s.gap_first) == [0, 3, 4, 4] and list(s.gap_count) == [3, 1, 0, 0]
+    assert list(recorder.stream.itl_ms) == pytest.approx([10.0, 20.0, 30.0, 10.0])
 
 
 def test_slo_outcomes_with_their_confidence():
@@ -222,7 +280,7 @@ def test_warmup_exclusion_and_empty_windows():
     empty = window_figures(hand_inputs(), 10.0, 12.0)
     assert (empty.requests, empty.requests_per_second, empty.input_tokens) == (0, 0.0, 0)
     assert (empty.cached_tokens, empty.cache_hit_percent, empty.mean_active_agents) == (
-        None, None, None,
+        None, None, 0.0,
     )  # fmt: skip
     assert all(stats is None for stats in empty.latency.values())
     assert empty.goodput.goodput_ratio is None and empty.peak_in_flight == 0
@@ -268,6 +326,7 @@ def test_client_verdict_thresholds():
 
 
 def test_server_verdict_from_the_waiting_queue():
+    """Server-bound when at least one request waited on average (summed over ranks)."""
     assert server_verdict(None) == Verdict(None, None)
     assert server_verdict({"kv_cache_usage": {"0": {"mean": 0.5}}}) == Verdict(None, None)
     queued = {
@@ -279,14 +338,49 @@ def test_server_verdict_from_the_waiting_queue():
     assert server_verdict(queued) == Verdict(
         "server-bound",
         "requests queued at the server (waiting mean 1.5, max 2): it ran at its batch or "
-        "KV-cache limit",
+        "KV-cache limit, so latency grew with load",
     )
     queued["waiting_requests"]["1"]["max"] = 2.5
     assert server_verdict(queued).reason.startswith(
-        "requests queued at the server (waiting mean 1.5, max 2.5)"
+        "requests queued at the server (waiting mean 1.5, max 2.5): "
+    )
+    queued["waiting_requests"]["1"]["mean"] = 0.5  # a mean of exactly one is server-bound
+    assert server_verdict(queued).verdict == "server-bound"
+    queued["waiting_requests"]["1"]["mean"] = 0.25
+    assert server_verdict(queued) == Verdict(
+        "ok", "requests waited at the server only briefly (waiting mean 0.8, max 2.5)"
     )
     idle = {"waiting_requests": {"all": {"mean": 0.0, "max": 0.0}}}
     assert server_verdict(idle) == Verdict("ok", "no request waited in the server's queue")
+
+
+def test_server_metrics_console_line():
+    assert server_metrics_lines(None) == [] and server_metrics_lines({}) == []
+    document = {
+        "dialect": "vllm",
+        "scrapes": 13,
+        "failed_scrapes": 0,
+        "interval_seconds": 1.0,
+        "concepts": {
+            "kv_cache_usage": {"0": {"mean": 0.25, "max": 0.5}, "1": {"mean": 0.125, "max": 0.75}},
+            "running_requests": {"0": {"mean": 3.0, "max": 5.0}, "1": {"mean": 2.5, "max": 4.0}},
+            "waiting_requests": {"0": {"mean": 0.5, "max": 2.0}},
+            "prefix_cache_hit_percent": {"0": 40.5, "1": 60.0, "2": None},
+        },
+    }
+    assert server_metrics_lines(document) == [
+        "Server metrics (vllm, 13 scrapes every 1s): KV cache use mean 25.0%, max 75.0% "
+        "(busiest rank); running mean 5.5 over all ranks (peak 5 on one rank); waiting mean "
+        "0.5 over all ranks (peak 2 on one rank); prefix cache hits 40.5–60.0% per rank"
+    ]
+    failing = {**document, "failed_scrapes": 2, "last_error": "connection refused"}
+    assert server_metrics_lines(failing)[0].startswith(
+        "Server metrics (vllm, 13 scrapes every 1s, 2 failed: connection refused): KV cache"
+    )
+    unknown = {"dialect": "unknown", "scrapes": 3, "interval_seconds": 0.5, "concepts": {}}
+    assert server_metrics_lines(unknown) == [
+        "Server metrics (unknown, 3 scrapes every 0.5s): no known metric found"
+    ]
 
 
 def test_distribution_points():
@@ -479,7 +573,7 @@ def known_window(**changes) -> WindowFigures:
                 None,
                 "fail",
             ),
-        ),  # fmt: skip
+        ),
         slo_verdict="fail",
         client=Verdict("ok", "the client kept up (event-loop lag p99 1.5 ms, 12% of one core)"),
         server=Verdict("server-bound", "requests queued at the server (waiting mean 1.5, max 2)"),
@@ -581,7 +675,14 @@ def test_window_csv_columns_and_cells():
 
 # -- against the real simulator ----------------------------------------------------------
 COMMON = ["--tokenizer-model", "deepseek-v3", "--no-progress", "--no-preflight",
-          "--model", "batchbench-sim", "--sim", "--seed", "5", "--content-salt", "window"]  # fmt: skip
+          "--model", "batchbench-sim", "--seed", "5"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def sim_url():
+    """One zero-latency simulator for the small runs (each run salts its own content)."""
+    with SimProcess(sim_command("deepseek-v3", None, "--speed 0")) as sim:
+        yield sim.url
 
 
 def jsonl(path: Path) -> list[dict]:
@@ -597,10 +698,10 @@ def in_window(events: list[dict], start: float, end: float) -> list[dict]:
     ]
 
 
-def cli(argv: list[str]) -> tuple[int, str]:
+def cli(url: str, argv: list[str]) -> tuple[int, str]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        status = main([*COMMON, *argv])
+        status = main([*COMMON, "--host", url, *argv])
     return status, out.getvalue()
 
 
@@ -609,7 +710,7 @@ def duration_run(tmp_path_factory):
     """Many agents with tool delays, stopped by --duration 2 after a 0.5 s warm-up."""
     tmp = tmp_path_factory.mktemp("duration")
     config = RunConfig.from_args(
-        [*COMMON, "--stream", "--duration", "2", "--warmup", "0.5", "--agents", "300",
+        [*COMMON, "--sim", "--stream", "--duration", "2", "--warmup", "0.5", "--agents", "300",
          "--max-active-agents", "24", "--tool-call-latency-ms", "100", "--tool-invocations", "4",
          "--input-tokens", "64", "--output-tokens", "8", "--sim-args", "--speed 0",
          "--slo", "ttft_p50=10s,e2e_p99=1us", "--goodput", "ttft=10s",
@@ -638,7 +739,9 @@ def test_duration_stops_the_run_without_interrupting_it(duration_run):
     assert result.summary.cancelled_requests == 0  # requests in flight finished
     assert {e["status"] for e in events} == {"ok"}
     assert max(e["start_offset_seconds"] for e in events) <= w.end_seconds
-    assert any(e["start_offset_seconds"] < 0.5 for e in events)  # the warm-up had requests
+    warmup = [e for e in events if e["start_offset_seconds"] < 0.5]
+    assert warmup  # the warm-up had requests, and they are all that the window left out
+    assert w.requests == len(events) - len(warmup)
 
 
 def test_window_counts_equal_the_request_events(duration_run):
@@ -646,7 +749,7 @@ def test_window_counts_equal_the_request_events(duration_run):
     w = result.window
     chosen = in_window(events, 0.5, w.end_seconds)
     ok = [e for e in chosen if e["status"] == "ok"]
-    assert w.requests == len(chosen) > 100
+    assert w.requests == len(chosen) > 50
     assert (w.successful_requests, w.failed_requests) == (len(ok), 0)
     assert w.input_tokens == sum(e["prompt_tokens"] for e in ok)
     assert w.output_tokens == sum(e["completion_tokens"] for e in ok) == 8 * len(ok)
@@ -760,35 +863,15 @@ def test_csv_window_columns_equal_the_json(duration_run):
     assert row["server_verdict"] == ""
 
 
-def test_window_trajectories_stop_the_run(tmp_path):
+def test_window_trajectories_stop_the_run(tmp_path, sim_url):
     events = tmp_path / "agents.jsonl"
-    result = run(
-        RunConfig.from_args(
-            [
-                *COMMON,
-                "--window-trajectories",
-                "3",
-                "--warmup",
-                "0.1",
-                "--agents",
-                "40",
-                "--max-active-agents",
-                "4",
-                "--tool-invocations",
-                "2",
-                "--tool-call-latency-ms",
-                "150",
-                "--input-tokens",
-                "32",
-                "--output-tokens",
-                "4",
-                "--sim-args",
-                "--speed 0",
-                "--agent-events-jsonl",
-                str(events),
-            ]
-        )  # fmt: skip
-    )
+    argv = [
+        *COMMON, "--host", sim_url, "--window-trajectories", "3", "--warmup", "0.1",
+        "--agents", "40", "--max-active-agents", "4", "--tool-invocations", "2",
+        "--tool-call-latency-ms", "150", "--input-tokens", "32", "--output-tokens", "4",
+        "--agent-events-jsonl", str(events),
+    ]  # fmt: skip
+    result = run(RunConfig.from_args(argv))
     assert result.exit_status == 0 and result.interrupted_by is None
     assert result.finished_by == "window"
     assert result.summary.completed_agents < 40
@@ -798,7 +881,7 @@ def test_window_trajectories_stop_the_run(tmp_path):
     third = counted[2]
     w = result.window
     assert w.start_seconds == 0.1
-    assert third["finished_at_seconds"] <= w.end_seconds < third["finished_at_seconds"] + 0.05
+    assert third["finished_at_seconds"] <= w.end_seconds < third["finished_at_seconds"] + 0.2
     assert result.summary.total_duration_seconds < w.end_seconds + 0.5
     # the window holds the trajectories admitted after the warm-up
     assert w.latency["agent_e2e_ms"].count == sum(
@@ -807,12 +890,13 @@ def test_window_trajectories_stop_the_run(tmp_path):
 
 
 @pytest.mark.parametrize(("thresholds", "good"), [("ttft=1us", False), ("ttft=30s,e2e=30s", True)])
-def test_goodput_and_slo_verdicts_decided_by_the_samples(tmp_path, thresholds, good):
+def test_goodput_and_slo_verdicts_decided_by_the_samples(tmp_path, sim_url, thresholds, good):
     limit = thresholds.split(",")[0].split("=")[1]
     path = tmp_path / "r.json"
     status, out = cli(
+        sim_url,
         ["--stream", "--agents", "4", "--max-active-agents", "4", "--tool-invocations", "2",
-         "--input-tokens", "32", "--output-tokens", "4", "--sim-args", "--speed 0",
+         "--input-tokens", "32", "--output-tokens", "4",
          "--goodput", thresholds, "--slo", f"goodput=50%,ttft_p50={limit}",
          "--results-json", str(path)]
     )  # fmt: skip
@@ -855,12 +939,13 @@ def test_goodput_and_slo_verdicts_decided_by_the_samples(tmp_path, thresholds, g
 
 
 @pytest.fixture(scope="module")
-def plain_run(tmp_path_factory):
+def plain_run(tmp_path_factory, sim_url):
     """A small closed-loop run without --stream: 2 agents, 6 requests."""
     path = tmp_path_factory.mktemp("plain") / "r.json"
     status, out = cli(
+        sim_url,
         ["--agents", "2", "--max-active-agents", "2", "--tool-invocations", "3",
-         "--input-tokens", "32", "--output-tokens", "4", "--sim-args", "--speed 0",
+         "--input-tokens", "32", "--output-tokens", "4",
          "--results-json", str(path)]
     )  # fmt: skip
     return status, out, json.loads(path.read_text())
@@ -908,10 +993,8 @@ def test_console_of_a_small_unstreamed_closed_loop_run(plain_run):
 
 
 def test_window_peak_in_flight_is_the_peak(plain_run):
-    """BUG (window.py `window_figures`): the window's peak_in_flight (and
-    mean_active_agents) come only from the time series sampled every 0.5 s. In this run,
-    shorter than one sampling interval, both agents had a request in flight at once (the
-    client's peak is 2) but the window reports a peak of 0 and 0 active agents."""
+    """The window's peak in flight comes from each request's send time and latency, not from
+    the 0.5 s time series: a run shorter than one sampling interval still shows it."""
     _status, _out, document = plain_run
     assert document["client_health"]["peak_in_flight"] == 2
     assert document["window"]["start_seconds"] == 0.0  # the window is the whole run

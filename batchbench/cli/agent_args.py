@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import textwrap
 import tomllib
 from collections.abc import Sequence
@@ -473,9 +474,7 @@ def _parsed(parse):
         try:
             return parse(text)
         except UsageError as exc:
-            text = str(exc)
-            for flag in ("--slo", "--goodput", "--percentiles"):
-                text = text.removeprefix(f"invalid {flag} ")
+            text = re.sub(r"^invalid --(slo|goodput|percentiles):? ", "", str(exc))
             raise argparse.ArgumentTypeError(text) from None
 
     convert.__name__ = parse.__name__

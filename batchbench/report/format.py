@@ -14,8 +14,9 @@ DASH = "–"  # a figure the document does not have (null, absent or not a numbe
 
 
 def number(value: Any) -> str:
-    """About four significant digits: integers exactly with thousands separators, floats with
-    one decimal from 100 up, two from 1 up, three significant digits below 1."""
+    """About four significant digits: integers exactly with thousands separators; floats
+    whole from 10,000 up, with one decimal from 100 up, two from 1 up, three significant
+    digits below 1."""
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, int):
@@ -23,6 +24,8 @@ def number(value: Any) -> str:
     if not isinstance(value, float) or not math.isfinite(value):
         return DASH
     magnitude = abs(value)
+    if magnitude >= 10_000:
+        return f"{value:,.0f}"
     if magnitude >= 100:
         return f"{value:,.1f}"
     if magnitude >= 1 or value == 0:

@@ -4,6 +4,7 @@ into one self-contained HTML file (plotly.js inlined once, no network)."""
 from __future__ import annotations
 
 import html
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,7 +28,9 @@ def _plotly() -> Any:
     return charts
 
 
-def write_report(documents: list[dict[str, Any]], path: str, title: str | None = None) -> None:
+def write_report(
+    documents: list[dict[str, Any]], path: str | os.PathLike[str], title: str | None = None
+) -> None:
     """Write the HTML report of ``documents`` (from ``load_documents``, or results documents
     built in memory) to ``path``."""
     page = render_html(documents, title)
@@ -148,8 +151,16 @@ class Page:
                 verdict = get(document, "window", side, "verdict")
                 reason = get(document, "window", side, "reason")
                 if isinstance(reason, str) and reason:
-                    line = f"{prefix}{side} {verdict or ''}: {reason}".replace(" :", ":")
+                    judged = f" ({verdict})" if isinstance(verdict, str) else ""
+                    line = f"{prefix}{side.capitalize()}{judged}: {reason}"
                     sentences.append(f"<li>{html.escape(line)}</li>")
+            if document.get("interrupted"):
+                by = document.get("interrupted_by")
+                line = f"{prefix}interrupted{f' by {by}' if by else ''}: the figures cover what ran"
+                sentences.append(f'<li class="bb-note">{html.escape(line)}</li>')
+            if document.get("dry_run"):
+                line = f"{prefix}a dry run: no requests were sent, so there are no live figures"
+                sentences.append(f'<li class="bb-note">{html.escape(line)}</li>')
             for note in document.get(NOTES_KEY) or []:
                 sentences.append(f'<li class="bb-note">{html.escape(prefix + str(note))}</li>')
         if sentences:
@@ -375,10 +386,11 @@ class Page:
                 '<meta name="viewport" content="width=device-width, initial-scale=1">',
                 f"<title>{html.escape(title)}</title><style>{STYLE}</style>",
                 f"<script>{ERROR_COLLECTOR}</script>",
-                f"<script>{get_plotlyjs()}</script>",
                 f'</head><body><nav class="bb-nav">{nav}</nav>',
                 "\n".join(self.parts),
+                # After the content, so the tables show while plotly.js loads.
                 f'<script type="application/json" id="bb-figures">{_script_json(specs)}</script>',
+                f"<script>{get_plotlyjs()}</script>",
                 f"<script>{DRAW}</script></body></html>\n",
             ]
         )

@@ -67,7 +67,10 @@ def percentile_label(percent: float) -> str:
 
 
 def _number(value: float) -> str:
-    return f"{value:g}" if value != int(value) else str(int(value))
+    """Shortest text of a number that keeps every digit given (no exponent for these)."""
+    if value == int(value):
+        return str(int(value))
+    return f"{value:.12f}".rstrip("0")
 
 
 def duration_text(ms: float, separator: str = "") -> str:
@@ -123,7 +126,7 @@ def parse_slo(text: str) -> tuple[Objective, ...]:
             if not 0.0 < percent < 100.0:
                 raise UsageError(f'invalid --slo "{item}": the percentile must be in (0, 100)')
             limit = parse_duration_ms(value, "--slo", item)
-            objective = Objective(match.group(1), percent / 100.0, limit)
+            objective = Objective(match.group(1), round(percent / 100.0, 12), limit)
         if objective.name in seen:
             raise UsageError(f'invalid --slo "{item}": {objective.name} is given twice')
         seen.add(objective.name)

@@ -215,11 +215,6 @@ def window_figures(inputs: WindowInputs, start: float, end: float) -> WindowFigu
     latency = {key: _stats(window.values(key), inputs.percents) for key in LATENCY_KEYS}
     goodput = _goodput(inputs, window, duration)
     outcomes = tuple(_outcome(o, window) for o in inputs.objectives)
-    in_window = [
-        v
-        for t, v in zip(inputs.series.t, inputs.series.in_flight, strict=True)
-        if start <= t <= end
-    ]
     return WindowFigures(
         start_seconds=start,
         end_seconds=end,
@@ -234,8 +229,8 @@ def window_figures(inputs: WindowInputs, start: float, end: float) -> WindowFigu
         output_tokens=output_tokens,
         cached_tokens=cached,
         cache_hit_percent=cache_hit,
-        mean_active_agents=inputs.series.mean_between("active_agents", start, end),
-        peak_in_flight=max(in_window, default=0),
+        mean_active_agents=mean_active_agents(inputs.records, start, end),
+        peak_in_flight=peak_in_flight(samples, start, end),
         latency=latency,
         goodput=goodput,
         slo=outcomes,
@@ -243,6 +238,38 @@ def window_figures(inputs: WindowInputs, start: float, end: float) -> WindowFigu
         client=client_verdict(inputs.health, inputs.wall_seconds),
         server=Verdict(None, None),
     )
+
+
+def mean_active_agents(records: Sequence[TrajectoryRecord], start: float, end: float):
+    """Time-weighted mean of agents running during [start, end], from each trajectory's
+    admission and finish (exact, not sampled); None for an empty window."""
+    if end <= start:
+        return None
+    busy = 0.0
+    for record in records:
+        overlap = min(record.finished_at, end) - max(record.admitted_at, start)
+        if overlap > 0:
+            busy += overlap
+    return busy / (end - start)
+
+
+def peak_in_flight(samples: RequestSamples, start: float, end: float) -> int:
+    """The most requests in flight at one moment during [start, end] (settled requests,
+    from their send times and latencies; a request is in flight from its first send to its
+    last byte)."""
+    events: list[tuple[float, int]] = []
+    for i in range(len(samples)):
+        sent = samples.start_s[i]
+        done = sent + samples.latency_ms[i] / 1000.0
+        if done >= start and sent <= end:
+            events.append((max(sent, start), 1))
+            events.append((done, -1))
+    events.sort(key=lambda event: (event[0], event[1]))  # an end before a start at a tie
+    peak = current = 0
+    for _, step in events:
+        current += step
+        peak = max(peak, current)
+    return peak
 
 
 def _per(total: float, seconds: float) -> float:
@@ -255,7 +282,8 @@ def _goodput(inputs: WindowInputs, window: Window, duration: float) -> GoodputFi
     samples = inputs.samples
     good = sum(1 for i in window.rows if samples.good[i])
     bad_agents = {samples.agent[i] for i in range(len(samples)) if not samples.good[i]}
-    finished = window.finished_trajectories()
+    # Trajectories a planned stop or a signal cut short are neither good nor bad.
+    finished = [r for r in window.finished_trajectories() if not r.interrupted]
     good_trajectories = sum(1 for r in finished if r.completed and r.agent_id not in bad_agents)
     return GoodputFigures(
         thresholds_ms=dict(inputs.goodput),
