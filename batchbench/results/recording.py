@@ -398,7 +398,11 @@ class Recorder:
         self.cpu_seconds = _cpu_now() - self._cpu_start
         if self.origin is not None:
             self.wall_seconds = time.perf_counter() - self.origin
-            self.sample_series()
+            series = self.series
+            # A last point closes the series unless one was just taken (a rate over a few
+            # milliseconds would be noise).
+            if not series.t or self.wall_seconds - series.t[-1] >= series.interval / 2:
+                self.sample_series()
 
     def sample_series(self) -> None:
         """One time-series point: agents running, requests in flight, cumulative counts."""
