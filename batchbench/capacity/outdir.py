@@ -230,6 +230,13 @@ class OutputDirectory:
                 os.replace(self.file(toml), self.file(name.removesuffix(".json") + ".config.toml"))
         return name
 
+    def discard_partial(self, agents: int) -> None:
+        """Remove what an interrupted step wrote."""
+        partial = partial_file(agents)
+        for name in (partial, partial.removesuffix(".json") + ".config.toml"):
+            with contextlib.suppress(OSError):
+                os.remove(self.file(name))
+
     def write(self, document: dict[str, Any]) -> str:
         """Replace capacity.json (write a temporary file, then rename it over)."""
         path = self.file(CAPACITY_FILE)

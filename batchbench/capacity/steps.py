@@ -158,7 +158,8 @@ class StepRunner:
                 self.started(agents, extension, expected)
             result = self._run(self.config(agents, extension, count), output=self.output)
             self.result = result
-            if result.interrupted_by:
+            if result.interrupted_by:  # a part of a step is not a step: its files go
+                self.outdir.discard_partial(agents)
                 raise StepInterrupted(result.interrupted_by, result.exit_status)
             self._learn(result, agents)
             if not self._ran_short(result):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import signal
 import sys
 import threading
@@ -46,7 +47,9 @@ finished trajectories): an objective passes or fails only when its 95% confidenc
 lies on one side of the limit; a step too short to decide is run again with its window
 doubled (--max-extensions times), and is reported unresolved after that. A step whose
 client was the bottleneck is marked client-bound, and the search will not conclude from
-it. Every step's results JSON and capacity.json stay in --output-dir; running the same
+it. With sampled agents each step plans enough trajectories to keep its agents busy
+through the window (--agents is a floor); --sim starts the simulator once for the whole
+search. Every step's results JSON and capacity.json stay in --output-dir; running the same
 command again resumes there."""
 
 EPILOG = """\
@@ -204,6 +207,15 @@ def bounds_of(args: argparse.Namespace) -> Bounds:
         raise UsageError(str(exc)) from None
 
 
+def make_output_dir(path: str) -> None:
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"--output-dir {path} is a file; give a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--output-dir {path} cannot be created: {exc.strerror or exc}") from None
+
+
 def check_report(config: RunConfig) -> None:
     """--report-html needs the report package and plotly; say so before the search."""
     if config.report_html is None:
@@ -290,6 +302,7 @@ def main(argv: Sequence[str]) -> int:
     args = parse_capacity_args(argv)
     if args is None:
         return 0
+    make_output_dir(args.output_dir)  # before the checks: --report-html may go inside it
     config = config_from_namespace(args)
     check_report(config)
     bounds = bounds_of(args)
