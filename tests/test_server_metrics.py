@@ -250,6 +250,25 @@ def test_llamacpp_page():
     }
 
 
+def test_llamacpp_prefix_hits_from_its_cached_counter():
+    """llama.cpp's prompt counter leaves reused tokens out; they have a counter of their
+    own (as a real llama-server with --metrics exposes): hits / (processed + reused)."""
+
+    def page(processed: float, cached: float) -> str:
+        return (
+            "# HELP llamacpp:prompt_tokens_total x\n# TYPE llamacpp:prompt_tokens_total counter\n"
+            f"llamacpp:prompt_tokens_total {processed}\n"
+            "# HELP llamacpp:prompt_tokens_cached_total x\n"
+            "# TYPE llamacpp:prompt_tokens_cached_total counter\n"
+            f"llamacpp:prompt_tokens_cached_total {cached}\n"
+        )
+
+    summary = summarize([(0.0, page(100, 20)), (3.0, page(700, 420))], 0.0, 3.0)
+    # 600 tokens processed and 400 reused in the window: 400 / 1000
+    assert summary["concepts"]["prefix_cache_hit_percent"] == {"all": 40.0}
+    assert summary["concepts"]["prompt_tokens"] == {"all": 600.0}
+
+
 def test_simulator_families_alone_use_the_rank_label():
     """The simulator's own batchbench_sim_* names (as before its vLLM families)."""
 

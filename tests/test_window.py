@@ -613,7 +613,7 @@ def test_window_console_lines():
         *TABLE,
         "Goodput (ttft ≤ 2 s, itl ≤ 100 ms): 450/500 requests good (90.0%), 15.00 good req/s; "
         "trajectory goodput 10/12 trajectories all good (20.00 per minute)",
-        "SLO ttft_p99 ≤ 2 s: pass (1.83 s, 95% CI 1.7 s–1.95 s; 99.4% within [98.2, 99.8], "
+        "SLO ttft_p99 ≤ 2 s: pass (1.83 s, 95% CI 1.70 s–1.95 s; 99.4% within [98.2, 99.8], "
         "500 samples)",
         "SLO itl_p99 ≤ 100 ms: unresolved (250.5 ms, 95% CI ?–?; 33.3% within [6.1, 79.2], "
         "3 samples)",

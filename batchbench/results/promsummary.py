@@ -90,11 +90,14 @@ COUNTERS: dict[str, tuple[str, ...]] = {
         "batchbench_sim_completion_tokens",
     ),
 }
-# (cached tokens, queried prompt tokens) counter pairs: the prefix-cache hit rate.
+# (cached tokens, prompt tokens, whether the prompt counter leaves the cached ones out)
+# counter pairs: the prefix-cache hit rate. llama.cpp counts processed prompt tokens
+# "excluding cached tokens" and the reused ones in a counter of their own.
 HIT_COUNTERS = (
-    ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries"),
-    ("sglang:cached_tokens", "sglang:prompt_tokens"),
-    ("batchbench_sim_cached_tokens", "batchbench_sim_prompt_tokens"),
+    ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries", False),
+    ("sglang:cached_tokens", "sglang:prompt_tokens", False),
+    ("llamacpp:prompt_tokens_cached", "llamacpp:prompt_tokens", True),
+    ("batchbench_sim_cached_tokens", "batchbench_sim_prompt_tokens", False),
 )
 HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "ttft_seconds": ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds"),
@@ -124,7 +127,7 @@ def _sample_names() -> dict[str, tuple[str, str]]:
         names.update((name, (name, "gauge")) for name in candidates)
     names.update((name, (name, "gauge")) for name in HIT_RATE_GAUGES)
     counters = {name for group in COUNTERS.values() for name in group}
-    counters.update(name for pair in HIT_COUNTERS for name in pair)
+    counters.update(name for *pair, _ in HIT_COUNTERS for name in pair)
     for name in counters:  # typed counters carry _total; an untyped page may not
         names[name + "_total"] = names[name] = (name, "counter")
     for group in HISTOGRAMS.values():
@@ -346,14 +349,16 @@ class Timeline:
     def _hit_percent(
         self, bounds: tuple[float, float] | None, times: list[float]
     ) -> dict[str, float | None]:
-        for hits_name, queries_name in HIT_COUNTERS:
+        for hits_name, queries_name, queries_exclude_hits in HIT_COUNTERS:
             hits = self._increases((hits_name,), bounds)
             queries = self._increases((queries_name,), bounds)
             if hits is not None and queries is not None:
-                return {
-                    rank: _round(100.0 * hits.get(rank, 0.0) / queried) if queried > 0 else None
-                    for rank, queried in queries.items()
-                }
+                out_hits: dict[str, float | None] = {}
+                for rank, queried in queries.items():
+                    hit = hits.get(rank, 0.0)
+                    total = queried + hit if queries_exclude_hits else queried
+                    out_hits[rank] = _round(100.0 * hit / total) if total > 0 else None
+                return out_hits
         columns = self._gauge_columns(HIT_RATE_GAUGES, "mean", times)
         out: dict[str, float | None] = {}
         for rank, column in columns.items():

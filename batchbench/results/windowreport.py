@@ -66,7 +66,7 @@ def outcome_text(outcome: ObjectiveOutcome, objective: Objective | None = None) 
         measured = f"{_percent(outcome.attainment)} good"
     else:
         target = f"{outcome.objective} ≤ {duration_text(outcome.limit_ms or 0.0, ' ')}"
-        value = "n/a" if outcome.value_ms is None else duration_text(outcome.value_ms, " ")
+        value = "n/a" if outcome.value_ms is None else measured_text(outcome.value_ms)
         low, high = outcome.value_low_ms, outcome.value_high_ms
         interval = f", 95% CI {_bound(low)}–{_bound(high)}" if outcome.samples else ""
         measured = f"{value}{interval}; {_percent(outcome.attainment)} within"
@@ -78,7 +78,16 @@ def outcome_text(outcome: ObjectiveOutcome, objective: Objective | None = None) 
 
 
 def _bound(value: float | None) -> str:
-    return "?" if value is None else duration_text(value, " ")
+    return "?" if value is None else measured_text(value)
+
+
+def measured_text(ms: float) -> str:
+    """A measured latency at a readable precision: ``2.57 s``, ``102.5 ms``, ``850 us``."""
+    if ms >= 1000.0:
+        return f"{ms / 1000.0:.2f} s"
+    if ms >= 1.0:
+        return f"{ms:.1f} ms"
+    return f"{ms * 1000.0:.0f} us"
 
 
 def window_lines(
