@@ -319,6 +319,14 @@ def test_client_verdict_thresholds():
         "although it used little CPU: other processes on this machine took it; latencies "
         "include that delay",
     )
+    # Late wake-ups while the client itself used half its core or more: its own work.
+    assert client_verdict(health(36.2, 8.1), 10.0) == Verdict(
+        "client-bound",
+        f"the client was the bottleneck (event-loop lag p99 36.2 ms, 81% of one core){advice}",
+    )
+    assert client_verdict(health(36.2, 4.9), 10.0).reason.startswith(
+        "the client's event loop woke late"
+    )
     assert client_verdict(health(1.25, 9.5), 10.0) == Verdict(
         "client-bound",
         f"the client was the bottleneck (event-loop lag p99 1.2 ms, 95% of one core){advice}",

@@ -31,6 +31,9 @@ from batchbench.results.slo import Objective, percentile_label
 # this share of its one core: past either, latencies measure the client, not the server.
 CLIENT_LAG_P99_LIMIT_MS = 20.0
 CLIENT_CPU_LIMIT = 0.9
+# Late wake-ups while the client used less than this share of its core: the machine was
+# busy with other processes (the client's own work did not delay it).
+CLIENT_BUSY_SHARE = 0.5
 SERVER_WAITING_LIMIT = 1.0  # mean requests waiting at the server (all ranks) over the window
 DISTRIBUTION_POINTS = 1000
 LATENCY_KEYS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "agent_e2e_ms")
@@ -350,13 +353,14 @@ def client_verdict(health: ClientHealth | None, wall_seconds: float) -> Verdict:
         return Verdict(None, None)
     share = health.cpu_seconds / wall_seconds if wall_seconds > 0 else 0.0
     figures = f"event-loop lag p99 {health.lag_p99_ms:.1f} ms, {share * 100.0:.0f}% of one core"
-    if share > CLIENT_CPU_LIMIT:
+    lagging = health.lag_p99_ms > CLIENT_LAG_P99_LIMIT_MS
+    if share > CLIENT_CPU_LIMIT or (lagging and share >= CLIENT_BUSY_SHARE):
         return Verdict(
             "client-bound",
             f"the client was the bottleneck ({figures}): latencies include its own delay; "
             "run fewer agents per client process, or fewer stream chunks",
         )
-    if health.lag_p99_ms > CLIENT_LAG_P99_LIMIT_MS:
+    if lagging:
         return Verdict(
             "client-bound",
             f"the client's event loop woke late ({figures}) although it used little CPU: "
