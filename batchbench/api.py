@@ -839,6 +839,8 @@ def write_outputs(result: RunResult, out: RunOutput | None = None) -> RunResult:
         written.append(("agent lifecycle events", config.agent_events_jsonl))
     if config.request_events_jsonl and not config.dry_run:
         written.append(("request events", config.request_events_jsonl))
+    if config.server_metrics_jsonl and not config.dry_run:
+        written.append(("server metrics", config.server_metrics_jsonl))
     errors: list[str] = []
     if config.results_csv:
         try:

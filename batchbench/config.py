@@ -595,6 +595,8 @@ class RunConfig:
                 "--window-trajectories must be an integer of at least 1, "
                 f"not {self.window_trajectories!r}"
             )
+        if self.server_metrics_jsonl is not None and self.server_metrics is None:
+            raise UsageError("--server-metrics-jsonl needs --server-metrics (the URL to scrape)")
         if self.server_metrics == "sim":
             if not self.sim:
                 raise UsageError("--server-metrics sim needs --sim (the embedded simulator)")

@@ -337,6 +337,7 @@ def test_python_configs_parse_the_command_line_spellings():
         (["--server-metrics", "ftp://x/metrics"], "--server-metrics 'ftp://x/metrics' is not an http:// or https:// URL (e.g. http://127.0.0.1:8000/metrics)"),
         (["--server-metrics", "localhost:9000/metrics"], "--server-metrics 'localhost:9000/metrics' is not an http:// or https:// URL (e.g. http://127.0.0.1:8000/metrics)"),
         (["--server-metrics", "http:///metrics"], "--server-metrics 'http:///metrics' is not an http:// or https:// URL (e.g. http://127.0.0.1:8000/metrics)"),
+        (["--server-metrics-jsonl", "m.jsonl"], "--server-metrics-jsonl needs --server-metrics (the URL to scrape)"),
     ],
 )  # fmt: skip
 def test_command_line_errors_word_for_word(argv, message):
