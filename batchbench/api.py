@@ -635,6 +635,7 @@ async def _drive(
     session = make_session(settings, max_connections)
     installed = False
     scraper: ServerMetricsScraper | None = None
+    scraping: asyncio.Future | None = None
     try:
         fidelity = Fidelity(
             Framing(
@@ -660,12 +661,15 @@ async def _drive(
             scraper = ServerMetricsScraper(
                 config.server_metrics, config.server_metrics_interval, config.server_metrics_jsonl
             )
-            await scraper.start()  # the baseline scrape precedes the first request
 
-            def align(origin: float, scraper=scraper) -> None:
-                scraper.origin = origin  # sample times on the benchmark clock
+            def start_scraping(origin: float, scraper=scraper) -> None:
+                # On the benchmark clock from its first instant: the baseline scrape is the
+                # first thing the loop does once the clock runs.
+                nonlocal scraping
+                scraper.origin = origin
+                scraping = asyncio.ensure_future(scraper.start())
 
-            agents.clock_listeners.append(align)
+            agents.clock_listeners.append(start_scraping)
         if handle_signals:
             shutdown.install()  # after the oracle's detection, which Ctrl+C interrupts as usual
             installed = True
@@ -678,9 +682,13 @@ async def _drive(
             )
         engine = await running
         recorder.stop_clock()
+        if scraping is not None:
+            await scraping
         if scraper is not None:
             await scraper.stop()
     finally:
+        if scraping is not None and not scraping.done():
+            scraping.cancel()
         if scraper is not None:
             await scraper.close()
         for task in background:
@@ -804,7 +812,9 @@ def _measured(
     window = window_figures(inputs, min(config.warmup, end), end)
     metrics = live.server_metrics
     if metrics is not None:
-        window = replace(window, server=server_verdict(metrics.get("concepts")))
+        ttft = window.latency.get("ttft_ms")
+        verdict = server_verdict(metrics.get("concepts"), ttft.get(50.0) if ttft else None)
+        window = replace(window, server=verdict)
     ranks, source = rank_rows(figures.ranks, inputs, metrics)
     sections: dict[str, Any] = {
         "kind": "run",
@@ -893,5 +903,8 @@ def _as_given(config: RunConfig) -> RunConfig:
     """The options a user would pass again: with --sim, no host (the simulator's URL is
     new every run)."""
     if config.sim:
-        return replace(config, host=None)
+        metrics = config.server_metrics
+        if metrics is not None and config.host and metrics.startswith(config.host):
+            metrics = SIM_METRICS  # the simulator's URL is new every run
+        return replace(config, host=None, server_metrics=metrics)
     return config

@@ -237,22 +237,27 @@ def test_recorder_rows_and_good_flags():
 def test_slo_outcomes_with_their_confidence():
     w = window_figures(hand_inputs(), 1.0, 4.0)
     ttft, e2e, itl, goodput = w.slo
+    # The failed request (row 3) met no limit: it is a sample of every latency objective.
+    # TTFT: 80 and 20 of [80, 120, 900, 20] are within 100 ms, plus the failure: 2 of 5.
     assert ttft == ObjectiveOutcome(
         objective="ttft_p50", metric="ttft", quantile=0.5, limit_ms=100.0, value_ms=120.0,
-        samples=4, within=2, attainment=0.5, attainment_low=pytest.approx(wilson(2, 4)[0]),
-        attainment_high=pytest.approx(wilson(2, 4)[1]), value_low_ms=None,
+        samples=5, within=2, attainment=0.4, attainment_low=pytest.approx(wilson(2, 5)[0]),
+        attainment_high=pytest.approx(wilson(2, 5)[1]), value_low_ms=None,
         value_high_ms=None, verdict="unresolved",
     )  # fmt: skip
     # ranks floor(0.4 - 1.176) = -1 (none) and ceil(1.576) + 1 = 3 of [50, 200, 300, 1000]
     assert e2e == ObjectiveOutcome(
         objective="e2e_p10", metric="e2e", quantile=0.1, limit_ms=2000.0, value_ms=50.0,
-        samples=4, within=4, attainment=1.0, attainment_low=pytest.approx(4 / (4 + Z * Z)),
-        attainment_high=1.0, value_low_ms=None, value_high_ms=300.0, verdict="pass",
+        samples=5, within=4, attainment=0.8, attainment_low=pytest.approx(wilson(4, 5)[0]),
+        attainment_high=pytest.approx(wilson(4, 5)[1]), value_low_ms=None, value_high_ms=300.0,
+        verdict="pass",
     )  # fmt: skip
+    # ITL counts requests, not gaps (gaps of one request are correlated): the three
+    # successful requests with gaps and the failed one; none of the 6 gaps is within 1 ms.
     assert itl == ObjectiveOutcome(
         objective="itl_p50", metric="itl", quantile=0.5, limit_ms=1.0, value_ms=40.0,
-        samples=6, within=0, attainment=0.0, attainment_low=0.0,
-        attainment_high=pytest.approx(Z * Z / (6 + Z * Z)), value_low_ms=None,
+        samples=4, within=0, attainment=0.0, attainment_low=0.0,
+        attainment_high=pytest.approx(Z * Z / (4 + Z * Z)), value_low_ms=None,
         value_high_ms=None, verdict="fail",
     )  # fmt: skip
     assert goodput == ObjectiveOutcome(
@@ -620,7 +625,7 @@ def test_window_console_lines():
         "Latency in the measured window:",
         *TABLE,
         "Goodput (ttft ≤ 2 s, itl ≤ 100 ms): 450/500 requests good (90.0%), 15.00 good req/s; "
-        "trajectory goodput 10/12 trajectories all good (20.00 per minute)",
+        "trajectory goodput 10/12 finished trajectories all good (20.00 per minute)",
         "SLO ttft_p99 ≤ 2 s: pass (1.83 s, 95% CI 1.70 s–1.95 s; 99.4% within [98.2, 99.8], "
         "500 samples)",
         "SLO itl_p99 ≤ 100 ms: unresolved (250.5 ms, 95% CI ?–?; 33.3% within [6.1, 79.2], "
@@ -645,10 +650,10 @@ def test_window_console_lines():
         "Measured window: 0.00s to 35.25s (warm-up 0.25s excluded; stopped: "
         "--window-trajectories reached): "
     )
-    no_share = known_window(goodput=GoodputFigures({"e2e": 500.0}, 0, 0.0, None, 0, 0, 0.0))
+    no_share = known_window(goodput=GoodputFigures({"e2e": 500.0}, 0, 0.0, None, 0, 0, None))
     assert (
         "Goodput (e2e ≤ 500 ms): 0/500 requests good (n/a), 0.00 good req/s; trajectory "
-        "goodput 0/0 trajectories all good (0.00 per minute)"
+        "goodput n/a (no trajectory admitted in the window finished)"
     ) in window_lines(no_share, (50.0,), 5.0, None)
 
 
@@ -938,7 +943,7 @@ def test_goodput_and_slo_verdicts_decided_by_the_samples(tmp_path, sim_url, thre
     assert (
         f"Goodput ({limits}): {g['good_requests']}/8 requests good "
         f"({g['goodput_ratio'] * 100:.1f}%), {g['good_requests_per_second']:.2f} good req/s; "
-        f"trajectory goodput {g['good_trajectories']}/4 trajectories all good "
+        f"trajectory goodput {g['good_trajectories']}/4 finished trajectories all good "
         f"({g['good_trajectories_per_minute']:.2f} per minute)"
     ) in lines
     assert f"SLO verdict: {verdict}" in lines
@@ -1018,3 +1023,73 @@ def test_open_loop_line_only_in_open_loop_runs(capsys):
     assert "Open-loop admission: " in capsys.readouterr().out
     assert main(dry) == 0
     assert "Open-loop admission" not in capsys.readouterr().out
+
+
+def test_a_planned_end_fails_a_request_waiting_to_retry(tmp_path):
+    """After --duration no retry starts: a request whose attempt failed and that waits to
+    retry has failed (it was not cut short by a signal), so it stays in the window and its
+    failure counts against --max-failure-rate."""
+    path = tmp_path / "r.json"
+    config = RunConfig.from_args(
+        [*COMMON, "--sim", "--sim-args", "--speed 0 --fault-error-rate 1 --fault-error-statuses 503",
+         "--agents", "2", "--max-active-agents", "2", "--tool-invocations", "2",
+         "--retry-delay-ms", "20000", "--duration", "0.5", "--results-json", str(path)]
+    )  # fmt: skip
+    result = run(config)
+    summary = result.summary
+    assert (summary.failed_requests, summary.cancelled_requests) == (2, 0)
+    assert result.finished_by == "duration" and result.interrupted_by is None
+    assert result.exit_status == 3  # failures beyond --max-failure-rate 0
+    assert list(summary.errors_by_kind) == ["http_status"]
+    assert summary.errors_by_kind["http_status"]["count"] == 2
+    assert (result.window.requests, result.window.failed_requests) == (2, 2)
+    assert result.summary.total_duration_seconds < 5.0  # the 20 s retry wait ended at once
+
+
+def test_the_options_file_keeps_server_metrics_sim(tmp_path):
+    path = tmp_path / "r.json"
+    run(
+        RunConfig.from_args(
+            [
+                *COMMON,
+                "--sim",
+                "--sim-args",
+                "--speed 0",
+                "--agents",
+                "1",
+                "--tool-invocations",
+                "1",
+                "--server-metrics",
+                "sim",
+                "--server-metrics-interval",
+                "0.1",
+                "--results-json",
+                str(path),
+            ]
+        )  # fmt: skip
+    )
+    options = (tmp_path / "r.config.toml").read_text().splitlines()
+    assert 'server-metrics = "sim"' in options
+    document = json.loads(path.read_text())
+    assert document["server_metrics"]["url"].endswith("/metrics")
+    assert document["server_metrics"]["failed_scrapes"] == 0
+    # The baseline scrape is taken once the benchmark clock runs: no time before it.
+    assert document["server_metrics"]["scrapes"] >= 2
+
+
+def test_server_verdict_compares_the_client_and_server_ttft():
+    concepts = {
+        "ttft_seconds": {"0": {"p50": 0.004, "p90": 0.01, "p99": 0.02}},
+        "waiting_requests": {"0": {"mean": 0.0, "max": 0.0}},
+    }
+    # 2 x 4 ms + 50 ms = 58 ms: beyond it the time went before the server's accounting.
+    assert server_verdict(concepts, 58.0) == Verdict(
+        "ok", "no request waited in the server's queue"
+    )
+    assert server_verdict(concepts, 2060.0) == Verdict(
+        "server-bound",
+        "first tokens reached the client after 2060.0 ms (p50) but the server counts 4.0 ms: "
+        "requests waited before its own accounting (a saturated HTTP front end or server "
+        "process)",
+    )
+    assert server_verdict(concepts, None).verdict == "ok"

@@ -577,7 +577,9 @@ class HttpAgentLoop(BlockTurns):
                 errors.append(AttemptError(attempt, transport_kind(exc), _transport_text(exc)))
             finally:
                 recorder.attempt_ended()
-            if attempt >= self._attempts:
+            if attempt >= self._attempts or self._planned_end():
+                # After a planned end no retry starts: the attempt that just failed was the
+                # request's last, so the request failed (it was not cut short).
                 return None, attempt, started, time.perf_counter() - start
             wait = backoff_ms(settings.retry_delay_ms, attempt - 1, retry_after)
             if wait > self._max_retry_wait_ms:
@@ -590,8 +592,14 @@ class HttpAgentLoop(BlockTurns):
                 wait = self._max_retry_wait_ms
             slept = await self.shutdown.sleep(wait / 1000.0) if wait > 0 else True
             if not slept or self.shutdown.stopped:
-                errors.append(AttemptError(attempt, ErrorKind.CANCELLED, CANCELLED_WAITING))
+                if not self._planned_end():
+                    errors.append(AttemptError(attempt, ErrorKind.CANCELLED, CANCELLED_WAITING))
                 return None, attempt, started, time.perf_counter() - start
+
+    def _planned_end(self) -> bool:
+        """--duration or --window-trajectories stopped the run (not a signal)."""
+        shutdown = self.shutdown
+        return shutdown.finished_by is not None and shutdown.signal_name is None
 
     async def _post(self, body: bytes, headers: dict[str, str]) -> Reply:
         async with self.session.post(self.settings.url, data=body, headers=headers) as response:

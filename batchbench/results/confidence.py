@@ -20,7 +20,7 @@ FAIL = "fail"
 UNRESOLVED = "unresolved"
 
 
-def wilson_interval(successes: int, trials: int, z: float = Z_95) -> tuple[float, float]:
+def wilson_interval(successes: float, trials: int, z: float = Z_95) -> tuple[float, float]:
     """(low, high) of the Wilson score interval of a binomial proportion; (0, 1) for no
     trials. Unlike the normal approximation it stays inside [0, 1] and is honest near 0 and
     1, where SLO attainment lives."""
@@ -36,7 +36,7 @@ def wilson_interval(successes: int, trials: int, z: float = Z_95) -> tuple[float
     return low, high
 
 
-def attainment_verdict(within: int, samples: int, required: float, z: float = Z_95) -> str:
+def attainment_verdict(within: float, samples: int, required: float, z: float = Z_95) -> str:
     """pass when the whole interval on the share of samples within the limit is at or above
     ``required``; fail when it is wholly below; unresolved otherwise (or without samples)."""
     if samples <= 0:
@@ -50,15 +50,18 @@ def attainment_verdict(within: int, samples: int, required: float, z: float = Z_
 
 
 def percentile_interval(
-    sorted_values: Sequence[float], q: float, z: float = Z_95
+    sorted_values: Sequence[float], q: float, z: float = Z_95, effective: int | None = None
 ) -> tuple[float | None, float | None]:
     """A distribution-free confidence interval of the q-quantile: the order statistics whose
     ranks bound the binomial count of samples below it (normal approximation of the
-    binomial). None for a bound that lies beyond the samples: too few to bound that side."""
+    binomial). None for a bound that lies beyond the samples: too few to bound that side.
+    ``effective``: the number of independent samples when values come in correlated groups
+    (gaps of one request); the rank spread widens by n / effective."""
     n = len(sorted_values)
     if n == 0:
         return None, None
-    spread = z * math.sqrt(n * q * (1.0 - q))
+    m = n if effective is None or effective <= 0 else min(effective, n)
+    spread = z * math.sqrt(m * q * (1.0 - q)) * (n / m)
     low_rank = math.floor(n * q - spread)  # 1-based ranks
     high_rank = math.ceil(n * q + spread) + 1
     low = sorted_values[low_rank - 1] if low_rank >= 1 else None

@@ -443,12 +443,15 @@ def server_rank_lines(rows: Sequence[dict]) -> list[str]:
 
     table = [tuple(cell(row.get(name)) for name in header) for row in rows]
     widths = [max(len(h), *(len(r[c]) for r in table)) for c, h in enumerate(header)]
-    lines = [f"Per-rank load ({len(rows)} ranks, from the server's metrics):"]
+    lines = [
+        f"Per-rank load ({len(rows)} {'rank' if len(rows) == 1 else 'ranks'}, from the "
+        "server's metrics over the measured window; completions counted at scrape times):"
+    ]
     lines.append("  " + "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
     for row in table:
         lines.append("  " + "  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
     requests = [int(r["requests"]) for r in rows if r.get("requests") is not None]
-    if len(requests) == len(rows):
+    if len(requests) == len(rows) > 1:
         lines.append(f"Rank imbalance (max/mean): requests {_ratio(rank_imbalance(requests))}")
     return lines
 

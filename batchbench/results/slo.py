@@ -90,7 +90,9 @@ def parse_duration_ms(text: str, flag: str, item: str) -> float:
             "for example 2s or 100ms"
         )
     value = float(match.group(1)) * UNIT_MS[match.group(2)]
-    if not math.isfinite(value) or value <= 0:
+    if not math.isfinite(value):
+        raise UsageError(f'invalid {flag} "{item}": the limit must be a finite duration')
+    if value <= 0:
         raise UsageError(f'invalid {flag} "{item}": the limit must be greater than zero')
     return value
 

@@ -34,6 +34,7 @@ CLIENT_CPU_LIMIT = 0.9
 # Late wake-ups while the client used less than this share of its core: the machine was
 # busy with other processes (the client's own work did not delay it).
 CLIENT_BUSY_SHARE = 0.5
+FRONT_END_SLACK_MS = 50.0  # client TTFT beyond 2x the server's own + this: lost before it
 SERVER_WAITING_LIMIT = 1.0  # mean requests waiting at the server (all ranks) over the window
 DISTRIBUTION_POINTS = 1000
 LATENCY_KEYS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "agent_e2e_ms")
@@ -77,7 +78,7 @@ class GoodputFigures:
     goodput_ratio: float | None
     trajectories: int  # finished trajectories admitted in the window
     good_trajectories: int
-    good_trajectories_per_minute: float
+    good_trajectories_per_minute: float | None  # None when no trajectory finished in it
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,7 +296,9 @@ def _goodput(inputs: WindowInputs, window: Window, duration: float) -> GoodputFi
         goodput_ratio=good / len(window.rows) if window.rows else None,
         trajectories=len(finished),
         good_trajectories=good_trajectories,
-        good_trajectories_per_minute=_per(good_trajectories * 60.0, duration),
+        good_trajectories_per_minute=(
+            _per(good_trajectories * 60.0, duration) if finished else None
+        ),
     )
 
 
@@ -324,22 +327,32 @@ def _outcome(objective: Objective, window: Window) -> ObjectiveOutcome:
     n = len(values)
     limit = objective.limit_ms or 0.0
     within = _count_at_most(values, limit)
-    low, high = wilson_interval(within, n)
-    value_low, value_high = percentile_interval(values, objective.quantile)
+    failed = len(window.rows) - len(window.ok_rows)  # a failed request met no limit
+    effective = None
+    if objective.metric == "itl":
+        # Gaps of one request are correlated: the interval counts requests, not gaps.
+        samples = window.inputs.samples
+        effective = sum(1 for i in window.ok_rows if samples.gap_count[i] > 0)
+        share = within / n if n else 0.0
+        trials, met = effective + failed, share * effective
+    else:
+        trials, met = n + failed, float(within)
+    low, high = wilson_interval(met, trials)
+    value_low, value_high = percentile_interval(values, objective.quantile, effective=effective)
     return ObjectiveOutcome(
         objective=objective.name,
         metric=objective.metric,
         quantile=objective.quantile,
         limit_ms=limit,
         value_ms=percentile(values, objective.quantile),
-        samples=n,
-        within=within,
-        attainment=within / n if n else None,
+        samples=trials,
+        within=round(met),
+        attainment=met / trials if trials else None,
         attainment_low=low,
         attainment_high=high,
         value_low_ms=value_low,
         value_high_ms=value_high,
-        verdict=attainment_verdict(within, n, objective.quantile),
+        verdict=attainment_verdict(met, trials, objective.quantile),
     )
 
 
@@ -369,11 +382,29 @@ def client_verdict(health: ClientHealth | None, wall_seconds: float) -> Verdict:
     return Verdict("ok", f"the client kept up ({figures})")
 
 
-def server_verdict(concepts: dict | None) -> Verdict:
+def server_verdict(concepts: dict | None, client_ttft_p50_ms: float | None = None) -> Verdict:
     """From the server's own metrics: did requests queue there? Server-bound when, summed
-    over ranks, at least one request waited on average over the window; a request waiting
-    now and then is the normal edge of continuous batching."""
-    waiting = (concepts or {}).get("waiting_requests")
+    over ranks, at least one request waited on average over the window (a request waiting
+    now and then is the normal edge of continuous batching), or when the client saw first
+    tokens much later than the server's own TTFT histogram says: the requests then waited
+    before the server's accounting, in its HTTP front end or a saturated process (as a
+    zero-latency simulator does when its CPU runs out)."""
+    concepts = concepts or {}
+    server_ttft = [
+        v["p50"] * 1000.0
+        for v in (concepts.get("ttft_seconds") or {}).values()
+        if isinstance(v, dict) and isinstance(v.get("p50"), int | float)
+    ]
+    if server_ttft and client_ttft_p50_ms is not None:
+        seen = max(server_ttft)
+        if client_ttft_p50_ms > 2.0 * seen + FRONT_END_SLACK_MS:
+            return Verdict(
+                "server-bound",
+                f"first tokens reached the client after {client_ttft_p50_ms:.1f} ms (p50) but "
+                f"the server counts {seen:.1f} ms: requests waited before its own accounting "
+                "(a saturated HTTP front end or server process)",
+            )
+    waiting = concepts.get("waiting_requests")
     if not waiting:
         return Verdict(None, None)
     means = [v.get("mean") or 0.0 for v in waiting.values() if isinstance(v, dict)]

@@ -122,8 +122,7 @@ def window_lines(
         lines.append(
             f"Goodput ({limits}): {goodput.good_requests}/{w.requests} requests good "
             f"({good_share}), {goodput.good_requests_per_second:.2f} good req/s; "
-            f"trajectory goodput {goodput.good_trajectories}/{goodput.trajectories} "
-            f"trajectories all good ({goodput.good_trajectories_per_minute:.2f} per minute)"
+            + trajectory_goodput_text(goodput)
         )
     for outcome in w.slo:
         lines.append(f"SLO {outcome_text(outcome)}")
@@ -172,6 +171,17 @@ def server_metrics_lines(document: dict | None) -> list[str]:
     if not parts:
         return [f"{head}: no known metric found"]
     return [f"{head}: " + "; ".join(parts)]
+
+
+def trajectory_goodput_text(goodput) -> str:
+    """Trajectories all of whose requests were good, of those that finished in the window
+    (one cut short by the run's end is neither; long ones may not finish in a short window)."""
+    if not goodput.trajectories:
+        return "trajectory goodput n/a (no trajectory admitted in the window finished)"
+    return (
+        f"trajectory goodput {goodput.good_trajectories}/{goodput.trajectories} finished "
+        f"trajectories all good ({goodput.good_trajectories_per_minute:.2f} per minute)"
+    )
 
 
 def window_csv(window: WindowFigures | None, percents: Sequence[float]) -> list[tuple[str, str]]:
