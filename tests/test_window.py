@@ -1048,26 +1048,12 @@ def test_a_planned_end_fails_a_request_waiting_to_retry(tmp_path):
 
 def test_the_options_file_keeps_server_metrics_sim(tmp_path):
     path = tmp_path / "r.json"
-    run(
-        RunConfig.from_args(
-            [
-                *COMMON,
-                "--sim",
-                "--sim-args",
-                "--speed 0",
-                "--agents",
-                "1",
-                "--tool-invocations",
-                "1",
-                "--server-metrics",
-                "sim",
-                "--server-metrics-interval",
-                "0.1",
-                "--results-json",
-                str(path),
-            ]
-        )  # fmt: skip
-    )
+    argv = [
+        *COMMON, "--sim", "--sim-args", "--speed 0", "--agents", "1", "--tool-invocations", "1",
+        "--server-metrics", "sim", "--server-metrics-interval", "0.1",
+        "--results-json", str(path),
+    ]  # fmt: skip
+    run(RunConfig.from_args(argv))
     options = (tmp_path / "r.config.toml").read_text().splitlines()
     assert 'server-metrics = "sim"' in options
     document = json.loads(path.read_text())
