@@ -183,6 +183,13 @@ async def _run(
     tune_gc: bool,
 ) -> RunResult:
     config.check()
+    if config.report_html:
+        from batchbench.report import require_plotly
+
+        try:
+            require_plotly()  # before the run: a missing extra is known now, not at the end
+        except BatchbenchError as exc:
+            raise UsageError(str(exc)) from None
     call = _offloaded if offload else _direct
     started = datetime.now(UTC).isoformat(timespec="seconds")
     out = output if output is not None else _Silent()

@@ -19,7 +19,14 @@ from batchbench.cli.agent import main as agent_main
 from batchbench.cli.capacity import run as capacity_main
 from batchbench.cli.report import run as report_main
 from batchbench.drive.simlaunch import SimProcess, sim_command
-from batchbench.report import PLOTLY_MISSING, load_documents, render_html, write_report
+from batchbench.errors import BatchbenchError
+from batchbench.report import (
+    PLOTLY_MISSING,
+    load_documents,
+    render_html,
+    require_plotly,
+    write_report,
+)
 from batchbench.report.charts import VERDICT_COLORS
 from batchbench.report.format import DASH, number, percent, ratio_percent
 
@@ -80,7 +87,7 @@ def capacity(tmp_path_factory) -> Path:
             "--sim", "--sim-args", "--speed 4 --max-batch 2", "--tokenizer-model", "deepseek-v3",
             "--agents", "400", "--tool-invocations", "4", "--input-tokens", "256",
             "--output-tokens", "32", "--environment-tokens", "32", "--stream", "--seed", "3",
-            "--slo", "ttft_p90=40ms,itl_p99=100ms", "--min-agents", "2", "--max-agents", "4",
+            "--slo", "ttft_p90=40ms,itl_p90=100ms", "--min-agents", "2", "--max-agents", "4",
             "--resolution", "1", "--warmup", "0.5", "--window", "3", "--max-extensions", "0",
             "--output-dir", str(out), "--no-progress",
         ]
@@ -205,9 +212,9 @@ def test_report_of_a_real_run_has_every_chart_and_the_json_values(runs, tmp_path
         ("e2e_p95", "≤ 30,000 ms", window["slo"][2]["verdict"]),
     ]
     itl = window["slo"][1]
-    assert parser.tables["bb-slo"][1]["value"] == (
-        f"{number(itl['value_ms'])} ({number(itl['value_low_ms'])} – "
-        f"{number(itl['value_high_ms'])})"
+    bounds = ["?" if b is None else number(b) for b in (itl["value_low_ms"], itl["value_high_ms"])]
+    assert parser.tables["bb-slo"][1]["value"] == (  # "?": too few samples to bound
+        f"{number(itl['value_ms'])} ({bounds[0]} – {bounds[1]})"
     )
     assert parser.tables["bb-slo"][1]["within"] == f"{itl['within']:,} / {itl['samples']:,}"
     for side in ("client", "server"):  # the one-sentence verdicts, under the header
@@ -343,7 +350,7 @@ def test_capacity_report_draws_the_curve_and_marks_the_answer(capacity, tmp_path
     assert agents[0] == 2 and len(agents) >= 2
     curve = figures["bb-capacity-curve"]
     traces = {t["name"]: t for t in curve["data"]}
-    for objective in ("ttft_p90", "itl_p99"):
+    for objective in ("ttft_p90", "itl_p90"):
         trace = traces[objective]
         outcomes = [
             next(o for o in by_agents[a]["window"]["slo"] if o["objective"] == objective)
@@ -380,7 +387,7 @@ def test_capacity_report_draws_the_curve_and_marks_the_answer(capacity, tmp_path
         stars = [t for t in curve["data"] if t["name"] == f"{label}: {answer['agents']} agents"]
         assert [(t["x"], t["y"]) for t in stars] == [
             ([answer["agents"]], [traces[o]["y"][agents.index(answer["agents"])]])
-            for o in ("ttft_p90", "itl_p99")
+            for o in ("ttft_p90", "itl_p90")
         ]
     cdf = figures["bb-capacity-cdf"]
     assert [t["name"] for t in cdf["data"] if "SLO" not in t["name"]] == [
@@ -521,6 +528,252 @@ def test_missing_plotly_is_one_clear_line(runs, tmp_path):
     assert (done.returncode, done.stdout) == (1, "")
     assert done.stderr == f"Error: {PLOTLY_MISSING}\n"
     assert PLOTLY_MISSING == "the HTML report needs plotly: pip install 'batchbench[report]'"
+
+
+def test_require_plotly_checks_without_importing_plotly(monkeypatch):
+    code = (
+        "import sys\n"
+        "from batchbench.report import require_plotly\n"
+        "print(require_plotly(), 'plotly' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "None False\n", "")
+    monkeypatch.setitem(sys.modules, "plotly", None)  # what an uninstalled plotly looks like
+    with pytest.raises(BatchbenchError) as caught:
+        require_plotly()
+    assert str(caught.value) == PLOTLY_MISSING
+
+
+# -- malformed documents ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ({"kind": "run", "window": {"slo": 5}}, "window.slo must be a list, not a number (5)"),
+        ({"kind": "capacity", "steps": [], "slo": 5},
+         "slo must be a list of strings, not a number (5)"),
+        ({"kind": "run", "window": 5}, "window must be an object, not a number (5)"),
+        ({"kind": "run", "window": {"slo": [{"limit_ms": "2s"}]}},
+         'window.slo[0].limit_ms must be a number, not a string ("2s")'),
+        ({"kind": "run", "ranks": [{"rank": "0"}]},
+         'ranks[0].rank must be a number, not a string ("0")'),
+        ({"kind": "run", "ranks_source": ["client"]}, "ranks_source must be a string, not a list"),
+        ({"kind": "run", "interrupted": "no"},
+         'interrupted must be true or false, not a string ("no")'),
+        ({"kind": "run", "timeseries": {"t": [0.5, True]}},
+         "timeseries.t[1] must be a number, not true"),
+        ({"kind": "run", "distributions": {"ttft_ms": {"values": {"0": 1}}}},
+         "distributions.ttft_ms.values must be a list of numbers, not an object"),
+        ({"kind": "run", "server_metrics": {"concepts": {"requests": {"a\nb": "x" * 50}}}},
+         'server_metrics.concepts.requests["a\\nb"] must be a number or an object, not a '
+         'string ("xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...)'),
+        ({"kind": "capacity", "steps": [{"agents": 2, "window": {"latency": {"ttft_ms": {
+            "percentiles": {"p99": "1"}}}}}]},
+         'steps[0].window.latency.ttft_ms.percentiles.p99 must be a number, not a string ("1")'),
+        ({"kind": "capacity", "steps": [7]}, "steps[0] must be an object, not a number (7)"),
+        ({"kind": "capacity", "steps": [{"agents": 2, "results_json": 5}]},
+         "steps[0].results_json must be a string, not a number (5)"),
+        ({"kind": "capacity", "steps": [], "answer": {"concluded": 1}},
+         "answer.concluded must be true or false, not a number (1)"),
+        ({"kind": "run", "configuration": {"x": json.loads("[" * 300 + "]" * 300)}},
+         "cannot be shown: a value is nested too deeply"),
+    ],
+)  # fmt: skip
+def test_a_malformed_document_is_one_line_naming_the_field(tmp_path, capsys, content, message):
+    path = tmp_path / "f.json"
+    path.write_text(json.dumps(content))
+    assert report_main([str(path), "-o", str(tmp_path / "f.html")]) == 1
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == ("", f"Error: {path}: {message}\n")
+    assert not (tmp_path / "f.html").exists()
+
+
+# A value of each JSON kind, and how an error names it.
+WRONG = {
+    "int": (5, "a number (5)"),
+    "str": ("x", 'a string ("x")'),
+    "list": ([1, "x"], "a list"),
+    "dict": ({"a": 1}, "an object"),
+    "null": (None, "null"),
+}
+
+
+def outcome(path: Path, document: dict) -> tuple[str | None, str | None]:
+    """(page, None) when ``document``, written to ``path``, renders, or (None, message) when
+    it is refused: with a BatchbenchError (never another exception) of one line that starts
+    with the file's name."""
+    path.write_text(json.dumps(document))
+    try:
+        page = render_html(load_documents([path]))
+    except BatchbenchError as exc:
+        message = str(exc)
+        assert "\n" not in message and message.startswith(str(path)), message
+        return None, message
+    finally:
+        path.unlink()
+    assert page.endswith("</body></html>\n")
+    return page, None
+
+
+def test_fuzz_every_top_level_section_of_the_wrong_type(runs, capacity):
+    """Each top-level section (and a few absent ones) replaced with a value of each kind."""
+    loader = ("_report_source", "_report_steps", "_report_notes")  # never taken from a file
+    bases = (
+        (json.loads(runs["a"].read_text()), ("manifest", "window", "ranks", *loader)),
+        (json.loads(capacity.read_text()), ("slo", "answer", "metrics", "window", *loader)),
+    )
+    counts = {"rendered": 0, "refused": 0}
+    path = capacity.parent / "fuzz.json"  # beside the step files a capacity document names
+    for base, extra in bases:
+        for key in dict.fromkeys([*base, *extra]):
+            for variant, (value, found) in WRONG.items():
+                page, message = outcome(path, {**base, key: value})
+                counts["rendered" if page is not None else "refused"] += 1
+                if key in loader or (variant == "null" and key not in ("kind", "steps")):
+                    assert page is not None, (key, variant, message)
+                elif message is not None and key not in ("kind", "steps"):
+                    assert message.startswith(f"{path}: {key}"), message
+                    assert message.endswith(f", not {found}") or (
+                        variant == "list" and message.startswith(f"{path}: {key}[0]")
+                    ), message
+    assert counts["rendered"] > 50 and counts["refused"] > 50, counts
+
+
+def paths(value, prefix: tuple = ()):
+    """Every path into a document: each object key, and each list's first element (and the
+    first entry of a map keyed by numbers, as ranks and drift histograms are)."""
+    if prefix:
+        yield prefix
+    if isinstance(value, dict):
+        keys = list(value)
+        if keys and all(k.lstrip("-").isdigit() for k in keys):
+            keys = keys[:1]
+        for key in keys:
+            yield from paths(value[key], (*prefix, key))
+    elif isinstance(value, list) and value:
+        yield from paths(value[0], (*prefix, 0))
+
+
+def replaced(value, path: tuple, new):
+    if not path:
+        return new
+    head, rest = path[0], path[1:]
+    if isinstance(value, dict):
+        return {**value, head: replaced(value[head], rest, new)}
+    return [replaced(value[0], rest, new), *value[1:]]
+
+
+def test_fuzz_every_nested_field_of_the_wrong_type(runs, capacity):
+    """Every field below the top level replaced with a value of each kind, in a document that
+    holds only its section (so each page is quick to build). A capacity document's steps are
+    fuzzed in its first step, without its step file (the top-level fuzz reads step files)."""
+    path = capacity.parent / "fuzz.json"
+    counts = {"rendered": 0, "refused": 0}
+    capacity_document = json.loads(capacity.read_text())
+    step = {k: v for k, v in capacity_document["steps"][0].items() if k != "results_json"}
+    bases = (json.loads(runs["a"].read_text()), {**capacity_document, "steps": [step]})
+    for base in bases:
+        kind = base["kind"]
+        for where in paths(base):
+            if len(where) < 2:
+                continue
+            top = where[0]
+            name = top + "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in where[1:])
+            # A step's window has the run window's schema, fuzzed in full above; here a number
+            # and null in each of its fields exercise the capacity curve (a slow chart).
+            step_window = where[:3] == ("steps", 0, "window")
+            for variant in ("int", "null") if step_window else WRONG:
+                value = WRONG[variant][0]
+                document = {"kind": kind, top: replaced(base[top], where[1:], value)}
+                if kind == "capacity" and top != "steps":  # the answer is drawn on the steps
+                    document["steps"] = capacity_document["steps"] if top == "answer" else []
+                page, message = outcome(path, document)
+                counts["rendered" if page is not None else "refused"] += 1
+                if variant == "null":
+                    assert page is not None, (name, message)
+                elif message is not None:
+                    assert message.startswith(f"{path}: {name}"), (name, message)
+    assert counts["rendered"] > 1000 and counts["refused"] > 500, counts
+
+
+def test_a_malformed_step_file_is_a_note_and_the_curve_is_drawn(capacity, tmp_path):
+    document = json.loads(capacity.read_text())
+    names = sorted(s["results_json"] for s in document["steps"])
+    for name in names:
+        shutil.copy(capacity.parent / name, tmp_path)
+    broken = json.loads((tmp_path / names[0]).read_text())
+    broken["window"]["slo"] = 5
+    (tmp_path / names[0]).write_text(json.dumps(broken))
+    (tmp_path / "capacity.json").write_text(json.dumps(document))
+    page, _ = report(tmp_path, tmp_path / "capacity.json")
+    parser, figures = parse(page)
+    assert set(parser.charts) == CAPACITY_CHARTS
+    note = (
+        "step results not loaded, its latency distribution is not drawn: "
+        f"{tmp_path / names[0]}: window.slo must be a list, not a number (5)"
+    )
+    assert note in "".join(parser.text)
+    assert len([t for t in figures["bb-capacity-cdf"]["data"] if "SLO" not in t["name"]]) == (
+        len(names) - 1
+    )
+
+
+def test_a_step_file_outside_the_capacity_directory_is_not_read(capacity, tmp_path):
+    document = json.loads(capacity.read_text())
+    step = min(document["steps"], key=lambda s: s["agents"])
+    directory = tmp_path / "search"
+    (directory / "sub").mkdir(parents=True)
+    for target in (directory, directory / "sub", tmp_path):  # valid step files everywhere
+        shutil.copy(capacity.parent / step["results_json"], target / "step.json")
+    outside = [
+        str(tmp_path / "step.json"),  # absolute
+        "../step.json",
+        "sub/step.json",
+        "sub\\step.json",
+        "..",
+        "",
+    ]
+    document["steps"] = [
+        {**step, "agents": agents, "results_json": name}
+        for agents, name in enumerate(["step.json", *outside], start=2)
+    ]
+    (directory / "capacity.json").write_text(json.dumps(document))
+    page, _ = report(tmp_path, directory / "capacity.json")
+    parser, figures = parse(page)
+    cdf = [t["name"] for t in figures["bb-capacity-cdf"]["data"] if "SLO" not in t["name"]]
+    assert cdf == ["2 agents"]  # only the step file in the document's own directory
+    notes = [n for n in parser.text if n.startswith("step results not loaded")]
+    assert notes == [
+        "step results not loaded, its latency distribution is not drawn: results_json "
+        f"{json.dumps(name)} is not a file name in the capacity document's directory"
+        for name in outside
+    ]
+    assert [r["results_json"] for r in parser.tables["bb-capacity-steps"]] == [
+        "step.json",
+        *outside,
+    ]
+
+
+def test_documents_built_in_memory_are_checked_like_files(runs):
+    document = json.loads(runs["a"].read_text())
+    document["window"]["slo"] = tuple(document["window"]["slo"])  # as JSON would write it
+    document["window"]["requests_per_second"] = float("nan")  # JSON null
+    parser, _ = parse(render_html([document]))
+    assert parser.tables["bb-headline"][0]["requests_per_second"] == DASH
+    assert len(parser.tables["bb-slo"]) == 3
+    for bad, message in (
+        ({**document, "window": "x"}, 'document 1: window must be an object, not a string ("x")'),
+        ({**document, "_report_notes": [1]},
+         "document 1: _report_notes[0] must be a string, not a number (1)"),
+        ({**document, "manifest": {"path": Path("p")}},
+         "document 1: cannot be shown: Type is not JSON serializable: PosixPath"),
+        ([1], "document 1 is not a batchbench results or capacity document (a list, not an "
+              "object)"),
+    ):  # fmt: skip
+        with pytest.raises(BatchbenchError) as caught:
+            render_html([bad])
+        assert str(caught.value) == message
 
 
 # -- a real browser -----------------------------------------------------------------------

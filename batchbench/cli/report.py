@@ -28,8 +28,13 @@ table; the configuration and manifest identity.
 
 Needs plotly (pip install 'batchbench[report]').
 
-Exit status: 0 when the report was written, 1 when a file cannot be read or is not a
-batchbench document, 2 on misuse."""
+A step file a capacity document names is read only from that document's own directory
+(a plain file name); a step file that is missing, unreadable or named otherwise is a note in
+the page, and the curve is still drawn from the capacity document.
+
+Exit status: 0 when the report was written, 1 when a file cannot be read, is not a
+batchbench document, or has a field the report reads holding the wrong kind of value (one
+line names the file and the field), 2 on misuse."""
 
 
 def build_parser(prog: str) -> CommandParser:

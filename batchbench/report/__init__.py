@@ -16,6 +16,6 @@ only the report imports it, and without it the report fails with one line saying
 from __future__ import annotations
 
 from batchbench.report.load import load_documents
-from batchbench.report.page import PLOTLY_MISSING, render_html, write_report
+from batchbench.report.page import PLOTLY_MISSING, render_html, require_plotly, write_report
 
-__all__ = ["PLOTLY_MISSING", "load_documents", "render_html", "write_report"]
+__all__ = ["PLOTLY_MISSING", "load_documents", "render_html", "require_plotly", "write_report"]

@@ -114,6 +114,8 @@ def cdf_chart(
     """Cumulative fraction of requests against latency (log x), one line per series, with
     each SLO as a dashed vertical line at its limit and a marker at its required fraction:
     the objective holds where the curve passes at or above the marker."""
+    if not any(compact(get(distribution, "values")) for _, distribution in series):
+        return None  # before building a figure (the slow part of a small page)
     fig = go.Figure()
     drawn = zeros = 0
     for index, (label, distribution) in enumerate(series):
@@ -189,6 +191,8 @@ def cdf_chart(
 
 def throughput_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | None:
     """Requests/s and output tokens/s over time, one colour per document."""
+    if not series:  # no subplots to build (they are the slow part of a page)
+        return None
     fig = make_subplots(
         rows=2,
         cols=1,
@@ -226,6 +230,8 @@ def throughput_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | None:
 
 def concurrency_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | None:
     """Active agents (solid) and requests in flight (dashed) over time."""
+    if not series:
+        return None
     fig = go.Figure()
     for index, (label, timeseries) in enumerate(series):
         t = compact(get(timeseries, "t"))
@@ -261,6 +267,8 @@ def concurrency_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | None:
 
 def ranks_chart(series: list[tuple[str, list[dict[str, Any]]]]) -> Chart | None:
     """Per-DP-rank bars: requests, input tokens, TTFT p50 and p99, cached tokens."""
+    if not series:  # no subplots to build (they are the slow part of a page)
+        return None
     fig = make_subplots(
         rows=2,
         cols=2,
@@ -302,6 +310,8 @@ def ranks_chart(series: list[tuple[str, list[dict[str, Any]]]]) -> Chart | None:
 
 def fidelity_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | None:
     """Requests by token drift (served minus planned), prompt and output side by side."""
+    if not series:  # no subplots to build (they are the slow part of a page)
+        return None
     fig = make_subplots(
         rows=1, cols=2, subplot_titles=("Prompt tokens: drift", "Output tokens: drift")
     )
@@ -348,6 +358,8 @@ SERVER_SERIES = (
 
 def server_metrics_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | None:
     """KV-cache usage, running and waiting requests over time, one line per rank."""
+    if not series:  # no subplots to build (they are the slow part of a page)
+        return None
     fig = make_subplots(
         rows=3,
         cols=1,

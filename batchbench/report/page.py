@@ -3,7 +3,9 @@ into one self-contained HTML file (plotly.js inlined once, no network)."""
 
 from __future__ import annotations
 
+import functools
 import html
+import importlib.util
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -12,18 +14,42 @@ import orjson
 
 from batchbench.errors import BatchbenchError
 from batchbench.report.format import DASH, finite, get, number, percent, ratio_percent, text
-from batchbench.report.load import NOTES_KEY, STEPS_KEY, document_kind, kind_of, labels
+from batchbench.report.load import (
+    NOTES_KEY,
+    STEPS_KEY,
+    json_problem,
+    kind_of,
+    labels,
+    validate,
+)
 
 PLOTLY_MISSING = "the HTML report needs plotly: pip install 'batchbench[report]'"
 
 
+def require_plotly() -> None:
+    """Raise BatchbenchError(PLOTLY_MISSING) when plotly is not installed. Cheap (plotly is
+    looked up, not imported), so a run asked for ``--report-html`` can say so before it
+    starts instead of after it has measured."""
+    try:
+        found = importlib.util.find_spec("plotly") is not None
+    except ValueError:  # imported already, by a loader that left no spec: it is there
+        found = True
+    if not found:
+        raise BatchbenchError(PLOTLY_MISSING)
+
+
 def _plotly() -> Any:
-    """The chart builders (which import plotly), or one clear line when plotly is missing."""
+    """The chart builders (which import plotly), or one clear line when plotly (or one of
+    its own dependencies) cannot be imported."""
+    require_plotly()
     try:
         from batchbench.report import charts
     except ImportError as exc:
-        if (exc.name or "").split(".")[0] == "plotly":
+        package = (exc.name or "").split(".")[0]
+        if package == "plotly":
             raise BatchbenchError(PLOTLY_MISSING) from None
+        if package and package != "batchbench":
+            raise BatchbenchError(f"{PLOTLY_MISSING} (importing it failed: {exc})") from None
         raise
     return charts
 
@@ -43,13 +69,18 @@ def write_report(
 
 
 def render_html(documents: list[dict[str, Any]], title: str | None = None) -> str:
-    """The report page as a string."""
+    """The report page as a string.
+
+    Documents built in memory are checked like files are (see load.validate) after a JSON
+    round trip (tuples become lists, NaN becomes null), so the page reads what a results
+    JSON file of the same run would hold; a malformed one is a BatchbenchError naming it."""
     charts = _plotly()
     if not documents:
         raise BatchbenchError("no documents to report on")
     names = labels(documents)
+    documents = [_plain(d, n) for d, n in zip(documents, names, strict=True)]
     for document, name in zip(documents, names, strict=True):
-        document_kind(document, name)
+        validate(document, name)
     if title is None:
         title = "batchbench report" + (f": {names[0]}" if len(documents) == 1 else "")
     page = Page(charts)
@@ -67,6 +98,21 @@ def render_html(documents: list[dict[str, Any]], title: str | None = None) -> st
         page.capacity(name, capacity, "" if index == 0 else f"-{index + 1}")
     page.configuration(names, documents)
     return page.render(title)
+
+
+def _plain(document: Any, name: str) -> dict[str, Any]:
+    """The document as JSON would give it back."""
+    try:
+        data = orjson.dumps(document, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+    except orjson.JSONEncodeError as exc:
+        raise BatchbenchError(f"{name}: cannot be shown: {json_problem(exc)}") from None
+    plain = orjson.loads(data)
+    if not isinstance(plain, dict):
+        raise BatchbenchError(
+            f"{name} is not a batchbench results or capacity document (a "
+            f"{type(document).__name__}, not an object)"
+        )
+    return plain
 
 
 class Page:
@@ -274,7 +320,7 @@ class Page:
             return
         for name, metrics in present:
             self.note(
-                f"{name}: {metrics.get('url', DASH)} ({metrics.get('dialect', 'unknown')}), "
+                f"{name}: {metrics.get('url') or DASH} ({metrics.get('dialect') or 'unknown'}), "
                 f"{number(metrics.get('scrapes'))} scrapes every "
                 f"{number(metrics.get('interval_seconds'))} s, "
                 f"{number(metrics.get('failed_scrapes'))} failed."
@@ -372,11 +418,9 @@ class Page:
     # -- output -----------------------------------------------------------------------------
 
     def render(self, title: str) -> str:
-        from plotly.io import templates
-        from plotly.offline import get_plotlyjs
-
+        template, plotlyjs = _plotly_assets()
         specs = {
-            "template": templates["plotly_white"].to_plotly_json(),
+            "template": template,
             "charts": [{"id": c.id, "figure": c.figure} for c in self.charts],
         }
         nav = " · ".join(f'<a href="#{a}">{html.escape(h)}</a>' for a, h in self.toc)
@@ -390,10 +434,22 @@ class Page:
                 "\n".join(self.parts),
                 # After the content, so the tables show while plotly.js loads.
                 f'<script type="application/json" id="bb-figures">{_script_json(specs)}</script>',
-                f"<script>{get_plotlyjs()}</script>",
+                "<script>",
+                plotlyjs,  # not in an f-string: 4.8 MB copied once, by the join
+                "</script>",
                 f"<script>{DRAW}</script></body></html>\n",
             ]
         )
+
+
+@functools.cache
+def _plotly_assets() -> tuple[dict[str, Any], str]:
+    """The page template and plotly.js (4.8 MB read from plotly's package), read once per
+    process: they are the same for every page and most of a small page's cost."""
+    from plotly.io import templates
+    from plotly.offline import get_plotlyjs
+
+    return templates["plotly_white"].to_plotly_json(), get_plotlyjs()
 
 
 def _script_json(value: Any) -> str:
