@@ -99,10 +99,12 @@ class _LazyRunner:
         self.make = make
         self.runner: StepRunner | None = None
 
-    def __call__(self, agents: int, phase: str, extension: int) -> StepRecord:
+    def __call__(
+        self, agents: int, phase: str, extension: int, previous: StepRecord | None = None
+    ) -> StepRecord:
         if self.runner is None:
             self.runner = self.make()
-        return self.runner(agents, phase, extension)
+        return self.runner(agents, phase, extension, previous)
 
 
 def run_capacity(
@@ -124,8 +126,14 @@ def run_capacity(
     Raises UsageError for a config a search cannot use or an output directory that holds
     another search; StepInterrupted after Ctrl+C/SIGTERM (capacity.json then holds the
     steps measured so far); BatchbenchError when a step cannot run. ``step`` replaces the
-    benchmark run of each step (``step(agents, phase, extension) -> StepRecord``, writing
-    the record's ``results_json`` into ``output_dir``): for tests and custom runners.
+    benchmark run of each step (``step(agents, phase, extension, previous) -> StepRecord``,
+    writing the record's ``results_json`` into ``output_dir``): for tests and custom runners.
+
+    An output directory whose search had other bounds or another window (``--min-agents``,
+    ``--max-agents``, ``--resolution``, ``--window``, ``--window-trajectories``,
+    ``--max-extensions``) is resumed: its decided steps are kept (a verdict at N agents does
+    not depend on which caps the search tries, and was decided at 95 % confidence however
+    long its window), and with another window its unresolved steps are measured again.
     """
     bounds = bounds or Bounds()
     window = window or WindowPlan()
@@ -152,6 +160,17 @@ def run_capacity(
     )
     finished = outdir.open()
     say = warn or (lambda _text: None)
+    if outdir.changed:
+        again = (
+            "; its unresolved steps are measured again with the new window"
+            if outdir.window_changed
+            else ""
+        )
+        say(
+            f"note: resuming {output_dir} with other search settings ("
+            + "; ".join(outdir.changed)
+            + f"): its decided steps are kept{again}"
+        )
     target = _Target(config)
     runner_box: list[StepRunner] = []
 

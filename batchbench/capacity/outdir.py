@@ -3,8 +3,11 @@ and ``capacity.json``, rewritten after every step so that an interrupted search 
 it measured, and read back so that the same command resumes where it stopped.
 
 A directory is only resumed by the same search: the options that shape the workload, the
-target, the objectives and the search itself must equal the recorded ones, or the search
-refuses with one line naming what differs (``--restart`` discards the old steps instead).
+target, the objectives and the warm-up must equal the recorded ones, or the search refuses
+with one line naming what differs (``--restart`` discards the old steps instead). The
+bounds and the window may change: a decided step's verdict holds whichever caps the search
+tries and however long the window that decided it was, so those steps are kept; with
+another window, unresolved steps are measured again (that is how "measure longer" is done).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from typing import Any
 
 import orjson
 
-from batchbench.capacity.search import CLIENT_BOUND, StepRecord
+from batchbench.capacity.search import CLIENT_BOUND, UNRESOLVED, StepRecord
+from batchbench.config import toml_value
 from batchbench.errors import BatchbenchError, UsageError
 
 CAPACITY_FILE = "capacity.json"
@@ -39,8 +43,27 @@ NOT_COMPARED = frozenset(
         "percentiles",
         "server-metrics",
         "server-metrics-interval",
+        # set by the search for each step (compared as the "search" settings instead)
+        "warmup",
+        "duration",
+        "window-trajectories",
+        "max-active-agents",
     }
 )
+# The search settings that may change on resume; the warm-up may not: it decides which
+# requests a window holds (what is measured), where the window's length only decides how
+# many of them (how sure the verdict is).
+RESUMABLE = frozenset(
+    {
+        "min_agents",
+        "max_agents",
+        "resolution",
+        "window_seconds",
+        "window_trajectories",
+        "max_extensions",
+    }
+)
+WINDOW_SETTINGS = ("window_seconds", "window_trajectories")
 SEARCH_FLAGS = {
     "min_agents": "--min-agents",
     "max_agents": "--max-agents",
@@ -109,6 +132,8 @@ class OutputDirectory:
         self.search = dict(search)
         self.manifest_sha256 = manifest_sha256
         self.restart = restart
+        self.changed: list[str] = []  # the resumable settings that differ, as text
+        self.window_changed = False  # unresolved steps are then measured again
 
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
@@ -165,7 +190,12 @@ class OutputDirectory:
                 "--restart to start the search again"
             )
         found = differences(compared(recorded_options), compared(self.configuration))
-        found += differences(recorded_search, self.search, SEARCH_FLAGS)
+        fixed = [k for k in set(recorded_search) | set(self.search) if k not in RESUMABLE]
+        found += differences(
+            {k: recorded_search.get(k) for k in fixed},
+            {k: self.search.get(k) for k in fixed},
+            SEARCH_FLAGS,
+        )
         recorded_sha = (document.get("manifest") or {}).get("sha256")
         if self.manifest_sha256 is not None and recorded_sha not in (None, self.manifest_sha256):
             found.append("the manifest's contents changed (SHA-256)")
@@ -176,6 +206,14 @@ class OutputDirectory:
                 + "): run with the same options, add --restart to discard it, or give another "
                 "--output-dir"
             )
+        self.changed = differences(
+            {k: recorded_search.get(k) for k in RESUMABLE},
+            {k: self.search.get(k) for k in RESUMABLE},
+            SEARCH_FLAGS,
+        )
+        self.window_changed = any(
+            recorded_search.get(k) != self.search.get(k) for k in WINDOW_SETTINGS
+        )
 
     def _finished_steps(self, document: dict[str, Any]) -> dict[int, StepRecord]:
         steps: dict[int, StepRecord] = {}
@@ -189,6 +227,8 @@ class OutputDirectory:
                 continue
             if record.verdict == CLIENT_BOUND or record.results_json != step_file(record.agents):
                 continue
+            if record.verdict == UNRESOLVED and self.window_changed:
+                continue  # measured again with the new window
             window = self._step_window(record.results_json)
             if window is None:  # its results are gone: measure it again
                 continue
@@ -214,7 +254,8 @@ class OutputDirectory:
                     os.remove(self.file(name))
 
     def finish_step(self, agents: int) -> str:
-        """Move a finished step's files from their partial names; returns the JSON's name."""
+        """Move a finished step's files from their partial names; returns the JSON's name.
+        The options file's (commented) ``results-json`` then names the final file."""
         name = step_file(agents)
         partial = partial_file(agents)
         try:
@@ -224,10 +265,17 @@ class OutputDirectory:
                 f"cannot keep the results of the step at {agents} agents "
                 f"({self.file(partial)}): {exc.strerror or exc}"
             ) from None
-        toml = partial.removesuffix(".json") + ".config.toml"
-        if os.path.exists(self.file(toml)):
-            with contextlib.suppress(OSError):
-                os.replace(self.file(toml), self.file(name.removesuffix(".json") + ".config.toml"))
+        toml = self.file(partial.removesuffix(".json") + ".config.toml")
+        final = self.file(name.removesuffix(".json") + ".config.toml")
+        with contextlib.suppress(OSError, UnicodeError):
+            with open(toml, encoding="utf-8") as handle:
+                text = handle.read()
+            before = f"# results-json = {toml_value(self.file(partial))}\n"
+            after = f"# results-json = {toml_value(self.file(name))}\n"
+            with open(final + ".tmp", "w", encoding="utf-8") as handle:
+                handle.write(text.replace(before, after))
+            os.replace(final + ".tmp", final)
+            os.remove(toml)
         return name
 
     def discard_partial(self, agents: int) -> None:

@@ -318,5 +318,6 @@ def _not_concluded(
         figures = f" ({attainment_text(outcome).split(' ', 1)[1]}{needed})"
     return (
         f"Capacity: not concluded: at {at} {what} stayed unresolved{tries}{figures}; "
-        "measure longer (--window, --window-trajectories or --max-extensions) to decide"
+        "measure longer to decide (run again with a longer --window or --window-trajectories, "
+        "or more --max-extensions: the decided steps are kept)"
     )

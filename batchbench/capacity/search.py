@@ -56,11 +56,15 @@ class StepRecord:
     agents: int
     phase: str  # doubling or bisection
     verdict: str  # pass, fail, unresolved or client-bound
-    extensions: int = 0  # how many times the window was doubled
+    extensions: int = 0  # how many times the window was extended
     window: dict[str, Any] | None = None
     results_json: str | None = None  # file name inside the output directory
     note: str | None = None  # why a verdict did not come from the objectives
     resumed: bool = False  # read back from an earlier search, not run now
+    # the window this attempt was planned with (seconds, or trajectories); None when read
+    # from a document that did not record it
+    window_seconds: float | None = None
+    window_trajectories: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The capacity document's step entry."""
@@ -70,6 +74,8 @@ class StepRecord:
             "phase": self.phase,
             "verdict": self.verdict,
             "extensions": self.extensions,
+            "window_seconds": self.window_seconds,
+            "window_trajectories": self.window_trajectories,
             "window": self.window,
         }
         if self.note is not None:
@@ -90,6 +96,7 @@ class StepRecord:
         window = entry.get("window")
         note = entry.get("note")
         name = entry.get("results_json")
+        seconds, trajectories = entry.get("window_seconds"), entry.get("window_trajectories")
         return cls(
             agents=agents,
             phase=entry.get("phase") if entry.get("phase") in (DOUBLING, BISECTION) else DOUBLING,
@@ -98,7 +105,15 @@ class StepRecord:
             window=window if isinstance(window, dict) else None,
             results_json=name if isinstance(name, str) else None,
             note=note if isinstance(note, str) else None,
+            window_seconds=float(seconds) if _positive(seconds) else None,
+            window_trajectories=trajectories
+            if _positive(trajectories) and isinstance(trajectories, int)
+            else None,
         )
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
 
 
 @dataclass
@@ -168,9 +183,10 @@ class Search:
         return next((s for s in reversed(self.steps) if s.agents == agents), None)
 
 
-StepFunction = Callable[[int, str, int], StepRecord]
-"""``step(agents, phase, extension) -> StepRecord``: run (or read back) one step with the
-window doubled ``extension`` times. It may return a record with more extensions than
+StepFunction = Callable[[int, str, int, "StepRecord | None"], StepRecord]
+"""``step(agents, phase, extension, previous) -> StepRecord``: run (or read back) one step;
+``previous`` is the unresolved attempt that ``extension`` extends (None for extension 0),
+whose figures size the longer window. It may return a record with more extensions than
 asked (an earlier search already extended it)."""
 
 Listener = Callable[[StepRecord, Search, bool], None]
@@ -180,13 +196,14 @@ Listener = Callable[[StepRecord, Search, bool], None]
 def run_search(
     search: Search, step: StepFunction, max_extensions: int, listener: Listener | None = None
 ) -> Search:
-    """Drive the search to its end: each step once, an unresolved one again with its window
-    doubled up to ``max_extensions`` times. Returns ``search`` (also updated in place)."""
+    """Drive the search to its end: each step once, an unresolved one again with a longer
+    window up to ``max_extensions`` times. Returns ``search`` (also updated in place)."""
     while (agents := search.next_agents()) is not None:
         phase = search.phase
         extension = 0
+        previous: StepRecord | None = None
         while True:
-            record = step(agents, phase, extension)
+            record = step(agents, phase, extension, previous)
             final = record.verdict != UNRESOLVED or record.extensions >= max_extensions
             if final:
                 search.record(record)
@@ -195,4 +212,5 @@ def run_search(
             if final:
                 break
             extension = record.extensions + 1
+            previous = record
     return search

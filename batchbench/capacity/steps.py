@@ -17,9 +17,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from batchbench.capacity.outdir import OutputDirectory, partial_file
-from batchbench.capacity.search import CLIENT_BOUND, FAIL, UNRESOLVED, StepRecord
+from batchbench.capacity.search import CLIENT_BOUND, FAIL, UNRESOLVED, StepFunction, StepRecord
 from batchbench.config import RunConfig
 from batchbench.errors import BatchbenchError
+from batchbench.results.confidence import attainment_verdict
+from batchbench.results.slo import duration_text
 
 EXIT_REQUESTS_FAILED = 3  # batchbench.api: more requests failed than --max-failure-rate allows
 REPORTED_PERCENTILES = (50.0, 95.0, 99.0)  # what the table shows, whatever --percentiles says
@@ -27,21 +29,161 @@ SAMPLED_MARGIN = 1.25  # trajectories planned beyond the estimated need
 MAX_REFILLS = 4  # re-runs of a sampled step whose agents ran out before its window ended
 
 
+MIN_EXTENSION_FACTOR = 2.0  # an extension at least doubles the window ...
+MAX_EXTENSION_FACTOR = 8.0  # ... and at most multiplies it by 8
+SAMPLES_MARGIN = 1.25  # an extension plans for this many times the samples needed
+_MOST_SAMPLES = 1 << 40  # beyond this, an objective is taken as never decided
+
+
+def samples_needed(attainment: float, required: float) -> int | None:
+    """The fewest samples at which a share ``attainment`` of them within the limit decides
+    an objective that needs the share ``required``: the 95 % Wilson interval then lies wholly
+    on one side of it. None when no count does (the share equals the requirement).
+
+    With every sample within the limit this is the least a pass needs: n / (n + z^2) >=
+    required, so 381 samples for a p99 objective, 73 for p95, 35 for p90, 4 for p50."""
+    if not (0.0 <= attainment <= 1.0 and 0.0 <= required <= 1.0):
+        return None
+
+    def decided(n: int) -> bool:
+        return attainment_verdict(attainment * n, n, required) != UNRESOLVED
+
+    high = 1
+    while not decided(high):  # the interval narrows as n grows: search by doubling ...
+        if high >= _MOST_SAMPLES:
+            return None
+        high *= 2
+    low = high // 2  # ... then bisect: low is undecided (or 0), high decided
+    while high - low > 1:
+        middle = (low + high) // 2
+        if decided(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def least_samples(quantile: float) -> int:
+    """Samples a pNN objective needs at least to pass (all of them within the limit)."""
+    needed = samples_needed(1.0, quantile)
+    assert needed is not None
+    return needed
+
+
+@dataclass(frozen=True, slots=True)
+class Extension:
+    """The window of an unresolved step's next attempt, and why that long."""
+
+    seconds: float | None
+    trajectories: int | None
+    reason: str
+
+    def text(self) -> str:
+        """``240 s``, ``400 trajectories``."""
+        if self.seconds is not None:
+            return duration_text(self.seconds * 1000.0, " ")
+        return f"{self.trajectories} trajectories"
+
+
 @dataclass(frozen=True, slots=True)
 class WindowPlan:
-    """A step's measured window: a warm-up, then seconds or a trajectory count (doubled per
-    extension)."""
+    """A step's measured window: a warm-up, then seconds or a trajectory count; an
+    unresolved step's next attempt is sized by ``extend``."""
 
     warmup: float = 5.0
     seconds: float | None = 30.0
     trajectories: int | None = None
 
     def scaled(self, extension: int) -> tuple[float | None, int | None]:
+        """The window doubled ``extension`` times: what an attempt used when its record
+        does not say (an older capacity document)."""
         factor = 2**extension
         return (
             self.seconds * factor if self.seconds is not None else None,
             self.trajectories * factor if self.trajectories is not None else None,
         )
+
+    def attempt(
+        self, extension: int, previous: StepRecord | None
+    ) -> tuple[float | None, int | None]:
+        """(seconds, trajectories) of an attempt: the plan's window for the first one, else
+        sized from the unresolved attempt it extends."""
+        if extension == 0:
+            return self.seconds, self.trajectories
+        if previous is None:
+            return self.scaled(extension)
+        extension_window = self.extend(previous)
+        return extension_window.seconds, extension_window.trajectories
+
+    def used_by(self, record: StepRecord) -> tuple[float | None, int | None]:
+        """The window an attempt was planned with."""
+        if record.window_seconds is not None or record.window_trajectories is not None:
+            return record.window_seconds, record.window_trajectories
+        return self.scaled(record.extensions)
+
+    def extend(self, record: StepRecord) -> Extension:
+        """The next attempt's window for an unresolved ``record``: long enough for the
+        samples its undecided objectives would need if their attainment stayed where it is
+        (``samples_needed`` x 1.25), from the sample rate the attempt measured; at least
+        twice and at most 8 times its window."""
+        seconds, trajectories = self.used_by(record)
+        window = record.window or {}
+        duration = window.get("duration_seconds")
+        duration = float(duration) if isinstance(duration, int | float) else 0.0
+        factor, reason = _needed_factor(window.get("slo"), seconds, trajectories, duration)
+        if factor > MAX_EXTENSION_FACTOR:
+            reason += f"; capped at {MAX_EXTENSION_FACTOR:g}×"
+        elif factor < MIN_EXTENSION_FACTOR:
+            reason += "; at least doubled"
+        factor = min(MAX_EXTENSION_FACTOR, max(MIN_EXTENSION_FACTOR, factor))
+        if seconds is not None:
+            longer = math.ceil(round(seconds * factor * 10.0, 6)) / 10.0  # to 0.1 s up
+            return Extension(longer, None, reason)
+        assert trajectories is not None
+        return Extension(None, math.ceil(round(trajectories * factor, 6)), reason)
+
+
+def _needed_factor(
+    outcomes: Any, seconds: float | None, trajectories: int | None, duration: float
+) -> tuple[float, str]:
+    """(factor, reason): how much longer the window must be for the undecided objective
+    that needs the most, and one clause saying so (factor inf when no length would do)."""
+    worst: tuple[float, str] | None = None
+    for outcome in outcomes if isinstance(outcomes, list) else []:
+        if not isinstance(outcome, dict) or outcome.get("verdict") != UNRESOLVED:
+            continue
+        name = str(outcome.get("objective"))
+        samples, attainment = outcome.get("samples"), outcome.get("attainment")
+        required = outcome.get("quantile")
+        if not isinstance(samples, int) or samples <= 0 or not isinstance(attainment, float | int):
+            candidate = (math.inf, f"no {name} samples in the window")
+        elif not isinstance(required, float | int):
+            continue
+        else:
+            needed = samples_needed(float(attainment), float(required))
+            share = f"{attainment * 100.0:.1f}%"
+            if needed is None:
+                candidate = (math.inf, f"{name} attainment {share} is the share needed")
+            elif seconds is not None and duration > 0.0:
+                rate = samples / duration
+                factor = needed * SAMPLES_MARGIN / rate / seconds
+                candidate = (
+                    factor,
+                    f"{name} needs {needed} samples at {share} attainment, {samples} in "
+                    f"{duration:.1f} s ({rate:.2f}/s)",
+                )
+            else:
+                factor = needed * SAMPLES_MARGIN / samples
+                measured = f"{trajectories} trajectories" if trajectories else "the window"
+                candidate = (
+                    factor,
+                    f"{name} needs {needed} samples at {share} attainment, {samples} in {measured}",
+                )
+        if worst is None or candidate[0] > worst[0]:
+            worst = candidate
+    if worst is None:
+        return math.inf, "no undecided objective with figures"
+    return worst
 
 
 class StepInterrupted(BatchbenchError):
@@ -127,9 +269,10 @@ class StepRunner:
             count = max(count, math.ceil(need * SAMPLED_MARGIN))
         return count
 
-    def config(self, agents: int, extension: int, count: int | None) -> RunConfig:
-        """The step's run configuration."""
-        seconds, trajectories = self.window.scaled(extension)
+    def config(
+        self, agents: int, seconds: float | None, trajectories: int | None, count: int | None
+    ) -> RunConfig:
+        """The step's run configuration, with its window of ``seconds`` or ``trajectories``."""
         percentiles = tuple(sorted(set(self.target.percentiles) | set(REPORTED_PERCENTILES)))
         return replace(
             self.target,
@@ -148,15 +291,18 @@ class StepRunner:
             server_metrics_jsonl=None,
         )
 
-    def __call__(self, agents: int, phase: str, extension: int) -> StepRecord:
-        seconds, trajectories = self.window.scaled(extension)
+    def __call__(
+        self, agents: int, phase: str, extension: int, previous: StepRecord | None = None
+    ) -> StepRecord:
+        seconds, trajectories = self.window.attempt(extension, previous)
         sampled = not self.target.replay
         count = self.planned_agents(agents, seconds, trajectories) if sampled else None
         for refill in range(MAX_REFILLS + 1):
             if self.started is not None:
                 expected = self.window.warmup + seconds if seconds is not None else None
                 self.started(agents, extension, expected)
-            result = self._run(self.config(agents, extension, count), output=self.output)
+            step_config = self.config(agents, seconds, trajectories, count)
+            result = self._run(step_config, output=self.output)
             self.result = result
             if result.interrupted_by:  # a part of a step is not a step: its files go
                 self.outdir.discard_partial(agents)
@@ -195,6 +341,8 @@ class StepRunner:
             window=window,
             results_json=name,
             note=note,
+            window_seconds=seconds,
+            window_trajectories=trajectories,
         )
 
     @staticmethod
@@ -224,16 +372,18 @@ class ResumedSteps:
     def __init__(
         self,
         finished: dict[int, StepRecord],
-        step: Callable[[int, str, int], StepRecord],
+        step: StepFunction,
     ) -> None:
         self.finished = dict(finished)
         self.step = step
 
-    def __call__(self, agents: int, phase: str, extension: int) -> StepRecord:
+    def __call__(
+        self, agents: int, phase: str, extension: int, previous: StepRecord | None = None
+    ) -> StepRecord:
         known = self.finished.get(agents)
         if known is not None and known.extensions >= extension:
             known.phase = phase
             return known
-        record = self.step(agents, phase, extension)
+        record = self.step(agents, phase, extension, previous)
         self.finished.pop(agents, None)
         return record

@@ -16,11 +16,12 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
-from batchbench.capacity.api import run_capacity, write_capacity_report
+from batchbench.capacity.api import check_capacity_config, run_capacity, write_capacity_report
 from batchbench.capacity.render import header, step_row
 from batchbench.capacity.search import UNRESOLVED, Bounds, Search, StepRecord
-from batchbench.capacity.steps import StepInterrupted, WindowPlan
+from batchbench.capacity.steps import StepInterrupted, WindowPlan, least_samples
 from batchbench.cli.agent_args import (
     build_parser,
     check_companions,
@@ -31,10 +32,11 @@ from batchbench.cli.agent_args import (
 from batchbench.cli.argtypes import non_negative_float, positive_finite, positive_uint, uint
 from batchbench.config import RunConfig
 from batchbench.errors import BatchbenchError, UsageError
-from batchbench.results.slo import duration_text
 
 PROG = "batchbench capacity"
 DEFAULT_WINDOW_SECONDS = 30.0
+# the samples a pNN objective needs in the window to pass at all, for --help
+LEAST_SAMPLES = {f"p{q}": least_samples(q / 100.0) for q in (99, 95, 90, 50)}
 
 DESCRIPTION = """\
 Find how many concurrent agents a deployment holds while its service-level objectives
@@ -44,13 +46,18 @@ starting at --min-agents, the cap doubles until a step breaks the objectives (or
 broke narrows the answer to --resolution agents. Each step leaves its first --warmup
 seconds out and judges a measured window of --window seconds (or --window-trajectories
 finished trajectories): an objective passes or fails only when its 95% confidence interval
-lies on one side of the limit; a step too short to decide is run again with its window
-doubled (--max-extensions times), and is reported unresolved after that. A step whose
+lies on one side of the limit, so to pass, a percentile objective needs at least {p99}
+samples in the window for p99 ({p95} for p95, {p90} for p90, {p50} for p50), all within the
+limit: size --window from the request rate you expect. A step too short to decide is run
+again with a window sized for the samples its undecided objective needs (2 to 8 times
+longer, --max-extensions times), and is reported unresolved after that. A step whose
 client was the bottleneck is marked client-bound, and the search will not conclude from
 it. With sampled agents each step plans enough trajectories to keep its agents busy
 through the window (--agents is a floor); --sim starts the simulator once for the whole
 search. Every step's results JSON and capacity.json stay in --output-dir; running the same
-command again resumes there."""
+command again resumes there, also with other bounds, --window, --window-trajectories or
+--max-extensions (decided steps are kept; with another window, unresolved ones are
+measured again).""".format(**LEAST_SAMPLES)
 
 EPILOG = """\
 exit statuses: 0 the search concluded; 1 it did not (a step stayed unresolved, or the
@@ -126,7 +133,8 @@ def build_capacity_parser(prog: str = PROG) -> argparse.ArgumentParser:
         type=positive_finite,
         metavar="S",
         help=f"each step's measured window in seconds after the warm-up (default: "
-        f"{DEFAULT_WINDOW_SECONDS:g})",
+        f"{DEFAULT_WINDOW_SECONDS:g}); long enough for the samples the objectives need "
+        "(p99: {p99}, p95: {p95}, p90: {p90}, p50: {p50} at least)".format(**LEAST_SAMPLES),
     )
     group.add_argument(
         "--window-trajectories",
@@ -140,8 +148,10 @@ def build_capacity_parser(prog: str = PROG) -> argparse.ArgumentParser:
         type=uint,
         default=2,
         metavar="K",
-        help="an unresolved step runs again with its window doubled, up to K times; still "
-        "unresolved, the search stops there (default: %(default)s)",
+        help="an unresolved step runs again, up to K times, with a window sized from its "
+        "measured sample rate for the samples its undecided objective needs (at least 2, at "
+        "most 8 times longer each time); still unresolved, the search stops there (default: "
+        "%(default)s)",
     )
     group.add_argument(
         "--restart",
@@ -207,6 +217,27 @@ def bounds_of(args: argparse.Namespace) -> Bounds:
         raise UsageError(str(exc)) from None
 
 
+def checked_config(args: argparse.Namespace) -> RunConfig:
+    """The search's configuration, every option checked before anything is created. A
+    --report-html inside an --output-dir that does not exist yet is checked once the
+    directory exists: it comes back unset then."""
+    output_dir = args.output_dir
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise UsageError(f"--output-dir {output_dir} is a file; give a directory")
+    report = args.report_html
+    deferred = (
+        report is not None
+        and not os.path.isdir(output_dir)
+        and os.path.abspath(os.path.dirname(report) or ".") == os.path.abspath(output_dir)
+    )
+    config = config_from_namespace(
+        argparse.Namespace(**{**vars(args), "report_html": None}) if deferred else args
+    )
+    check_report(report)
+    check_capacity_config(config)
+    return config
+
+
 def make_output_dir(path: str) -> None:
     if os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"--output-dir {path} is a file; give a directory")
@@ -216,9 +247,9 @@ def make_output_dir(path: str) -> None:
         raise UsageError(f"--output-dir {path} cannot be created: {exc.strerror or exc}") from None
 
 
-def check_report(config: RunConfig) -> None:
+def check_report(report_html: str | None) -> None:
     """--report-html needs the report package and plotly; say so before the search."""
-    if config.report_html is None:
+    if report_html is None:
         return
     if importlib.util.find_spec("batchbench.report") is None:
         raise UsageError("--report-html: the HTML report is not part of this installation")
@@ -235,7 +266,7 @@ def banner(config: RunConfig, bounds: Bounds, window: WindowPlan, args) -> str:
     return (
         f"Capacity search: {objectives}; {bounds.min_agents} to {bounds.max_agents} active "
         f"agents, resolution {bounds.resolution}; each step {window.warmup:g} s warm-up + "
-        f"{measured} (unresolved: doubled up to {args.max_extensions} times); "
+        f"{measured} (unresolved: extended up to {args.max_extensions} times); "
         f"output in {args.output_dir}"
     )
 
@@ -302,11 +333,13 @@ def main(argv: Sequence[str]) -> int:
     args = parse_capacity_args(argv)
     if args is None:
         return 0
-    make_output_dir(args.output_dir)  # before the checks: --report-html may go inside it
-    config = config_from_namespace(args)
-    check_report(config)
     bounds = bounds_of(args)
     window = window_plan(args)
+    config = checked_config(args)  # every check first: a usage error leaves no directory
+    make_output_dir(args.output_dir)
+    if config.report_html is None and args.report_html is not None:
+        config = replace(config, report_html=args.report_html)  # inside the new directory
+        config.check()
     ticker = Ticker(config.progress and sys.stderr.isatty())
     printed = {"banner": False, "header": False}
 
@@ -329,13 +362,8 @@ def main(argv: Sequence[str]) -> int:
             printed["header"] = True
         note = None
         if not final and record.verdict == UNRESOLVED:
-            seconds, trajectories = window.scaled(record.extensions + 1)
-            longer = (
-                duration_text(seconds * 1000.0, " ")
-                if seconds is not None
-                else f"{trajectories} trajectories"
-            )
-            note = f"extending the window to {longer}"
+            longer = window.extend(record)
+            note = f"extending the window to {longer.text()}: {longer.reason}"
         _say(step_row(record, note))
 
     previous = signal.getsignal(signal.SIGTERM)
