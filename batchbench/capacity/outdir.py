@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from batchbench.capacity.search import CLIENT_BOUND, UNRESOLVED, StepRecord
-from batchbench.config import toml_value
+from batchbench.config import OUTPUT_OPTIONS, toml_value
 from batchbench.errors import BatchbenchError, UsageError
 
 CAPACITY_FILE = "capacity.json"
@@ -31,12 +31,7 @@ _STEP_FILE = re.compile(r"^step-[0-9]{4,}(?:\.partial)?(?:\.json|\.config\.toml)
 # figures reported but not judged. Everything else must match to resume.
 NOT_COMPARED = frozenset(
     {
-        "results-csv",
-        "results-json",
-        "agent-events-jsonl",
-        "request-events-jsonl",
-        "server-metrics-jsonl",
-        "report-html",
+        *OUTPUT_OPTIONS,
         "no-progress",
         "verbose",
         "grace-seconds",

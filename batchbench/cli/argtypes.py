@@ -8,6 +8,8 @@ import argparse
 import difflib
 import math
 import re
+import sys
+from collections.abc import Sequence
 
 from batchbench.errors import UsageError
 
@@ -156,3 +158,16 @@ def status_codes(text: str) -> tuple[int, ...]:
     if not values or any(not 400 <= v <= 599 for v in values):
         raise argparse.ArgumentTypeError(f"status codes must be 400..599, got {text!r}")
     return values
+
+
+def parse_or_status(parser: argparse.ArgumentParser, argv: Sequence[str]):
+    """A small command's arguments, or the exit status to return instead: 0 after --help,
+    2 after a usage error (its message printed as one ``Error:`` line)."""
+    try:
+        try:
+            return parser.parse_args(list(argv))
+        except SystemExit as exc:  # --help
+            return 0 if exc.code in (0, None) else 2
+    except UsageError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 2

@@ -7,8 +7,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from batchbench.cli.argtypes import CommandParser
-from batchbench.errors import BatchbenchError, UsageError
+from batchbench.cli.argtypes import CommandParser, parse_or_status
+from batchbench.errors import BatchbenchError
 
 DESCRIPTION = """\
 Write one self-contained HTML file (it opens offline: plotly.js is inlined, nothing is
@@ -67,14 +67,9 @@ def build_parser(prog: str) -> CommandParser:
 
 def run(argv: Sequence[str], prog: str = "batchbench report") -> int:
     """0 when the report was written, 1 on bad input, 2 on misuse."""
-    try:
-        try:
-            args = build_parser(prog).parse_args(list(argv))
-        except SystemExit as exc:  # --help
-            return 0 if exc.code in (0, None) else 2
-    except UsageError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        return 2
+    args = parse_or_status(build_parser(prog), argv)
+    if isinstance(args, int):
+        return args
     from batchbench.report import load_documents, write_report
 
     try:

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from batchbench.cli.argtypes import CommandParser
-from batchbench.errors import ManifestError, UsageError
+from batchbench.cli.argtypes import CommandParser, parse_or_status
+from batchbench.errors import ManifestError
 from batchbench.plan.manifest import Manifest, read_manifest_file, validate_manifest
 
 DESCRIPTION = """\
@@ -49,14 +49,9 @@ def build_parser(prog: str) -> CommandParser:
 
 def run(argv: Sequence[str], prog: str = "batchbench validate") -> int:
     """0 when every file is valid, 1 when any is not, 2 on misuse."""
-    try:
-        try:
-            args = build_parser(prog).parse_args(list(argv))
-        except SystemExit as exc:  # --help
-            return 0 if exc.code in (0, None) else 2
-    except UsageError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        return 2
+    args = parse_or_status(build_parser(prog), argv)
+    if isinstance(args, int):
+        return args
     reports = [check_file(path) for path in args.files]
     if args.json:
         sys.stdout.write(orjson.dumps(reports, option=orjson.OPT_INDENT_2).decode() + "\n")
