@@ -79,3 +79,21 @@ def packaged(packaged_tokenizer_dir):
         return cache[short]
 
     return get
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "native_pass_only: an end-to-end test of pure-Python code (report, capacity search) "
+        "whose twin-module paths other tests already cover; the CI runs it once, in the "
+        "native pass, to keep the two passes within the time budget",
+    )
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    if not _impl.extensions_disabled():
+        return
+    skip = pytest.mark.skip(reason="runs in the native pass only (see the marker's help)")
+    for item in items:
+        if item.get_closest_marker("native_pass_only") is not None:
+            item.add_marker(skip)

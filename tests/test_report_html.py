@@ -30,6 +30,9 @@ from batchbench.report import (
 from batchbench.report.charts import VERDICT_COLORS
 from batchbench.report.format import DASH, number, percent, ratio_percent
 
+# The report is pure Python: its end-to-end tests run once (see the marker in conftest).
+pytestmark = pytest.mark.native_pass_only
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "trajectory-replay" / "plans.jsonl"
 SLO = "ttft_p99=2s,itl_p99=100ms,e2e_p95=30s"
 HOSTILE = '<img src=x onerror="window.__bbPwned=1">&amp;"'
