@@ -466,8 +466,6 @@ def test_time_series_document_merges_to_max_points():
     assert document["active_agents"] == [1.0, 2.0, 2.0]
     assert document["interval_seconds"] == 0.333333
     assert TimeSeries().document()["t"] == []
-    assert series.mean_between("active_agents", 1.0, 2.0) == 6.0
-    assert series.mean_between("in_flight", 3.0, 4.0) is None
 
 
 def test_progress_counts_requests(capsys):

@@ -594,19 +594,25 @@ def parse_agent_args(
 ) -> argparse.Namespace | None:
     """Parse (with the --config file's values as defaults) and run the parse-time checks;
     raises UsageError (exit 2). Returns None after ``--help`` or ``--version`` printed."""
+    args = parse_with_config(build_parser(prog), argv)
+    if args is not None:
+        check_companions(args)
+    return args
+
+
+def parse_with_config(parser: argparse.ArgumentParser, argv: Sequence[str]):
+    """Parse with the --config file's values as defaults; None after ``--help`` or
+    ``--version`` printed (a usage error raises as the parser does)."""
     argv = list(argv)
-    parser = build_parser(prog)
     path = config_file_argument(argv)
     if path is not None and not {"-h", "--help", "--version"} & set(argv):
         parser.set_defaults(**toml_defaults(parser, path))
     try:
-        args = parser.parse_args(argv)
+        return parser.parse_args(argv)
     except SystemExit as exc:
         if exc.code in (0, None):
             return None
         raise
-    check_companions(args)
-    return args
 
 
 def config_file_argument(argv: list[str]) -> str | None:

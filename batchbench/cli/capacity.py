@@ -25,9 +25,8 @@ from batchbench.capacity.steps import StepInterrupted, WindowPlan, least_samples
 from batchbench.cli.agent_args import (
     build_parser,
     check_companions,
-    config_file_argument,
     config_from_namespace,
-    toml_defaults,
+    parse_with_config,
 )
 from batchbench.cli.argtypes import non_negative_float, positive_finite, positive_uint, uint
 from batchbench.config import RunConfig
@@ -170,17 +169,10 @@ def build_capacity_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 def parse_capacity_args(argv: Sequence[str]) -> argparse.Namespace | None:
     """Parse (a --config file's values as defaults) and check; None after --help/--version."""
-    argv = list(argv)
     parser = build_capacity_parser()
-    path = config_file_argument(argv)
-    if path is not None and not {"-h", "--help", "--version"} & set(argv):
-        parser.set_defaults(**toml_defaults(parser, path))
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        if exc.code in (0, None):
-            return None
-        raise
+    args = parse_with_config(parser, argv)
+    if args is None:
+        return None
     for flag, dest, why in REFUSED:
         if getattr(args, f"refused_{dest}") is not None:
             raise UsageError(f"{flag} does not apply to a capacity search: {why}")

@@ -123,9 +123,3 @@ class TimeSeries:
             "requests_per_second": rps,
             "output_tokens_per_second": tps,
         }
-
-    def mean_between(self, column: str, start: float, end: float) -> float | None:
-        """Mean of a gauge column over samples taken in [start, end]."""
-        values = getattr(self, column)
-        chosen = [values[i] for i, t in enumerate(self.t) if start <= t <= end]
-        return sum(chosen) / len(chosen) if chosen else None
