@@ -37,7 +37,7 @@ from batchbench.drive.driver import (
     raise_open_file_limit,
 )
 from batchbench.drive.dryrun import DryRunLoop
-from batchbench.drive.engine import run_closed_loop, run_open_loop
+from batchbench.drive.engine import StartGate, run_closed_loop, run_open_loop
 from batchbench.drive.oracle import PromptOracle, server_root
 from batchbench.drive.preflight import preflight
 from batchbench.drive.shutdown import Shutdown
@@ -74,6 +74,14 @@ from batchbench.results.window import (
     window_figures,
 )
 from batchbench.results.windowreport import window_csv
+from batchbench.scale.partition import (
+    Share,
+    closed_loop_share,
+    open_loop_share,
+    ramp_delays,
+    ramp_up_seconds,
+)
+from batchbench.scale.share import ShardAgents, global_record, global_result
 from batchbench.text.chat_templates import load_chat_template
 from batchbench.text.content import ContentFactory
 from batchbench.text.framing import ContentContext, Framing, ReplyAccounting, content_contexts
@@ -116,13 +124,14 @@ class RunResult:
     framing: dict | None  # what the run learned of the server's framing
     interrupted_by: str | None  # "SIGINT" or "SIGTERM" when a signal stopped the run
     exit_status: int  # 0; 3 when failures exceed --max-failure-rate; 130/143 interrupted
-    workload: Workload
+    workload: Workload | None  # None for results merged from shards
     engine: EngineResult
     written: tuple[tuple[str, str], ...] = ()  # (what, path) of every file written
     live: LiveFigures | None = None
     window: WindowFigures | None = None  # the measured window (live runs)
     sections: dict[str, Any] | None = None  # results JSON sections beyond the summary
     finished_by: str | None = None  # "duration" / "window" when a planned end stopped it
+    shard_data: Any = None  # a shard's raw measurements (--shard, worker processes)
 
     @property
     def dry_run(self) -> bool:
@@ -141,7 +150,12 @@ def run(config: RunConfig, *, output: RunOutput | None = None) -> RunResult:
     """Run the benchmark ``config`` describes on a new event loop (uvloop when installed);
     Ctrl+C and SIGTERM stop admission, let requests in flight finish for the grace period,
     and return what was measured (``exit_status`` 130/143). For its duration the garbage
-    collector is tuned for many short-lived objects."""
+    collector is tuned for many short-lived objects. With ``workers`` above 1 the run is
+    split over that many processes and their results merged."""
+    if config.worker_count > 1:
+        from batchbench.scale.workers import run_workers
+
+        return run_workers(config, output)
     with event_loop_runner() as runner:
         return runner.run(_run(config, output, handle_signals=True, offload=False, tune_gc=True))
 
@@ -155,6 +169,10 @@ async def run_async(
     the run (main thread only)."""
     if handle_signals and threading.current_thread() is not threading.main_thread():
         raise UsageError("handle_signals needs the main thread's event loop")
+    if config.worker_count > 1:
+        from batchbench.scale.workers import run_workers
+
+        return await asyncio.to_thread(run_workers, config, output)
     return await _run(config, output, handle_signals, offload=True, tune_gc=False)
 
 
@@ -173,6 +191,8 @@ class _Steps:
     call: Any
     handle_signals: bool
     tune_gc: bool
+    gate: StartGate | None = None  # awaited just before the clock starts
+    monitor: Any = None  # async (recorder, planned) -> None, run beside a live run
 
 
 async def _run(
@@ -181,6 +201,8 @@ async def _run(
     handle_signals: bool,
     offload: bool,
     tune_gc: bool,
+    gate: StartGate | None = None,
+    monitor: Any = None,
 ) -> RunResult:
     config.check()
     if config.report_html:
@@ -211,7 +233,9 @@ async def _run(
             config = targeting_sim(config, sim)
         if not config.dry_run:
             config = await check_target(config, out)
-        steps = _Steps(call, handle_signals, tune_gc)
+        if gate is None and config.start_at is not None:
+            gate = start_at_gate(config.start_at, out.warning)
+        steps = _Steps(call, handle_signals, tune_gc, gate, monitor)
         return await _run_loaded(config, out, manifest, workload, root_seed, sha256, started,
                                  steps)  # fmt: skip
     finally:
@@ -413,6 +437,80 @@ async def calibrate_target(
         )
 
 
+def start_at_gate(start_at: float, warn) -> StartGate:
+    """Wait until the wall-clock time ``start_at`` (--start-at); warn when it has passed."""
+
+    async def wait() -> None:
+        delay = start_at - time.time()
+        if delay < 0:
+            warn(f"warning: --start-at was {-delay:.1f} s ago; starting now")
+            return
+        await asyncio.sleep(delay)
+
+    return wait
+
+
+def admission_share(config: RunConfig, workload: Workload, root_seed: int) -> Share | None:
+    """With --shard: the trajectories and slots this process owns (None: all of them)."""
+    shard = config.shard_spec()
+    if shard is None:
+        return None
+    if config.admission_mode == "open-loop":
+        offsets = start_offsets(config, workload, root_seed)
+        return open_loop_share(offsets, config.max_active_agents, shard)
+    return closed_loop_share(len(workload), config.max_active_agents, shard)
+
+
+async def admit(
+    config: RunConfig,
+    workload: Workload,
+    root_seed: int,
+    share: Share | None,
+    agents,
+    sink=None,
+    shutdown: Shutdown | None = None,
+    gate: StartGate | None = None,
+) -> EngineResult:
+    """Run this process's trajectories through closed- or open-loop admission (a shard's in
+    its local numbering, reported in global ids and slots)."""
+    if share is not None:
+        agents = ShardAgents(agents, share)
+        if sink is not None:
+            outer = sink
+
+            def sink(record, share=share):
+                outer(global_record(record, share))
+
+    n_all = len(workload)
+    if config.admission_mode == "open-loop":
+        if share is not None:
+            offsets, cap = list(share.offsets or ()), share.cap
+        else:
+            offsets, cap = start_offsets(config, workload, root_seed), config.max_active_agents
+        result = await run_open_loop(offsets, cap, agents, sink, shutdown, gate)
+    else:
+        n = len(share.agents) if share is not None else n_all
+        cap = share.cap if share is not None else config.max_active_agents
+        total = min(config.max_active_agents or n_all, n_all)
+        ramp = ramp_up_seconds(config, n_all)
+        delays = None
+        if ramp > 0 and total > 0:
+            delays = (
+                ramp_delays(share, total, ramp)
+                if share is not None
+                else [ramp * slot / total for slot in range(total)]
+            )
+        result = await run_closed_loop(n, cap or None, agents, sink, shutdown, delays, gate)
+    return global_result(result, share) if share is not None else result
+
+
+def planned_counts(workload: Workload, share: Share | None) -> tuple[int, int]:
+    """(trajectories, requests) this process runs."""
+    if share is None:
+        return len(workload), workload.n_requests
+    return len(share.agents), sum(len(workload.turns(agent)) for agent in share.agents)
+
+
 def generation_workers() -> int:
     """Size of the text-generation pool: min(CPU count, 32)."""
     return min(os.cpu_count() or 1, 32)
@@ -485,31 +583,53 @@ async def _run_loaded(
         workload.request_offsets,
     )
     live: LiveRun | None = None
+    share = admission_share(config, workload, root_seed)
+    wall_origin = time.time()
     try:
         if config.dry_run:
-            engine = await _dry_run(config, workload, factory, events)
+            engine = await _dry_run(config, workload, factory, events, share, steps.gate)
+            wall_origin = time.time() - engine.total_duration
         else:
             live = await _live_run(
-                config, setup, workload, factory, events, replies, out, steps, counter
+                config, setup, workload, factory, events, replies, out, steps, counter, share
             )
             engine = live.engine
+            wall_origin = live.wall_origin if live.wall_origin is not None else wall_origin
     finally:
         events.close()
-    return _finish(config, setup, workload, engine, live, tuple(lifecycle), out)
+    counts = planned_counts(workload, share)
+    never = None
+    if live is not None:  # trajectories never started: all their requests were skipped
+        started = live.recorder.started_agents
+        ids = share.agents if share is not None else range(len(workload))
+        never = sum(len(workload.turns(a)) for a in ids if a not in started)
+    result = finish_run(config, setup, counts, never, workload, engine, live, tuple(lifecycle))
+    shard = config.shard_spec()
+    if shard is not None:
+        from batchbench.scale.snapshot import snapshot
+
+        data = snapshot(config, setup, (shard.index, shard.count), counts, engine, live,
+                        tuple(lifecycle), wall_origin)  # fmt: skip
+        result = replace(result, shard_data=data)
+    return write_outputs(result, out)
 
 
 async def _dry_run(
-    config: RunConfig, workload: Workload, factory: ContentFactory, events: LifecycleWriter
+    config: RunConfig,
+    workload: Workload,
+    factory: ContentFactory,
+    events: LifecycleWriter,
+    share: Share | None = None,
+    gate: StartGate | None = None,
 ) -> EngineResult:
     """Admission with instant completion while every text is generated."""
     with ThreadPoolExecutor(
         max_workers=generation_workers(), thread_name_prefix="batchbench-text"
     ) as pool:
         agents = DryRunLoop(factory, workload, pool)
-        if config.admission_mode == "open-loop":
-            offsets = start_offsets(config, workload, factory.root_seed)
-            return await run_open_loop(offsets, config.max_active_agents, agents, events.write)
-        return await run_closed_loop(len(workload), config.max_active_agents, agents, events.write)
+        return await admit(
+            config, workload, factory.root_seed, share, agents, events.write, gate=gate
+        )
 
 
 @dataclass
@@ -522,6 +642,7 @@ class LiveRun:
     finished_by: str | None = None  # "duration" or "window": the run's planned end
     window_end: float | None = None  # benchmark-clock seconds where measurement stopped
     server_metrics: dict | None = None
+    wall_origin: float | None = None  # Unix time of the benchmark clock's start
 
 
 # Young-generation threshold during a live run: per-request objects are short-lived, and
@@ -539,6 +660,7 @@ async def _live_run(
     out: RunOutput,
     steps: _Steps,
     counter: TemplateCounter | None = None,
+    share: Share | None = None,
 ) -> LiveRun:
     thresholds = gc.get_threshold()
     if steps.tune_gc:  # freeze what setup allocated so collections skip it
@@ -560,6 +682,8 @@ async def _live_run(
             out,
             steps.handle_signals,
             counter,
+            share,
+            steps,
         )
     finally:
         # Texts prepared ahead for turns that will never run are not waited for.
@@ -597,17 +721,23 @@ async def _drive(
     out: RunOutput,
     handle_signals: bool,
     counter: TemplateCounter | None = None,
+    share: Share | None = None,
+    steps: _Steps | None = None,
 ) -> LiveRun:
+    gate = steps.gate if steps is not None else None
     settings = driver_settings(config)
     recorder = Recorder(dp_ranks=config.dp_ranks, goodput=config.goodput_thresholds)
     if config.request_events_jsonl:
         recorder.request_events = JsonlFile(config.request_events_jsonl)
     shutdown = Shutdown(config.grace_seconds)
     show_progress = config.progress and progress_wanted(False)
-    progress = Progress(len(workload), workload.n_requests, recorder) if show_progress else None
+    trajectories, requests = planned_counts(workload, share)
+    progress = Progress(trajectories, requests, recorder) if show_progress else None
     background = [asyncio.ensure_future(recorder.sample_lag())]
     if progress is not None:
         background.append(asyncio.ensure_future(progress.refresh()))
+    if steps is not None and steps.monitor is not None:
+        background.append(asyncio.ensure_future(steps.monitor(recorder, (trajectories, requests))))
 
     # A planned end lets requests in flight finish: up to one request timeout.
     planned_grace = float(config.request_timeout_secs) + 1.0
@@ -623,6 +753,12 @@ async def _drive(
             window_count += 1
             if window_count >= config.window_trajectories:
                 shutdown.finish("window", planned_grace)
+
+    wall_origin: float | None = None
+
+    def note_origin(origin: float) -> None:
+        nonlocal wall_origin
+        wall_origin = time.time() - (time.perf_counter() - origin)
 
     def schedule_end(origin: float) -> None:
         if config.duration is not None:
@@ -663,6 +799,7 @@ async def _drive(
         agents = HttpAgentLoop(
             settings, workload, factory, pool, session, recorder, shutdown, fidelity
         )
+        agents.clock_listeners.append(note_origin)
         agents.clock_listeners.append(schedule_end)
         if config.server_metrics:
             scraper = ServerMetricsScraper(
@@ -680,14 +817,9 @@ async def _drive(
         if handle_signals:
             shutdown.install()  # after the oracle's detection, which Ctrl+C interrupts as usual
             installed = True
-        if config.admission_mode == "open-loop":
-            offsets = start_offsets(config, workload, factory.root_seed)
-            running = run_open_loop(offsets, config.max_active_agents, agents, sink, shutdown)
-        else:
-            running = run_closed_loop(
-                len(workload), config.max_active_agents, agents, sink, shutdown
-            )
-        engine = await running
+        engine = await admit(
+            config, workload, factory.root_seed, share, agents, sink, shutdown, gate
+        )
         recorder.stop_clock()
         if scraping is not None:
             await scraping
@@ -726,19 +858,24 @@ async def _drive(
         finished_by=shutdown.finished_by,
         window_end=window_end,
         server_metrics=metrics,
+        wall_origin=wall_origin,
     )
 
 
 # -- after the run --------------------------------------------------------------------
-def _finish(
+def finish_run(
     config: RunConfig,
     setup: RunSetup,
-    workload: Workload,
+    planned: tuple[int, int],
+    never_started_requests: int | None,
+    workload: Workload | None,
     engine: EngineResult,
     live: LiveRun | None,
     lifecycle: tuple[dict[str, Any], ...],
-    out: RunOutput,
 ) -> RunResult:
+    """The result of a finished run (or of merged shards): ``planned`` is (trajectories,
+    requests) the run owned; ``never_started_requests`` the requests of trajectories that
+    never started (counted as skipped). Writes nothing."""
     completed = [r for r in engine.records if r.completed]
     if live is None:
         totals = RunTotals()  # a dry run sends nothing: no request counts as sent
@@ -759,13 +896,11 @@ def _finish(
             requests=totals.total_requests,
             input_tokens=totals.total_input_tokens,
         )
-    if live is not None:  # trajectories never started: all their requests were skipped
-        started = live.recorder.started_agents
-        never = sum(len(workload.turns(a)) for a in range(len(workload)) if a not in started)
-        live.recorder.requests_skipped(None, never)
-    totals.agents = len(workload)
+    if live is not None and never_started_requests:
+        live.recorder.requests_skipped(None, never_started_requests)
+    totals.agents = planned[0]
     totals.completed_agents = len(completed)
-    totals.planned_tool_invocations = workload.n_requests
+    totals.planned_tool_invocations = planned[1]
     totals.agent_latencies_ms = [r.loop_seconds * 1000.0 for r in completed]
     interrupted = live is not None and bool(live.interrupted_by)
     summary = build_summary(config, setup, totals, engine, figures, interrupted)
@@ -794,7 +929,7 @@ def _finish(
         sections=sections,
         finished_by=live.finished_by if live is not None else None,
     )
-    return write_outputs(result, out)
+    return result
 
 
 def _measured(
@@ -873,6 +1008,12 @@ def write_outputs(result: RunResult, out: RunOutput | None = None) -> RunResult:
         )
         if result.sections:
             document.update(result.sections)
+    if config.results_json and result.shard_data is not None and config.shard is not None:
+        try:
+            document["shard"] = _write_shard_data(result, config.results_json)
+            written.append(("shard raw data", document["shard"]["data_path"]))
+        except BatchbenchError as exc:
+            errors.append(str(exc))
     if config.results_json:
         try:
             write_json(config.results_json, document)
@@ -904,6 +1045,30 @@ def write_outputs(result: RunResult, out: RunOutput | None = None) -> RunResult:
     if errors:
         raise OutputError("; ".join(errors), result)
     return result
+
+
+def _write_shard_data(result: RunResult, results_json: str) -> dict[str, Any]:
+    """Save a shard's raw data beside its results JSON; the JSON's ``shard`` section."""
+    from batchbench.scale.partial import data_path, save
+
+    data = result.shard_data
+    path = data_path(results_json)
+    save(data, path)
+    config = result.config
+    index, count = data.shard
+    return {
+        "index": index,
+        "count": count,
+        "data": os.path.basename(path),
+        "data_path": path,
+        "wall_origin": data.meta["wall_origin"],
+        "agent_events": os.path.basename(config.agent_events_jsonl)
+        if config.agent_events_jsonl
+        else None,
+        "request_events": os.path.basename(config.request_events_jsonl)
+        if config.request_events_jsonl and not config.dry_run
+        else None,
+    }
 
 
 def _as_given(config: RunConfig) -> RunConfig:

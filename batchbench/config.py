@@ -337,6 +337,11 @@ class RunConfig:
     server_metrics_interval: float = 1.0
     server_metrics_jsonl: str | None = None
     report_html: str | None = None
+    # scale-out (docs/scale-out.md)
+    workers: int = 1  # processes on this machine; 0: auto (cores - 1)
+    shard: str | None = None  # "I/N" as given (I may name an environment variable)
+    start_at: float | None = None  # Unix time every shard starts its clock at
+    ramp_up: float | None = None  # seconds over which closed-loop agents start; None: default
 
     # -- derived values ---------------------------------------------------------------
     @property
@@ -495,6 +500,7 @@ class RunConfig:
         if self.prompt_oracle not in ("none", "server"):
             raise UsageError(f'invalid prompt oracle "{self.prompt_oracle}" (none or server)')
         self._check_window()
+        self._check_scale()
         if not self.sim:
             self._check_target()
         key = self.resolved_api_key()
@@ -606,6 +612,58 @@ class RunConfig:
             flag = "--server-metrics" if self.server_metrics else "--report-html"
             raise UsageError(f"{flag} needs a live run (not --dry-run)")
 
+    @property
+    def worker_count(self) -> int:
+        """--workers resolved: ``auto`` is one process per core but one (at least 1)."""
+        if self.workers == 0:
+            return max((os.cpu_count() or 1) - 1, 1)
+        return self.workers
+
+    def shard_spec(self):
+        """--shard resolved (an environment variable read now); None without it."""
+        if self.shard is None:
+            return None
+        from batchbench.scale.partition import parse_shard
+
+        return parse_shard(self.shard)
+
+    def _check_scale(self) -> None:
+        """--workers, --shard, --start-at and --ramp-up."""
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
+            raise UsageError(f"--workers must be a positive integer or auto, not {self.workers!r}")
+        shard = self.shard_spec()
+        if self.start_at is not None and not (
+            isinstance(self.start_at, int | float)
+            and not isinstance(self.start_at, bool)
+            and math.isfinite(self.start_at)
+            and self.start_at > 0
+        ):
+            raise UsageError(f"--start-at must be a time, not {self.start_at!r}")
+        if self.ramp_up is not None:
+            if not (
+                isinstance(self.ramp_up, int | float)
+                and not isinstance(self.ramp_up, bool)
+                and math.isfinite(self.ramp_up)
+                and self.ramp_up >= 0
+            ):
+                raise UsageError(
+                    f"--ramp-up must be a non-negative number of seconds, not {self.ramp_up!r}"
+                )
+            if self.admission_mode == "open-loop" and self.ramp_up > 0:
+                raise UsageError(
+                    "--ramp-up spreads closed-loop starts; an open-loop run starts each agent "
+                    "at its own time already (drop --ramp-up, or use --arrival-rate)"
+                )
+        if (
+            shard is not None
+            and self.max_active_agents is not None
+            and self.max_active_agents < shard.count
+        ):
+            raise UsageError(
+                f"--max-active-agents {self.max_active_agents} is fewer than the "
+                f"{shard.count} shards: each needs at least one agent slot"
+            )
+
     def _check_target(self) -> None:
         """A live run needs an http(s) server: --host, or a full-URL --endpoint."""
         full = self.endpoint.startswith(("http://", "https://"))
@@ -696,6 +754,14 @@ class RunConfig:
             "server-metrics-jsonl": self.server_metrics_jsonl,
             "report-html": self.report_html,
         }
+        values.update(
+            {
+                "workers": "auto" if self.workers == 0 else self.workers,
+                "shard": self.shard,
+                "start-at": self.start_at,
+                "ramp-up": self.ramp_up,
+            }
+        )
         return {name: value for name, value in values.items() if value is not None}
 
     def to_toml(self, salt_used: str | None = None) -> str:

@@ -49,7 +49,7 @@ def write_lines(lines: Iterable[str]) -> None:
 
 def render(result: RunResult) -> None:
     """The console report of a finished run: dry-run lines, summary, live figures, files."""
-    if result.dry_run:
+    if result.dry_run and result.workload is not None:  # merged shards print no lines
         write_lines(dry_run_lines(result.workload, result.engine))
     write_lines(
         summary_lines(result.summary, result.failures, result.interrupted_by, result.config.verbose)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import textwrap
 import tomllib
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from batchbench import __version__
 from batchbench.cli.argtypes import (
@@ -436,6 +438,7 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
         help="no progress bar (it is only ever drawn when stderr is a terminal)",
     )
     add_window_flags(parser.add_argument_group("objectives, measured window and report"))
+    add_scale_flags(parser.add_argument_group("scale-out (batchbench additions)"))
     sim = parser.add_argument_group("embedded simulator (batchbench additions)")
     sim.add_argument(
         "--sim",
@@ -556,6 +559,73 @@ def add_window_flags(group) -> None:
         metavar="PATH",
         help="write a self-contained HTML report with charts (needs the report extra: "
         "pip install 'batchbench[report]')",
+    )
+
+
+def worker_count(text: str) -> int:
+    """--workers: a positive count, or auto (0: one per core but one)."""
+    if text.strip().lower() == "auto":
+        return 0
+    value = uint(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f'"{text}" is not a positive integer or auto')
+    return value
+
+
+def start_time(text: str) -> float:
+    """--start-at: ISO 8601 (a time without a zone is UTC) or Unix seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            moment = datetime.fromisoformat(text.strip().replace("z", "Z"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f'"{text}" is not a time: give ISO 8601 (2026-12-04T15:00:00Z) or Unix seconds'
+            ) from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        return moment.timestamp()
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f'"{text}" is not a time')
+    return value
+
+
+def add_scale_flags(group) -> None:
+    """--workers, --shard, --start-at, --ramp-up."""
+    group.add_argument(
+        "--workers",
+        type=worker_count,
+        default=1,
+        metavar="N",
+        help="client processes on this machine, each with its own event loop driving a "
+        "disjoint share of the trajectories and of the routing slots (worker i owns slots "
+        "i, i+N, ...); one merged summary, CSV, JSON and events output. auto: one per core "
+        "but one (default: 1)",
+    )
+    group.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="run shard I (0-based) of N: the trajectories and routing slots a single run "
+        "would give that part, for runs split across machines. I may name an environment "
+        "variable holding the index: JOB_COMPLETION_INDEX/N in a Kubernetes Indexed Job. "
+        "Needs --results-json; `batchbench merge` joins the shards' results",
+    )
+    group.add_argument(
+        "--start-at",
+        type=start_time,
+        metavar="TIME",
+        help="prepare, then start the benchmark clock at TIME (ISO 8601 such as "
+        "2026-12-04T15:00:00Z, or Unix seconds), so shards on different machines start "
+        "together; a time already past starts at once, with a warning",
+    )
+    group.add_argument(
+        "--ramp-up",
+        type=non_negative_float,
+        metavar="S",
+        help="closed loop: start the first wave of agents evenly over S seconds (slot s at "
+        "s/M of it) instead of all at once. Default: 0 up to 256 active agents, above that "
+        "one second per 1,000 agents (10,000 agents start over 10 s)",
     )
 
 
@@ -747,8 +817,17 @@ def config_from_namespace(args: argparse.Namespace) -> RunConfig:
         server_metrics_interval=args.server_metrics_interval,
         server_metrics_jsonl=args.server_metrics_jsonl,
         report_html=args.report_html,
+        workers=args.workers,
+        shard=args.shard,
+        start_at=args.start_at,
+        ramp_up=args.ramp_up,
     )
     config.check()
+    if config.shard is not None and config.results_json is None:
+        raise UsageError(
+            f"--shard {config.shard} needs --results-json: `batchbench merge` reads every "
+            "shard's results JSON (and the raw data saved beside it)"
+        )
     return config
 
 

@@ -20,6 +20,7 @@ commands:
   capacity     find how many active agents a deployment holds under --slo (doubling, then
                bisection; one results JSON per step, resumable)
   report       write a self-contained HTML report (charts) from results or capacity JSON
+  merge        merge the results of a run split with --shard I/N into one run's outputs
   tokenizers   list the built-in tokenizer names usable with --tokenizer-model
 
 options:
@@ -60,6 +61,10 @@ def run(argv: Sequence[str]) -> int:
         from batchbench.cli.report import run as run_report
 
         return run_report(rest)
+    if command == "merge":
+        from batchbench.cli.merge import run as run_merge
+
+        return run_merge(rest)
     if command == "tokenizers":
         for name, path in describe_builtins():
             print(f"{name}\t{path}")
@@ -74,7 +79,16 @@ def run(argv: Sequence[str]) -> int:
     return 2
 
 
-COMMANDS = ("agent", "sim", "calibrate", "validate", "capacity", "report", "tokenizers")
+COMMANDS = (
+    "agent",
+    "sim",
+    "calibrate",
+    "validate",
+    "capacity",
+    "report",
+    "merge",
+    "tokenizers",
+)
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from batchbench.drive.admission import ClosedLoopAdmission, SlotPool
@@ -32,6 +32,9 @@ class AgentLoop(Protocol):
 
 
 RecordSink = Callable[[TrajectoryRecord], None]
+# Awaited after the first requests are prepared and before the clock starts: a shard
+# waits there for the common start time (--start-at), a worker for its parent's go.
+StartGate = Callable[[], Awaitable[None]]
 
 
 class _Clock:
@@ -118,22 +121,55 @@ async def run_closed_loop(
     agents: AgentLoop,
     sink: RecordSink | None = None,
     shutdown: Shutdown | None = None,
+    start_delays: Sequence[float] | None = None,
+    gate: StartGate | None = None,
 ) -> EngineResult:
-    """The first ``effective_max`` plans start at t=0 in slots 0..k-1; a freed slot goes to the
-    next plan. After a shutdown stops admission no plan is admitted, and the agents still
-    running are cancelled when the shutdown says so."""
+    """The first ``effective_max`` plans start in slots 0..k-1, at t=0 or, with
+    ``start_delays`` (the ramp-up), slot s's first plan at ``start_delays[s]``; a freed slot
+    goes to the next plan. After a shutdown stops admission no plan is admitted (nor a
+    ramped start begun), and the agents still running are cancelled when the shutdown says
+    so."""
     admission = ClosedLoopAdmission(n_plans, max_active)
     result = EngineResult(max_active_agents=admission.effective_max)
     initial = admission.initial()
     prepared = await asyncio.gather(*(agents.prepare(agent) for _slot, agent in initial))
+    if gate is not None:
+        await gate()
     clock = _Clock()
     clock.start()
     _announce_clock(agents, clock)
     finish_order = itertools.count()
 
     tasks: set[asyncio.Task] = set()
-    waiting: set[asyncio.Task] = set()  # replacements not admitted yet
+    waiting: set[asyncio.Task] = set()  # replacements and ramped starts not admitted yet
+
+    async def ramped_start(
+        slot: int, agent: int, content: Any, at: float
+    ) -> TrajectoryRecord | None:
+        me = asyncio.current_task()
+        try:
+            delay = at - clock.now()
+            if delay > 0 and not _stopped(shutdown):
+                await asyncio.sleep(delay)
+            if _stopped(shutdown):
+                return None
+        except asyncio.CancelledError:
+            if not _stopped(shutdown):
+                raise
+            return None
+        finally:
+            waiting.discard(me)
+        record = TrajectoryRecord(agent, slot, at, clock.now())
+        result.last_agent_admitted_at = max(result.last_agent_admitted_at, record.admitted_at)
+        return await _run_trajectory(agents, record, content, clock, finish_order, shutdown)
+
     for (slot, agent), content in zip(initial, prepared, strict=True):
+        at = start_delays[slot] if start_delays is not None else 0.0
+        if at > 0:
+            task = asyncio.ensure_future(ramped_start(slot, agent, content, at))
+            waiting.add(task)
+            tasks.add(task)
+            continue
         record = TrajectoryRecord(agent, slot, 0.0, 0.0)
         tasks.add(
             asyncio.ensure_future(
@@ -211,6 +247,7 @@ async def run_open_loop(
     agents: AgentLoop,
     sink: RecordSink | None = None,
     shutdown: Shutdown | None = None,
+    gate: StartGate | None = None,
 ) -> EngineResult:
     """Admit each plan at its scaled offset, behind an optional cap, into the lowest free slot.
 
@@ -231,6 +268,8 @@ async def run_open_loop(
     prepared = dict(
         zip(early, await asyncio.gather(*(agents.prepare(a) for a in early)), strict=True)
     )
+    if gate is not None:
+        await gate()
     loop = asyncio.get_running_loop()
     clock = _Clock()
     clock.start()

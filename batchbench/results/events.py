@@ -48,6 +48,11 @@ class JsonlFile:
         ):
             self.flush()
 
+    def write_lines(self, data: bytes | bytearray) -> None:
+        """Write whole JSON lines already encoded (each ending in a newline)."""
+        self._pending += data
+        self.flush()
+
     def flush(self) -> None:
         if self._fd is None or not self._pending:
             return

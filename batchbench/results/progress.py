@@ -34,6 +34,10 @@ class Progress:
     def trajectory_finished(self) -> None:
         self._finished += 1
 
+    def trajectories_finished(self, count: int) -> None:
+        """Set the count (worker processes report theirs to the parent)."""
+        self._finished = count
+
     async def refresh(self) -> None:
         """Redraw twice a second (never per request)."""
         while True:

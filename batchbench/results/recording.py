@@ -132,6 +132,7 @@ class ClientHealth:
     cpu_seconds: float = 0.0
     cpu_seconds_per_1000_requests: float | None = None
     peak_in_flight: int = 0
+    processes: int = 1  # client processes (--workers, merged shards): CPU adds up over them
 
 
 @dataclass

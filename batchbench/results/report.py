@@ -55,6 +55,29 @@ def _bool(value: bool) -> str:
     return "true" if value else "false"
 
 
+def scale_lines(config: RunConfig, setup: RunSetup) -> list[str]:
+    """The ramp-up of a closed-loop live run, and the shard a process runs."""
+    from batchbench.scale.partition import RAMP_FREE_AGENTS, ramp_up_seconds
+
+    lines = []
+    if not config.dry_run and config.admission_mode == "closed-loop":
+        ramp = ramp_up_seconds(config, setup.agents)
+        if config.ramp_up is not None:
+            text = f"{short_float(ramp)} s (--ramp-up)" if ramp > 0 else "none (--ramp-up 0)"
+        elif ramp > 0:
+            text = f"{short_float(ramp)} s (default above {RAMP_FREE_AGENTS} active agents)"
+        else:
+            text = f"none (default up to {RAMP_FREE_AGENTS} active agents)"
+        lines.append(f"Ramp-up: {text}")
+    if config.shard is not None:
+        shard = config.shard_spec()
+        lines.append(
+            f"Shard: {shard.label} (routing slots {shard.index}, "
+            f"{shard.index + shard.count}, ...)"
+        )
+    return lines
+
+
 def banner_lines(config: RunConfig, setup: RunSetup) -> list[str]:
     """The configuration banner, ending with the blank line that follows it."""
     lines = [
@@ -113,6 +136,7 @@ def banner_lines(config: RunConfig, setup: RunSetup) -> list[str]:
     ]
     if not config.dry_run:
         lines.append(f"Prompt correction: {prompt_correction_text(config, setup)}")
+    lines += scale_lines(config, setup)
     if setup.calibration is not None:
         calibration = setup.calibration
         verdict = "OK" if calibration["check_ok"] else "MISMATCH"

@@ -364,8 +364,10 @@ def client_verdict(health: ClientHealth | None, wall_seconds: float) -> Verdict:
     """One sentence: was the client the bottleneck? (event-loop lag and CPU share)."""
     if health is None or health.lag_p99_ms is None:
         return Verdict(None, None)
-    share = health.cpu_seconds / wall_seconds if wall_seconds > 0 else 0.0
-    figures = f"event-loop lag p99 {health.lag_p99_ms:.1f} ms, {share * 100.0:.0f}% of one core"
+    processes = max(health.processes, 1)
+    share = health.cpu_seconds / processes / wall_seconds if wall_seconds > 0 else 0.0
+    core = "one core" if processes == 1 else f"a core in each of {processes} processes"
+    figures = f"event-loop lag p99 {health.lag_p99_ms:.1f} ms, {share * 100.0:.0f}% of {core}"
     lagging = health.lag_p99_ms > CLIENT_LAG_P99_LIMIT_MS
     if share > CLIENT_CPU_LIMIT or (lagging and share >= CLIENT_BUSY_SHARE):
         return Verdict(

@@ -1,0 +1,1 @@
+"""Scale-out: worker processes on one machine, shards across machines, and their merge."""

@@ -1,0 +1,364 @@
+"""Put shards back together: one run's engine result, recorder and lifecycle, exactly.
+
+Every shard's times are on its own clock; they move to the earliest shard's clock by the
+difference of their start times (wall clock, so shards on different machines merge; with
+``--start-at`` they differ by milliseconds). Counters add up, raw samples are joined (so
+every percentile of the merged run is the percentile of the union), records and rows are
+re-sorted by the time they finished, and the time series is re-sampled on one grid.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from batchbench.config import RunConfig
+from batchbench.errors import BatchbenchError
+from batchbench.results.failures import ErrorTally
+from batchbench.results.lifecycle import EngineResult, TrajectoryRecord
+from batchbench.results.recording import (
+    ClientHealth,
+    DriftFigures,
+    FidelityFigures,
+    Recorder,
+)
+from batchbench.results.summary import RunSetup
+from batchbench.scale.partial import SAMPLE_COLUMNS, SERIES_COLUMNS, STREAM_COLUMNS, ShardData
+from batchbench.scale.snapshot import config_from_fields, run_identity
+
+LIFECYCLE_TIMES = ("scheduled_at_seconds", "admitted_at_seconds", "finished_at_seconds")
+
+
+class LearnedFraming:
+    """The framing a shard learned, standing in for the live ``Framing``."""
+
+    def __init__(self, learned: dict | None) -> None:
+        self._learned = learned
+
+    def learned(self) -> dict | None:
+        return self._learned
+
+
+class MergedRecorder(Recorder):
+    """A recorder rebuilt from shards: its health spans every client process."""
+
+    processes: int = 1
+
+    def health(self) -> ClientHealth:
+        health = super().health()
+        health.processes = self.processes
+        return health
+
+
+@dataclass
+class MergedRun:
+    """What ``api.finish_run`` needs, from every shard together."""
+
+    config: RunConfig
+    setup: RunSetup
+    engine: EngineResult
+    live: Any | None  # an api.LiveRun
+    lifecycle: tuple[dict[str, Any], ...]
+    planned: tuple[int, int]  # trajectories, requests
+    never_started_requests: int
+    offsets: tuple[float, ...]  # each shard's clock start after the earliest, seconds
+    shards: tuple[ShardData, ...]
+    wall_origin: float = 0.0  # Unix time of the earliest shard's clock start
+
+
+def check_shards(shards: list[ShardData], names: list[str]) -> list[ShardData]:
+    """The shards of one run, in index order; one-line errors otherwise."""
+    if not shards:
+        raise BatchbenchError("no shard results to merge")
+    counts = {data.shard[1] for data in shards}
+    if len(counts) != 1:
+        listed = ", ".join(
+            f"{name}: {data.meta['shard'][1]}" for name, data in zip(names, shards, strict=True)
+        )
+        raise BatchbenchError(f"the results come from runs split differently ({listed} shards)")
+    count = counts.pop()
+    by_index: dict[int, str] = {}
+    for name, data in zip(names, shards, strict=True):
+        index = data.shard[0]
+        if index in by_index:
+            raise BatchbenchError(f"{name} and {by_index[index]} are both shard {index}/{count}")
+        by_index[index] = name
+    missing = [str(i) for i in range(count) if i not in by_index]
+    if missing:
+        raise BatchbenchError(
+            f"shard {', '.join(missing)} of {count} missing: merge needs every shard's results"
+        )
+    first = run_identity(shards[0].meta["config"])
+    first_setup = shards[0].meta["setup"]
+    for name, data in zip(names[1:], shards[1:], strict=True):
+        other = run_identity(data.meta["config"])
+        differing = sorted(k for k in first.keys() | other.keys() if first.get(k) != other.get(k))
+        if differing:
+            raise BatchbenchError(
+                f"{name} is from a different run than {names[0]}: options differ "
+                f"({', '.join(differing)})"
+            )
+        if data.meta["setup"]["manifest_sha256"] != first_setup["manifest_sha256"]:
+            raise BatchbenchError(f"{name} replayed another manifest than {names[0]}")
+        if bool(data.meta["live"]) != bool(shards[0].meta["live"]):
+            raise BatchbenchError(f"{name} and {names[0]}: one is a dry run, the other not")
+    return sorted(shards, key=lambda data: data.shard[0])
+
+
+def merge(shards: list[ShardData]) -> MergedRun:
+    """Shards (checked, in index order) as one run."""
+    origins = [float(data.meta["wall_origin"]) for data in shards]
+    base = min(origins)
+    offsets = tuple(origin - base for origin in origins)
+    fields = dict(shards[0].meta["config"], shard=None, workers=1, start_at=None)
+    config = config_from_fields(fields)
+    setup = RunSetup(**shards[0].meta["setup"])
+    engine = _engine(shards, offsets)
+    lifecycle = _lifecycle(shards, offsets)
+    planned = (
+        sum(int(d.meta["planned"][0]) for d in shards),
+        sum(int(d.meta["planned"][1]) for d in shards),
+    )
+    live = None
+    never = 0  # each shard counted its own never-started trajectories' requests as skipped
+    if shards[0].meta["live"]:
+        from batchbench.api import LiveRun
+
+        recorder = _recorder(shards, offsets, config)
+        first = shards[0].meta["live"]
+        interrupted = _first(shards, "interrupted_by")
+        finished_by = _first(shards, "finished_by")
+        window_ends = [
+            offset + d.meta["live"]["window_end"]
+            for d, offset in zip(shards, offsets, strict=True)
+            if d.meta["live"]["window_end"] is not None
+        ]
+        metrics = _first(shards, "server_metrics")
+        live = LiveRun(
+            engine=engine,
+            recorder=recorder,
+            interrupted_by=interrupted,
+            exit_status=max(int(d.meta["live"]["exit_status"]) for d in shards),
+            framing=LearnedFraming(first["framing"]),  # type: ignore[arg-type]
+            finished_by=finished_by,
+            window_end=max(window_ends) if window_ends else None,
+            server_metrics=metrics,
+        )
+    return MergedRun(config, setup, engine, live, lifecycle, planned, never, offsets, tuple(shards))
+
+
+def _first(shards: list[ShardData], name: str) -> Any:
+    """The first shard's live value ``name`` that is set, else None."""
+    return next((d.meta["live"][name] for d in shards if d.meta["live"][name]), None)
+
+
+def _engine(shards: list[ShardData], offsets: tuple[float, ...]) -> EngineResult:
+    records: list[TrajectoryRecord] = []
+    result = EngineResult()
+    for data, offset in zip(shards, offsets, strict=True):
+        document = data.meta["engine"]
+        for row in document["records"]:
+            agent, slot, scheduled, admitted, finished, loop_s, completed, interrupted, seq = row
+            records.append(
+                TrajectoryRecord(
+                    int(agent),
+                    int(slot),
+                    scheduled + offset,
+                    admitted + offset,
+                    finished + offset,
+                    loop_s,
+                    bool(completed),
+                    bool(interrupted),
+                    int(seq),
+                )
+            )
+        result.total_duration = max(result.total_duration, offset + document["total_duration"])
+        result.max_active_agents += int(document["max_active_agents"])
+        if document["records"]:
+            result.last_agent_admitted_at = max(
+                result.last_agent_admitted_at, offset + document["last_agent_admitted_at"]
+            )
+        result.late_admissions += int(document["late_admissions"])
+        result.max_admission_lag = max(result.max_admission_lag, document["max_admission_lag"])
+    records.sort(key=lambda r: (r.finished_at, r.agent_id))
+    for sequence, record in enumerate(records):
+        record.finish_sequence = sequence
+    result.records = records
+    return result
+
+
+def _lifecycle(shards: list[ShardData], offsets: tuple[float, ...]) -> tuple[dict, ...]:
+    merged: list[dict[str, Any]] = []
+    for data, offset in zip(shards, offsets, strict=True):
+        for event in data.meta["lifecycle"]:
+            event = dict(event)
+            for key in LIFECYCLE_TIMES:
+                if isinstance(event.get(key), int | float):
+                    event[key] = event[key] + offset
+            merged.append(event)
+    merged.sort(key=lambda e: (e.get("finished_at_seconds") or 0.0, e["agent_id"]))
+    return tuple(merged)
+
+
+def _drift(document: dict[str, Any], into: DriftFigures) -> None:
+    into.requests += document["requests"]
+    into.exact += document["exact"]
+    into.abs_sum += document["abs_sum"]
+    into.max_abs = max(into.max_abs, document["max_abs"])
+    for drift, count in document["histogram"]:
+        into.histogram[int(drift)] = into.histogram.get(int(drift), 0) + int(count)
+
+
+def _fidelity(shards: list[ShardData]) -> FidelityFigures:
+    fidelity = FidelityFigures()
+    oracle: list[float] = []
+    for data in shards:
+        document = data.meta["live"]["fidelity"]
+        _drift(document["prompt"], fidelity.prompt)
+        _drift(document["output"], fidelity.output)
+        for turn, figures in document["prompt_by_turn"]:
+            _drift(figures, fidelity.prompt_by_turn.setdefault(int(turn), DriftFigures()))
+        for name in (
+            "corrected_requests",
+            "limited_requests",
+            "oracle_queries",
+            "explainable_cached_tokens",
+            "inexact_tool_blocks",
+        ):
+            setattr(fidelity, name, getattr(fidelity, name) + int(document[name]))
+        oracle.extend(data.array("oracle_seconds").tolist())
+    fidelity.prompt_by_turn = dict(sorted(fidelity.prompt_by_turn.items()))
+    fidelity.oracle_seconds = oracle
+    return fidelity
+
+
+def _recorder(shards: list[ShardData], offsets: tuple[float, ...], config: RunConfig) -> Recorder:
+    recorder = MergedRecorder(dp_ranks=config.dp_ranks, goodput=config.goodput_thresholds)
+    recorder.processes = sum(int(d.meta.get("processes", 1)) for d in shards)
+    totals = recorder.totals
+    errors = ErrorTally()
+    server_cached: int | None = None
+    for data in shards:
+        live = data.meta["live"]
+        document = live["totals"]
+        for name, value in document["scalars"].items():
+            setattr(totals, name, getattr(totals, name) + value)
+        tally = document["errors"]
+        for kind, count in tally["counts"].items():
+            errors.counts[kind] = errors.counts.get(kind, 0) + int(count)
+            errors.examples.setdefault(kind, tally["examples"][kind])
+        for status, count in tally["statuses"]:
+            errors.statuses[int(status)] = errors.statuses.get(int(status), 0) + int(count)
+        totals.failures.extend(tuple(f) for f in document["failures"])  # type: ignore[misc]
+        if live["server_cached_tokens"] is not None:
+            server_cached = (server_cached or 0) + int(live["server_cached_tokens"])
+        for rank, figures in zip(recorder.ranks, live["ranks"], strict=False):
+            for name, value in figures.items():
+                setattr(rank, name, getattr(rank, name) + int(value))
+        recorder.started_agents.update(int(a) for a in live["started_agents"])
+        recorder.cpu_seconds += float(live["cpu_seconds"])
+    errors.counts = dict(sorted(errors.counts.items()))
+    totals.errors = errors
+    recorder.server_cached_tokens = server_cached
+    recorder.fidelity = _fidelity(shards)
+    recorder.wall_seconds = max(
+        offset + float(d.meta["live"]["wall_seconds"])
+        for d, offset in zip(shards, offsets, strict=True)
+    )
+    recorder.origin = 0.0
+    _join_samples(recorder, shards, offsets)
+    recorder.series = _series(shards, offsets)
+    recorder.peak_in_flight = _peak_in_flight(recorder)
+    if not recorder.samples.start_s:
+        recorder.peak_in_flight = sum(int(d.meta["live"]["peak_in_flight"]) for d in shards)
+    return recorder
+
+
+def _join_samples(recorder: Recorder, shards: list[ShardData], offsets: tuple[float, ...]) -> None:
+    """Raw samples of every shard, request rows in the order they ended."""
+    stream = recorder.stream
+    for name in STREAM_COLUMNS:
+        joined = np.concatenate([d.array(f"stream.{name}") for d in shards]).astype(np.float64)
+        setattr(stream, name, array("d", joined.tobytes()))
+    latencies = np.concatenate([d.array("latencies_ms") for d in shards]).astype(np.float64)
+    recorder.latencies_ms = array("d", latencies.tobytes())
+    recorder.totals.request_latencies_ms = recorder.latencies_ms  # type: ignore[assignment]
+    lag = np.concatenate([d.array("lag_ms") for d in shards]).astype(np.float64)
+    recorder.lag_ms = array("d", lag.tobytes())
+    columns: dict[str, list[np.ndarray]] = {name: [] for name in SAMPLE_COLUMNS}
+    gap_base = 0
+    for data, offset in zip(shards, offsets, strict=True):
+        for name in SAMPLE_COLUMNS:
+            column = data.array(f"samples.{name}")
+            if name == "start_s":
+                column = column + offset
+            elif name == "gap_first":
+                column = column + gap_base
+            columns[name].append(column)
+        gap_base += len(data.array("stream.itl_ms"))
+    joined = {name: np.concatenate(parts) for name, parts in columns.items()}
+    ends = joined["start_s"] + joined["latency_ms"] / 1000.0
+    order = np.argsort(ends, kind="stable")
+    samples = recorder.samples
+    for name in SAMPLE_COLUMNS:
+        target = getattr(samples, name)
+        values = joined[name][order]
+        if isinstance(target, bytearray):
+            setattr(samples, name, bytearray(values.astype(np.uint8).tobytes()))
+        else:
+            values = values.astype(np.dtype(target.typecode))
+            setattr(samples, name, array(target.typecode, values.tobytes()))
+
+
+def _series(shards: list[ShardData], offsets: tuple[float, ...]):
+    """Every shard's series re-sampled on one grid and summed: gauges read at the last point
+    at or before each grid time (0 after a shard ended), cumulative counts likewise (their
+    last value after it ended)."""
+    from batchbench.results.samples import TimeSeries
+
+    interval = float(shards[0].meta["live"]["series_interval"])
+    series = TimeSeries(interval=interval)
+    ends = []
+    parts = []
+    for data, offset in zip(shards, offsets, strict=True):
+        t = data.array("series.t") + offset
+        parts.append((t, {name: data.array(f"series.{name}") for name in SERIES_COLUMNS[1:]}))
+        if len(t):
+            ends.append(float(t[-1]))
+    if not ends:
+        return series
+    end = max(ends)
+    grid = [interval * k for k in range(1, int(end / interval) + 1)]
+    if not grid or grid[-1] < end:
+        grid.append(end)
+    for now in grid:
+        agents = in_flight = settled = output = 0
+        for t, values in parts:
+            index = int(np.searchsorted(t, now + 1e-9, side="right")) - 1
+            if index < 0:
+                continue
+            ended = index == len(t) - 1 and now > t[-1] + 1e-9
+            if not ended:
+                agents += int(values["active_agents"][index])
+                in_flight += int(values["in_flight"][index])
+            settled += int(values["settled"][index])
+            output += int(values["output_tokens"][index])
+        series.add(now, agents, in_flight, settled, output)
+    return series
+
+
+def _peak_in_flight(recorder: Recorder) -> int:
+    """The most requests in flight at once across every shard, from their send times and
+    latencies (retries inside a request are not seen separately)."""
+    samples = recorder.samples
+    if not samples.start_s:
+        return 0
+    starts = np.frombuffer(samples.start_s, dtype=np.float64)
+    ends = starts + np.frombuffer(samples.latency_ms, dtype=np.float64) / 1000.0
+    times = np.concatenate([starts, ends])
+    steps = np.concatenate([np.ones(len(starts), np.int64), -np.ones(len(ends), np.int64)])
+    order = np.lexsort((steps, times))  # at the same instant an end comes before a start
+    return int(np.cumsum(steps[order]).max())
