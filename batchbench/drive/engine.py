@@ -148,8 +148,8 @@ async def run_closed_loop(
     ) -> TrajectoryRecord | None:
         me = asyncio.current_task()
         try:
-            delay = at - clock.now()
-            if delay > 0 and not _stopped(shutdown):
+            # The loop's timer may end a sleep up to a millisecond early: never start early.
+            while not _stopped(shutdown) and (delay := at - clock.now()) > 0:
                 await asyncio.sleep(delay)
             if _stopped(shutdown):
                 return None

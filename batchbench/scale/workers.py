@@ -120,7 +120,8 @@ class _ProgressView:
 
 def worker_configs(config: RunConfig, workers: int, folder: str) -> list[RunConfig]:
     """Each worker's configuration: its shard, common seed and salt, no simulator or
-    preflight of its own, its events files in ``folder``; worker 0 scrapes the metrics."""
+    preflight of its own, its events files in ``folder``; worker 0 scrapes the metrics.
+    --window-trajectories T ends each worker after its even part, ceil(T / N)."""
     base = config.shard_spec() or Shard(0, 1)
     configs = []
     for k in range(workers):
@@ -147,6 +148,9 @@ def worker_configs(config: RunConfig, workers: int, folder: str) -> list[RunConf
                 else None,
                 server_metrics=config.server_metrics if k == 0 else None,
                 server_metrics_jsonl=config.server_metrics_jsonl if k == 0 else None,
+                window_trajectories=-(-config.window_trajectories // workers)
+                if config.window_trajectories is not None
+                else None,
             )
         )
     return configs
