@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hashlib
 import os
 import secrets
 import shlex
@@ -437,6 +438,16 @@ async def calibrate_target(
         )
 
 
+def content_salt(config: RunConfig) -> str:
+    """--content-salt; else a random salt, except in a shard, whose salt comes from the
+    seed every shard shares (shards of one run must send the bytes one run would)."""
+    if config.content_salt is not None:
+        return config.content_salt
+    if config.shard is not None and config.seed is not None:
+        return hashlib.sha256(f"batchbench-shard-salt:{config.seed}".encode()).hexdigest()[:16]
+    return secrets.token_hex(8)
+
+
 def start_at_gate(start_at: float, warn) -> StartGate:
     """Wait until the wall-clock time ``start_at`` (--start-at); warn when it has passed."""
 
@@ -543,7 +554,7 @@ async def _run_loaded(
     if workload is None:
         workload = build_workload(config, manifest, root_seed, overheads)
         planned(config, workload, root_seed, out)
-    salt = config.content_salt if config.content_salt is not None else secrets.token_hex(8)
+    salt = content_salt(config)
     replay = config.replay
     calibrated = calibration is not None and replay
     setup = RunSetup(

@@ -632,6 +632,11 @@ class RunConfig:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
             raise UsageError(f"--workers must be a positive integer or auto, not {self.workers!r}")
         shard = self.shard_spec()
+        if shard is not None and self.seed is None:
+            raise UsageError(
+                f"--shard {self.shard} needs --seed: every shard must draw the same workload "
+                "and content (give all shards the same --seed)"
+            )
         if self.start_at is not None and not (
             isinstance(self.start_at, int | float)
             and not isinstance(self.start_at, bool)

@@ -274,7 +274,7 @@ def build_summary(
         trajectory_schema_version=setup.schema_version if replay else None,
         admission_mode=config.admission_mode,
         time_scale=config.time_scale_factor,
-        agents=setup.agents,
+        agents=totals.agents,  # this process's trajectories: a shard's part, else all
         requested_max_active_agents=config.max_active_agents,
         max_active_agents=engine.max_active_agents,
         late_admissions=engine.late_admissions,
