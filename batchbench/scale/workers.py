@@ -186,9 +186,7 @@ def run_workers(config: RunConfig, output: Any = None):
         common = replace(
             target,
             seed=config.seed if config.seed is not None else secrets.randbits(64),
-            content_salt=config.content_salt
-            if config.content_salt is not None
-            else secrets.token_hex(8),
+            content_salt=api.content_salt(config),
             chat_template=api.sim_chat_template(config) if config.sim else config.chat_template,
         )
         return _drive_workers(common, target, workers, out)
