@@ -10,7 +10,7 @@ import sys
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-NATIVE_MODULES = ["_synth", "_admission"]
+NATIVE_MODULES = ["_synth", "_admission", "_sse"]
 
 
 class OptionalBuildExt(build_ext):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from types import ModuleType
 
-NATIVE_NAMES = ("synth", "admission")
+NATIVE_NAMES = ("synth", "admission", "sse")
 
 
 def extensions_disabled() -> bool:
@@ -26,7 +26,7 @@ NO_EXTENSIONS = extensions_disabled()
 
 
 def native_module(name: str) -> ModuleType | None:
-    """The compiled module for ``name`` (``synth`` or ``admission``), or None unbuilt."""
+    """The compiled module for ``name`` (``synth``, ``admission``, ``sse``), or None unbuilt."""
     try:
         if name == "synth":
             from batchbench._native import _synth
@@ -36,6 +36,10 @@ def native_module(name: str) -> ModuleType | None:
             from batchbench._native import _admission
 
             return _admission
+        if name == "sse":
+            from batchbench._native import _sse
+
+            return _sse
     except ImportError:
         return None
     raise ValueError(f"no compiled module named {name!r}")
@@ -51,6 +55,10 @@ def twin_module(name: str) -> ModuleType:
         from batchbench.drive import _admission_py
 
         return _admission_py
+    if name == "sse":
+        from batchbench.drive import _sse_py
+
+        return _sse_py
     raise ValueError(f"no twin named {name!r}")
 
 

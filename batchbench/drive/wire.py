@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from batchbench.drive.sse import SseScanner
 from batchbench.results.failures import ErrorKind
 
 _DUMPS = orjson.dumps
@@ -328,100 +329,39 @@ def parse_response(raw: bytes) -> Reply:
     return Reply(message, prompt, completion, cached, document["usage"])
 
 
-class StreamAssembler:
+class StreamAssembler(SseScanner):
     """SSE parsing with streaming timings (TTFT, gaps between content chunks, time per output
-    token); feed network reads as they arrive, then ``finish``.
+    token); ``feed(data, arrived)`` network reads as they arrive, then ``finish``.
 
-    Lines split across reads are reassembled; ``\\r\\n`` endings, comments, ``event:`` lines
-    are ignored, and ``[DONE]`` is noted: a stream without usage that never sent it was cut
+    The scanning is ``batchbench.drive.sse.SseScanner`` (compiled when built): lines split
+    across reads are reassembled; ``\\r\\n`` endings, comments, ``event:`` lines are
+    ignored, and ``[DONE]`` is noted: a stream without usage that never sent it was cut
     off (a truncated stream). Arrival times are those of the read that completed the line.
     """
 
-    __slots__ = (
-        "_carry", "_chunks", "_content", "_done", "_last_read", "_reasoning", "_times", "_usage"
-    )  # fmt: skip
-
-    def __init__(self) -> None:
-        self._carry = b""
-        self._last_read = 0.0
-        self._done = False  # the [DONE] line arrived
-        self._chunks = 0
-        self._content: list[str] = []
-        self._reasoning: list[str] = []
-        self._times: list[float] = []
-        self._usage = None
-
-    def feed(self, data: bytes, arrived: float) -> None:
-        self._last_read = arrived
-        if self._carry:
-            data = self._carry + data
-        end = data.rfind(b"\n")
-        if end < 0:
-            self._carry = data
-            return
-        self._carry = data[end + 1 :]
-        for line in data[:end].split(b"\n"):
-            if line[:5] == b"data:":
-                self._payload(line[5:].strip(), arrived)
-
-    def _payload(self, payload: bytes, arrived: float) -> None:
-        if not payload:
-            return
-        if payload == b"[DONE]":
-            self._done = True
-            return
-        try:
-            chunk = _LOADS(payload)
-        except orjson.JSONDecodeError:
-            raise ResponseError(BAD_CHUNK) from None
-        self._chunks += 1
-        if type(chunk) is not dict:
-            return
-        usage = chunk.get("usage")
-        if usage is not None:
-            self._usage = usage
-        choices = chunk.get("choices")
-        if not choices or type(choices) is not list:
-            return
-        choice = choices[0]
-        delta = choice.get("delta") if type(choice) is dict else None
-        if type(delta) is not dict:
-            return
-        carried = False
-        content = delta.get("content")
-        if type(content) is str and content:
-            self._content.append(content)
-            carried = True
-        reasoning = delta.get("reasoning_content")
-        if type(reasoning) is str and reasoning:
-            self._reasoning.append(reasoning)
-            carried = True
-        if carried:
-            self._times.append(arrived)
+    __slots__ = ()
 
     def finish(self, sent: float) -> Reply:
         """The assembled reply, with TTFT/ITL/TPOT measured from ``sent``."""
-        if self._carry:
-            line = self._carry.rstrip(b"\r")
-            self._carry = b""
-            if line[:5] == b"data:":
-                self._payload(line[5:].strip(), self._last_read)
-        if self._chunks == 0:
-            if not self._done:
+        self.flush()
+        chunks = self.chunks
+        usage = self.usage
+        if chunks == 0:
+            if not self.done:
                 raise ResponseError(TRUNCATED_STREAM.format(chunks=0), ErrorKind.TRUNCATED_STREAM)
             raise ResponseError(NO_CHUNKS, ErrorKind.MISSING_USAGE)
-        if self._usage is None:
-            if not self._done:
+        if usage is None:
+            if not self.done:
                 raise ResponseError(
-                    TRUNCATED_STREAM.format(chunks=self._chunks), ErrorKind.TRUNCATED_STREAM
+                    TRUNCATED_STREAM.format(chunks=chunks), ErrorKind.TRUNCATED_STREAM
                 )
             raise ResponseError(NO_STREAM_USAGE, ErrorKind.MISSING_USAGE)
-        prompt, completion, cached = _usage_counts(self._usage)
-        message: dict = {"role": "assistant", "content": "".join(self._content)}
-        if self._reasoning:
-            message["reasoning_content"] = "".join(self._reasoning)
-        reply = Reply(message, prompt, completion, cached, self._usage)
-        times = self._times
+        prompt, completion, cached = _usage_counts(usage)
+        message: dict = {"role": "assistant", "content": "".join(self.content)}
+        if self.reasoning:
+            message["reasoning_content"] = "".join(self.reasoning)
+        reply = Reply(message, prompt, completion, cached, usage)
+        times = self.times
         if times:
             reply.ttft = times[0] - sent
             reply.gaps = [b - a for a, b in itertools.pairwise(times)]

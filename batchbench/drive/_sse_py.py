@@ -1,0 +1,181 @@
+"""Pure-Python twin of ``batchbench._native._sse``: the SSE scanner of streamed replies.
+
+The readable reference; the compiled module implements the same algorithm and gives the
+same results (see ``batchbench.drive.sse`` for the contract and why it is exact).
+"""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+
+_LOADS = orjson.loads
+_DecodeError = orjson.JSONDecodeError
+
+# Bytes that stop a string body from being taken as it stands: a quote ends the string, a
+# backslash starts an escape, control characters are invalid JSON inside strings.
+_NOT_PLAIN = re.compile(rb'[\x00-\x1f"\\]')
+
+CONTENT = 0
+REASONING = 1
+_KEYS = (b"content", b"reasoning_content")
+MAX_TEMPLATES = 3
+LEARN_BUDGET = 4  # learnings without a hit in between before learning stops
+
+
+def _bad_chunk() -> Exception:
+    """The error of an invalid JSON chunk (imported late: ``wire`` imports this module)."""
+    from batchbench.drive.wire import BAD_CHUNK, ResponseError
+
+    return ResponseError(BAD_CHUNK)
+
+
+def learn(payload: bytes, kind: int) -> tuple[bytes, bytes] | None:
+    """``(prefix, suffix)`` around the value of the only ``content`` (or
+    ``reasoning_content``) key of a valid, backslash-free payload, else None.
+
+    Without backslashes every quote opens or closes a string, so splitting at quotes
+    yields the strings at odd positions; a string followed by ``:`` is a key."""
+    if b"\\" in payload:
+        return None
+    parts = payload.split(b'"')
+    key = _KEYS[kind]
+    found = -1
+    for index in range(1, len(parts) - 1, 2):
+        if parts[index] == key and parts[index + 1].strip()[:1] == b":":
+            if found >= 0:
+                return None  # a duplicate key: the parse kept one of them, which is unknown
+            found = index
+    if found < 0 or parts[found + 1].strip() != b":" or found + 3 >= len(parts):
+        return None  # the value is not a string
+    start = sum(len(part) + 1 for part in parts[: found + 2])  # just after the opening quote
+    end = start + len(parts[found + 2])  # the closing quote
+    return payload[:start], payload[end:]
+
+
+class SseScanner:
+    """Splits SSE reads into ``data:`` payloads and tallies the chunks.
+
+    A payload that fits a learned template (the stream's own chunk with only its text
+    changed) is counted without a JSON parse; any other is parsed with orjson, and may
+    become a template. Arrival times are those of the read that completed the line.
+    """
+
+    __slots__ = (
+        "_budget",
+        "_carry",
+        "_last_read",
+        "_templates",
+        "chunks",
+        "content",
+        "done",
+        "parsed",
+        "reasoning",
+        "times",
+        "usage",
+    )
+
+    def __init__(self) -> None:
+        self._carry = b""
+        self._last_read = 0.0
+        self._templates: list[tuple[bytes, bytes, int]] = []
+        self._budget = LEARN_BUDGET
+        self.done = False  # the [DONE] line arrived
+        self.chunks = 0  # JSON payloads
+        self.parsed = 0  # of which parsed in full (the others fit a template)
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.times: list[float] = []  # arrival of each chunk that carried text
+        self.usage = None  # the last non-null usage
+
+    def feed(self, data: bytes, arrived: float) -> None:
+        """Take one network read; complete lines are scanned now, a partial one waits."""
+        self._last_read = arrived
+        if self._carry:
+            data = self._carry + data
+        end = data.rfind(b"\n")
+        if end < 0:
+            self._carry = data
+            return
+        self._carry = data[end + 1 :]
+        for line in data[:end].split(b"\n"):
+            if line[:5] == b"data:":
+                self._payload(line[5:].strip(), arrived)
+
+    def flush(self) -> None:
+        """The stream ended: scan an unterminated last line (at the last read's time)."""
+        line = self._carry
+        self._carry = b""
+        if line[:5] == b"data:":
+            self._payload(line[5:].strip(), self._last_read)
+
+    def _payload(self, payload: bytes, arrived: float) -> None:
+        if not payload:
+            return
+        for prefix, suffix, kind in self._templates:
+            cut = len(payload) - len(suffix)
+            if (
+                cut >= len(prefix)
+                and payload.startswith(prefix)
+                and payload.endswith(suffix)
+                and _NOT_PLAIN.search(payload, len(prefix), cut) is None
+            ):
+                try:
+                    text = payload[len(prefix) : cut].decode()
+                except UnicodeDecodeError:
+                    break  # orjson rejects it too: the full parse raises
+                self._budget = LEARN_BUDGET
+                self.chunks += 1
+                if text:
+                    (self.content if kind == CONTENT else self.reasoning).append(text)
+                    self.times.append(arrived)
+                return
+        if payload == b"[DONE]":
+            self.done = True
+            return
+        self._parse(payload, arrived)
+
+    def _parse(self, payload: bytes, arrived: float) -> None:
+        try:
+            chunk = _LOADS(payload)
+        except _DecodeError:
+            raise _bad_chunk() from None
+        self.chunks += 1
+        self.parsed += 1
+        if type(chunk) is not dict:
+            return
+        usage = chunk.get("usage")
+        if usage is not None:
+            self.usage = usage
+        choices = chunk.get("choices")
+        if not choices or type(choices) is not list:
+            return
+        choice = choices[0]
+        delta = choice.get("delta") if type(choice) is dict else None
+        if type(delta) is not dict:
+            return
+        content = delta.get("content")
+        reasoning = delta.get("reasoning_content")
+        has_content = type(content) is str
+        has_reasoning = type(reasoning) is str
+        if has_content and content:
+            self.content.append(content)
+        if has_reasoning and reasoning:
+            self.reasoning.append(reasoning)
+        if (has_content and content) or (has_reasoning and reasoning):
+            self.times.append(arrived)
+        if usage is not None or self._budget <= 0:
+            return
+        # A template replaces one text; the other must not carry text of its own.
+        if has_content and not (has_reasoning and reasoning):
+            self._learn(payload, CONTENT)
+        elif has_reasoning and not (has_content and content):
+            self._learn(payload, REASONING)
+
+    def _learn(self, payload: bytes, kind: int) -> None:
+        self._budget -= 1
+        around = learn(payload, kind)
+        if around is not None:
+            self._templates.insert(0, (around[0], around[1], kind))
+            del self._templates[MAX_TEMPLATES:]
