@@ -72,8 +72,7 @@ def scale_lines(config: RunConfig, setup: RunSetup) -> list[str]:
     if config.shard is not None:
         shard = config.shard_spec()
         lines.append(
-            f"Shard: {shard.label} (routing slots {shard.index}, "
-            f"{shard.index + shard.count}, ...)"
+            f"Shard: {shard.label} (routing slots {shard.index}, {shard.index + shard.count}, ...)"
         )
     return lines
 
