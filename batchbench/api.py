@@ -61,6 +61,7 @@ from batchbench.results.recording import ClientHealth, FidelityFigures, RankFigu
 from batchbench.results.report import (
     banner_lines,
     csv_row,
+    dry_run_lines,
     summary_document,
     write_csv,
     write_json,
@@ -133,6 +134,7 @@ class RunResult:
     sections: dict[str, Any] | None = None  # results JSON sections beyond the summary
     finished_by: str | None = None  # "duration" / "window" when a planned end stopped it
     shard_data: Any = None  # a shard's raw measurements (--shard, worker processes)
+    merged_dry_run_lines: tuple[str, ...] = ()  # merged dry-run shards: their lines
 
     @property
     def dry_run(self) -> bool:
@@ -448,6 +450,22 @@ def content_salt(config: RunConfig) -> str:
     return secrets.token_hex(8)
 
 
+def _stoppable(gate: StartGate, shutdown: Shutdown) -> StartGate:
+    """A start gate that a shutdown (Ctrl+C while waiting for --start-at) ends at once."""
+
+    async def wait() -> None:
+        waiting = asyncio.ensure_future(gate())
+        stopping = asyncio.ensure_future(shutdown.stop_event.wait())
+        try:
+            await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (waiting, stopping):
+                task.cancel()
+            await asyncio.gather(waiting, stopping, return_exceptions=True)
+
+    return wait
+
+
 def start_at_gate(start_at: float, warn) -> StartGate:
     """Wait until the wall-clock time ``start_at`` (--start-at); warn when it has passed."""
 
@@ -621,6 +639,8 @@ async def _run_loaded(
 
         data = snapshot(config, setup, (shard.index, shard.count), counts, engine, live,
                         tuple(lifecycle), wall_origin)  # fmt: skip
+        if config.dry_run:  # the lines need the workload, which a merge may not have
+            data.meta["dry_run_lines"] = list(dry_run_lines(workload, engine))
         result = replace(result, shard_data=data)
     return write_outputs(result, out)
 
@@ -737,10 +757,12 @@ async def _drive(
 ) -> LiveRun:
     gate = steps.gate if steps is not None else None
     settings = driver_settings(config)
+    shutdown = Shutdown(config.grace_seconds)
+    if gate is not None:
+        gate = _stoppable(gate, shutdown)
     recorder = Recorder(dp_ranks=config.dp_ranks, goodput=config.goodput_thresholds)
     if config.request_events_jsonl:
         recorder.request_events = JsonlFile(config.request_events_jsonl)
-    shutdown = Shutdown(config.grace_seconds)
     show_progress = config.progress and progress_wanted(False)
     trajectories, requests = planned_counts(workload, share)
     progress = Progress(trajectories, requests, recorder) if show_progress else None
@@ -753,6 +775,12 @@ async def _drive(
     # A planned end lets requests in flight finish: up to one request timeout.
     planned_grace = float(config.request_timeout_secs) + 1.0
     window_count = 0
+    # A shard (or worker) ends after its even part of the window, ceil(T / N): the parts
+    # together measure about the trajectories one run would.
+    window_trajectories = config.window_trajectories
+    shard = config.shard_spec()
+    if window_trajectories is not None and shard is not None:
+        window_trajectories = -(-window_trajectories // shard.count)
 
     def sink(record) -> None:
         nonlocal window_count
@@ -760,9 +788,9 @@ async def _drive(
         events.write(record, figures.as_fields() if figures is not None else None)
         if progress is not None:
             progress.trajectory_finished()
-        if config.window_trajectories is not None and record.admitted_at >= config.warmup:
+        if window_trajectories is not None and record.admitted_at >= config.warmup:
             window_count += 1
-            if window_count >= config.window_trajectories:
+            if window_count >= window_trajectories:
                 shutdown.finish("window", planned_grace)
 
     wall_origin: float | None = None

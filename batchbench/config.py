@@ -632,6 +632,11 @@ class RunConfig:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
             raise UsageError(f"--workers must be a positive integer or auto, not {self.workers!r}")
         shard = self.shard_spec()
+        if shard is not None and self.sim:
+            raise UsageError(
+                f"--shard {self.shard} cannot be combined with --sim: each shard would start "
+                "its own simulator; start `batchbench sim` once and give its URL with --host"
+            )
         if shard is not None and self.seed is None:
             raise UsageError(
                 f"--shard {self.shard} needs --seed: every shard must draw the same workload "
@@ -657,7 +662,7 @@ class RunConfig:
             if self.admission_mode == "open-loop" and self.ramp_up > 0:
                 raise UsageError(
                     "--ramp-up spreads closed-loop starts; an open-loop run starts each agent "
-                    "at its own time already (drop --ramp-up, or use --arrival-rate)"
+                    "at its own time already (drop --ramp-up)"
                 )
         if (
             shard is not None

@@ -367,9 +367,13 @@ def test_a_shutdown_stops_admission_and_the_grace_period_ends_the_rest():
     async def scenario(grace: float):
         shutdown = Shutdown(grace)
         agents = Agents(run_s={0: 0.3})
-        asyncio.get_running_loop().call_later(0.1, shutdown.request, "SIGINT")
+        loop = asyncio.get_running_loop()
+
+        async def gate():  # the signal comes 0.1 s after the clock starts, however late that is
+            loop.call_later(0.1, shutdown.request, "SIGINT")
+
         offsets = [0.0, 0.2, 0.4] + [1.0] * 300
-        return await run_open_loop(offsets, None, agents, shutdown=shutdown), agents
+        return await run_open_loop(offsets, None, agents, shutdown=shutdown, gate=gate), agents
 
     result, agents = asyncio.run(scenario(5.0))
     assert agents.started == [(0, 0)] and [r.agent_id for r in result.records] == [0]
@@ -378,6 +382,27 @@ def test_a_shutdown_stops_admission_and_the_grace_period_ends_the_rest():
     assert [r.agent_id for r in result.records] == [0]
     assert result.records[0].interrupted and not result.records[0].completed
     assert result.total_duration < 0.3
+
+
+@pytest.mark.parametrize("loop_factory", LOOPS)
+@pytest.mark.parametrize("plans", [1, 303], ids=["one plan", "beyond the lookahead"])
+def test_a_shutdown_before_the_clock_starts_admits_nothing_and_ends_the_run(loop_factory, plans):
+    # A signal while the first requests are prepared or at the start gate (a shard waiting
+    # for --start-at): nothing is started, so no finishing trajectory can end the run.
+    async def scenario():
+        shutdown = Shutdown(5.0)
+        agents = Agents()
+
+        async def gate():
+            shutdown.request("SIGINT")
+
+        run = run_open_loop([0.0] * plans, None, agents, shutdown=shutdown, gate=gate)
+        return await asyncio.wait_for(run, 2.0), agents  # well within the grace period
+
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        result, agents = runner.run(scenario())
+    assert agents.started == [] and result.records == []
+    assert result.max_active_agents == 0 and result.total_duration < 1.0
 
 
 # Admission lag a test tolerates: far above what the engine does (see the benchmark),

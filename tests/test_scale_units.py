@@ -333,7 +333,7 @@ def usage_error(argv: list[str]) -> str:
 def test_ramp_up_with_open_loop_is_a_usage_error():
     message = (
         "--ramp-up spreads closed-loop starts; an open-loop run starts each agent at its own "
-        "time already (drop --ramp-up, or use --arrival-rate)"
+        "time already (drop --ramp-up)"
     )
     argv = ["--agents", "4", "--arrival-rate", "2", "--host", HOST, "--ramp-up", "1"]
     assert usage_error(argv) == message
@@ -414,14 +414,17 @@ def series_shard(t, agents, flight, settled, output) -> ShardData:
 def test_series_are_resampled_on_one_grid_and_summed():
     a = series_shard([0.5, 1.0, 1.5], [2, 2, 1], [1, 2, 0], [1, 3, 5], [10, 30, 50])
     b = series_shard([0.5, 1.0, 1.5], [1, 1, 1], [1, 0, 1], [2, 4, 6], [20, 40, 60])
-    series = _series([a, b], (0.0, 0.25))  # b's points at 0.75, 1.25, 1.75
+    c = series_shard([0.5], [4], [4], [7], [70])  # ends after its first point
+    series = _series([a, b, c], (0.0, 0.25, 0.0))  # b's points at 0.75, 1.25, 1.75
     assert series.interval == 0.5
     assert list(series.t) == [0.5, 1.0, 1.5, 1.75]
-    # At 1.75 shard a has ended: its gauges count 0, its cumulative counts stay.
-    assert list(series.active_agents) == [2, 3, 2, 1]
-    assert list(series.in_flight) == [1, 3, 0, 1]
-    assert list(series.settled) == [1, 5, 9, 11]
-    assert list(series.output_tokens) == [10, 50, 90, 110]
+    # Gauges: each shard's nearest point within half an interval (ties: the earlier one);
+    # c has none after 0.5, a's last point (1.5) is still within reach of 1.75.
+    assert list(series.active_agents) == [7, 3, 2, 2]
+    assert list(series.in_flight) == [6, 3, 0, 1]
+    # Counts: linear between a shard's points from 0 at its start, flat after its end.
+    assert list(series.settled) == [9, 13, 17, 18]
+    assert list(series.output_tokens) == [90, 130, 170, 180]
     assert len(_series([series_shard([], [], [], [], [])], (0.0,)).t) == 0
 
 

@@ -49,8 +49,10 @@ def write_lines(lines: Iterable[str]) -> None:
 
 def render(result: RunResult) -> None:
     """The console report of a finished run: dry-run lines, summary, live figures, files."""
-    if result.dry_run and result.workload is not None:  # merged shards print no lines
+    if result.dry_run and result.workload is not None:
         write_lines(dry_run_lines(result.workload, result.engine))
+    elif result.dry_run:  # merged shards or workers: the lines they made
+        write_lines(result.merged_dry_run_lines)
     write_lines(
         summary_lines(result.summary, result.failures, result.interrupted_by, result.config.verbose)
     )

@@ -115,6 +115,9 @@ def run(argv: Sequence[str], prog: str = "batchbench merge") -> int:
         sys.stdout.flush()
         print(f"Error: {exc}", file=sys.stderr)
         return 1
+    from batchbench.results.report import banner_lines
+
+    ConsoleOutput().lines(banner_lines(result.config, result.setup))
     print(
         f"Merged {len(shards)} shards of {merged.setup.agents} trajectories "
         f"(clock starts {max(merged.offsets) * 1000.0:.1f} ms apart at most)"

@@ -163,6 +163,8 @@ async def run_closed_loop(
         result.last_agent_admitted_at = max(result.last_agent_admitted_at, record.admitted_at)
         return await _run_trajectory(agents, record, content, clock, finish_order, shutdown)
 
+    if _stopped(shutdown):  # stopped while waiting at the gate: start nothing
+        initial, prepared = [], []
     for (slot, agent), content in zip(initial, prepared, strict=True):
         at = start_delays[slot] if start_delays is not None else 0.0
         if at > 0:
@@ -346,7 +348,10 @@ async def run_open_loop(
 
     for _ in range(min(n, OPEN_LOOP_LOOKAHEAD)):
         start_next()
-    if n == 0:
+    if not tasks:
+        # Nothing started, so no ``collected`` will ever say the run is over: there are no
+        # plans, or a shutdown stopped admission before the clock started (a signal during
+        # the preparation or the start gate).
         finished.set_result(None)
     watch = _ShutdownWatch(shutdown)
     try:

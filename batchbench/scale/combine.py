@@ -116,6 +116,8 @@ def finish_merged(
         merged.live,
         merged.lifecycle,
     )
+    if merged.dry_run_lines:
+        result = dataclasses.replace(result, merged_dry_run_lines=merged.dry_run_lines)
     shard = config.shard_spec()
     if shard is not None:  # workers of one shard: the shard's raw data, for the next merge
         data = snapshot(
@@ -129,6 +131,8 @@ def finish_merged(
             merged.wall_origin,
         )
         data.meta["processes"] = len(merged.shards)
+        if merged.dry_run_lines:
+            data.meta["dry_run_lines"] = list(merged.dry_run_lines)
         result = dataclasses.replace(result, shard_data=data)
     return write_outputs(result, out)
 

@@ -67,10 +67,14 @@ class MergedRun:
     offsets: tuple[float, ...]  # each shard's clock start after the earliest, seconds
     shards: tuple[ShardData, ...]
     wall_origin: float = 0.0  # Unix time of the earliest shard's clock start
+    dry_run_lines: tuple[str, ...] = ()  # dry runs: every shard's lines, by agent id
 
 
-def check_shards(shards: list[ShardData], names: list[str]) -> list[ShardData]:
-    """The shards of one run, in index order; one-line errors otherwise."""
+def check_shards(
+    shards: list[ShardData], names: list[str], expected: list[int] | None = None
+) -> list[ShardData]:
+    """The shards of one run, in index order; one-line errors otherwise. ``expected``: the
+    indexes that must be there (default: all of 0..count-1)."""
     if not shards:
         raise BatchbenchError("no shard results to merge")
     counts = {data.shard[1] for data in shards}
@@ -86,7 +90,8 @@ def check_shards(shards: list[ShardData], names: list[str]) -> list[ShardData]:
         if index in by_index:
             raise BatchbenchError(f"{name} and {by_index[index]} are both shard {index}/{count}")
         by_index[index] = name
-    missing = [str(i) for i in range(count) if i not in by_index]
+    wanted = range(count) if expected is None else expected
+    missing = [str(i) for i in wanted if i not in by_index]
     if missing:
         raise BatchbenchError(
             f"shard {', '.join(missing)} of {count} missing: merge needs every shard's results"
@@ -113,6 +118,8 @@ def merge(shards: list[ShardData]) -> MergedRun:
     origins = [float(data.meta["wall_origin"]) for data in shards]
     base = min(origins)
     offsets = tuple(origin - base for origin in origins)
+    if not shards[0].meta["live"]:  # a dry run has no common clock: every shard starts at 0
+        offsets = tuple(0.0 for _ in origins)
     fields = dict(shards[0].meta["config"], shard=None, workers=1, start_at=None)
     config = config_from_fields(fields)
     setup = RunSetup(**shards[0].meta["setup"])
@@ -128,7 +135,6 @@ def merge(shards: list[ShardData]) -> MergedRun:
         from batchbench.api import LiveRun
 
         recorder = _recorder(shards, offsets, config)
-        first = shards[0].meta["live"]
         interrupted = _first(shards, "interrupted_by")
         finished_by = _first(shards, "finished_by")
         window_ends = [
@@ -142,12 +148,45 @@ def merge(shards: list[ShardData]) -> MergedRun:
             recorder=recorder,
             interrupted_by=interrupted,
             exit_status=max(int(d.meta["live"]["exit_status"]) for d in shards),
-            framing=LearnedFraming(first["framing"]),  # type: ignore[arg-type]
+            framing=LearnedFraming(_framing(shards)),  # type: ignore[arg-type]
             finished_by=finished_by,
             window_end=max(window_ends) if window_ends else None,
             server_metrics=metrics,
         )
-    return MergedRun(config, setup, engine, live, lifecycle, planned, never, offsets, tuple(shards))
+    lines = [line for data in shards for line in data.meta.get("dry_run_lines", ())]
+    lines.sort(key=_line_agent)  # stable: each agent's lines stay in invocation order
+    return MergedRun(
+        config, setup, engine, live, lifecycle, planned, never, offsets, tuple(shards), base,
+        tuple(lines),
+    )  # fmt: skip
+
+
+def _line_agent(line: str) -> int:
+    """The agent id of a ``[DRY-RUN] agent=N ...`` line."""
+    return int(line.split(" ", 2)[1].removeprefix("agent="))
+
+
+def _framing(shards: list[ShardData]) -> dict | None:
+    """What the shards learned of the framing: their observations added up, and each
+    estimate the most frequent observation (the first shard's estimate among equals)."""
+    learned = [d.meta["live"]["framing"] for d in shards if d.meta["live"]["framing"]]
+    if not learned:
+        return None
+    merged = dict(learned[0])
+    for kind, estimate in (
+        ("initial", "initial_overhead_tokens"),
+        ("turn", "turn_overhead_tokens"),
+    ):
+        counts: dict[str, int] = {}
+        for document in learned:
+            for value, count in document[f"{kind}_observations"].items():
+                counts[value] = counts.get(value, 0) + int(count)
+        merged[f"{kind}_observations"] = dict(sorted(counts.items(), key=lambda kv: int(kv[0])))
+        if counts:
+            current = str(merged[estimate])
+            best = max(counts, key=lambda value: (counts[value], value == current))
+            merged[estimate] = int(best)
+    return merged
 
 
 def _first(shards: list[ShardData], name: str) -> Any:
@@ -314,39 +353,54 @@ def _join_samples(recorder: Recorder, shards: list[ShardData], offsets: tuple[fl
 
 
 def _series(shards: list[ShardData], offsets: tuple[float, ...]):
-    """Every shard's series re-sampled on one grid and summed: gauges read at the last point
-    at or before each grid time (0 after a shard ended), cumulative counts likewise (their
-    last value after it ended)."""
+    """Every shard's series re-sampled on one grid (every interval from the earliest start,
+    and the end) and summed. Shards sample slightly after each grid time, so cumulative
+    counts are interpolated linearly between their points (from 0 at the shard's start,
+    their last value after its end), and gauges (agents, requests in flight) are read at
+    the shard's point nearest the grid time, 0 when none lies within half an interval."""
     from batchbench.results.samples import TimeSeries
 
     interval = float(shards[0].meta["live"]["series_interval"])
     series = TimeSeries(interval=interval)
-    ends = []
     parts = []
     for data, offset in zip(shards, offsets, strict=True):
-        t = data.array("series.t") + offset
-        parts.append((t, {name: data.array(f"series.{name}") for name in SERIES_COLUMNS[1:]}))
+        t = data.array("series.t").astype(np.float64) + offset
         if len(t):
-            ends.append(float(t[-1]))
-    if not ends:
+            values = {name: data.array(f"series.{name}") for name in SERIES_COLUMNS[1:]}
+            parts.append((t, offset, values))
+    if not parts:
         return series
-    end = max(ends)
-    grid = [interval * k for k in range(1, int(end / interval) + 1)]
-    if not grid or grid[-1] < end:
+    end = max(float(t[-1]) for t, _, _ in parts)
+    grid = [interval * k for k in range(1, int(end / interval + 1e-9) + 1)]
+    if not grid or grid[-1] < end - 1e-9:
         grid.append(end)
-    for now in grid:
-        agents = in_flight = settled = output = 0
-        for t, values in parts:
-            index = int(np.searchsorted(t, now + 1e-9, side="right")) - 1
-            if index < 0:
-                continue
-            ended = index == len(t) - 1 and now > t[-1] + 1e-9
-            if not ended:
-                agents += int(values["active_agents"][index])
-                in_flight += int(values["in_flight"][index])
-            settled += int(values["settled"][index])
-            output += int(values["output_tokens"][index])
-        series.add(now, agents, in_flight, settled, output)
+    at = np.asarray(grid)
+    agents = np.zeros(len(at), dtype=np.int64)
+    in_flight = np.zeros(len(at), dtype=np.int64)
+    settled = np.zeros(len(at), dtype=np.float64)
+    output = np.zeros(len(at), dtype=np.float64)
+    for t, offset, values in parts:
+        times = np.concatenate([[offset], t])
+        for name, total in (("settled", settled), ("output_tokens", output)):
+            counts = np.concatenate([[0.0], values[name].astype(np.float64)])
+            total += np.interp(at, times, counts)
+        nearest = np.clip(np.searchsorted(t, at), 1, len(t) - 1) if len(t) > 1 else None
+        if nearest is None:
+            index = np.zeros(len(at), dtype=np.int64)
+        else:
+            before = nearest - 1
+            index = np.where(np.abs(t[before] - at) <= np.abs(t[nearest] - at), before, nearest)
+        close = np.abs(t[index] - at) <= interval / 2 + 1e-9
+        agents += np.where(close, values["active_agents"][index], 0).astype(np.int64)
+        in_flight += np.where(close, values["in_flight"][index], 0).astype(np.int64)
+    for k, now in enumerate(grid):
+        series.add(
+            now,
+            int(agents[k]),
+            int(in_flight[k]),
+            round(float(settled[k])),
+            round(float(output[k])),
+        )
     return series
 
 

@@ -53,6 +53,10 @@ class _ChildOutput:
 def _child(config: RunConfig, conn: Connection) -> None:
     """A worker process: run its shard, send ready/progress/done (or error)."""
     os.setpgrp()  # Ctrl+C reaches the parent only; it passes signals on once
+    # Until the run's graceful stop is installed (before it reports ready), a signal must
+    # not kill the worker half-started: the parent holds signals back until then.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
     from batchbench import api
 
     async def gate() -> None:
@@ -120,8 +124,7 @@ class _ProgressView:
 
 def worker_configs(config: RunConfig, workers: int, folder: str) -> list[RunConfig]:
     """Each worker's configuration: its shard, common seed and salt, no simulator or
-    preflight of its own, its events files in ``folder``; worker 0 scrapes the metrics.
-    --window-trajectories T ends each worker after its even part, ceil(T / N)."""
+    preflight of its own, its events files in ``folder``; worker 0 scrapes the metrics."""
     base = config.shard_spec() or Shard(0, 1)
     configs = []
     for k in range(workers):
@@ -148,9 +151,6 @@ def worker_configs(config: RunConfig, workers: int, folder: str) -> list[RunConf
                 else None,
                 server_metrics=config.server_metrics if k == 0 else None,
                 server_metrics_jsonl=config.server_metrics_jsonl if k == 0 else None,
-                window_trajectories=-(-config.window_trajectories // workers)
-                if config.window_trajectories is not None
-                else None,
             )
         )
     return configs
@@ -217,7 +217,8 @@ def _drive_workers(config: RunConfig, as_run: RunConfig, workers: int, out: Any)
             processes.append(process)
             conns.append(parent_end)
         shards = _supervise(config, processes, conns, out)
-        merged = merge(check_shards(shards, [f"worker {k}" for k in range(workers)]))
+        expected = [shard_of(c).index for c in configs]
+        merged = merge(check_shards(shards, [f"worker {k}" for k in range(workers)], expected))
         merged = replace(merged, config=as_run)
         outputs = {
             "results_json": config.results_json,
@@ -232,13 +233,24 @@ def _drive_workers(config: RunConfig, as_run: RunConfig, workers: int, out: Any)
         remove_quietly([c.agent_events_jsonl for c in configs] + request_events)
         return result
     finally:
-        for process in processes:
+        for process in processes:  # normally all exited; after an error, stop the rest
             if process.is_alive():
-                process.terminate()
-            process.join(timeout=5)
+                process.terminate()  # a live worker's graceful stop
+        deadline = time.monotonic() + 10.0
+        for process in processes:
+            process.join(timeout=max(deadline - time.monotonic(), 0.1))
+            if process.is_alive():  # a dry run (no graceful stop), or stuck
+                process.kill()
+                process.join()
         for conn in conns:
             conn.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def shard_of(config: RunConfig) -> Shard:
+    shard = config.shard_spec()
+    assert shard is not None
+    return shard
 
 
 def _writable(folder: str) -> str | None:
@@ -261,13 +273,28 @@ def _supervise(config: RunConfig, processes, conns: list[Connection], out: Any) 
     view = _ProgressView()
     show = config.progress and progress_wanted(False) and not config.dry_run
     forwarded: list[int] = []
+    shard = config.shard_spec()
+    outer = (
+        f"Shard: {shard.label} (routing slots {shard.index}, {shard.index + shard.count}, ...)"
+        if shard is not None
+        else None
+    )
+
+    def send(k: int, signum: int) -> None:
+        process = processes[k]
+        if process.is_alive() and process.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signum)
 
     def forward(signum, _frame) -> None:
+        """A worker takes signals once it is ready (its graceful stop is installed by
+        then); one that is not ready yet gets them when it is. A dry run has no graceful
+        stop: it ends at once, as one process does."""
         forwarded.append(signum)
-        for process in processes:
-            if process.is_alive() and process.pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(process.pid, signum)
+        if config.dry_run:
+            raise KeyboardInterrupt
+        for k in ready:
+            send(k, signum)
 
     previous = {}
     if threading_is_main():
@@ -289,12 +316,14 @@ def _supervise(config: RunConfig, processes, conns: list[Connection], out: Any) 
                     continue
                 kind = message[0]
                 if kind == "lines" and k == 0:
-                    out.lines([_worker_line(line, n) for line in message[1]])
+                    out.lines([_worker_line(line, n, outer) for line in message[1]])
                 elif kind == "warning" and message[1] not in warnings:
                     warnings.add(message[1])
                     out.warning(message[1])
                 elif kind == "ready":
                     ready.add(k)
+                    for signum in forwarded:  # what arrived while it was getting ready
+                        send(k, signum)
                 elif kind == "planned":
                     planned[k] = message[1]
                 elif kind == "progress":
@@ -356,10 +385,12 @@ def _update(view: _ProgressView, progress, counts: dict[int, tuple[int, ...]]) -
     progress.trajectories_finished(sum(c[4] for c in counts.values()))
 
 
-def _worker_line(line: str, workers: int) -> str:
-    """Worker 0's banner speaks for the run: its shard line becomes the workers line."""
+def _worker_line(line: str, workers: int, outer: str | None) -> str:
+    """Worker 0's banner speaks for the run: its shard line becomes the run's (with
+    --shard) and the workers line."""
     if line.startswith("Shard: "):
-        return f"Workers: {workers} processes (worker k owns routing slots k, k+{workers}, ...)"
+        text = f"Workers: {workers} processes (worker k owns routing slots k, k+{workers}, ...)"
+        return f"{outer}\n{text}" if outer else text
     return line
 
 
