@@ -168,6 +168,31 @@ def test_dry_run_shard_processes_together_are_the_single_run(tmp_path, capsys):
 
 
 # -- merge refusals (in-process dry runs: cheap) ---------------------------------------
+@pytest.mark.native_pass_only
+def test_a_shard_split_over_workers_merges_with_the_other_shards(tmp_path, capsys):
+    """Shard 1/2 over 2 workers (shards 1/4 and 3/4 of the run), merged with shard 0/2:
+    the single run's lines; the workers' shard keeps its banner line."""
+    manifest = write_manifest(tmp_path / "m.jsonl")
+    cap = ["--max-active-agents", "4"]
+    assert main(["--agent-plans-jsonl", str(manifest), *DRY, *cap]) == 0
+    single = dry_lines(capsys.readouterr().out)
+    first = dry_shard(tmp_path / "s0", manifest, "0/2", *cap)
+    (tmp_path / "s1").mkdir()
+    second = tmp_path / "s1" / "r.json"
+    command = agent_command("--agent-plans-jsonl", str(manifest), *DRY, *cap, "--shard", "1/2",
+                            "--workers", "2", "--results-json", str(second))  # fmt: skip
+    out, _ = finish(
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    )
+    assert "Shard: 1/2 (routing slots 1, 3, ...)" in out.splitlines()
+    assert "Workers: 2 processes (worker k runs shard 1+2k of 4)" in out.splitlines()
+    assert json.loads(second.read_text())["shard"]["count"] == 2
+    status, lines, err = merge(capsys, str(first), str(second), "-o", str(tmp_path / "m"))
+    assert (status, err) == (0, "")
+    assert dry_lines("\n".join(lines)) == single
+    assert line_starting(lines, "Agents:") == "Agents: 7 completed / 7 total"
+
+
 def dry_shard(folder: Path, manifest: Path, shard: str, *extra: str) -> Path:
     folder.mkdir()
     results = folder / "r.json"

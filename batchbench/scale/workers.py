@@ -274,11 +274,6 @@ def _supervise(config: RunConfig, processes, conns: list[Connection], out: Any) 
     show = config.progress and progress_wanted(False) and not config.dry_run
     forwarded: list[int] = []
     shard = config.shard_spec()
-    outer = (
-        f"Shard: {shard.label} (routing slots {shard.index}, {shard.index + shard.count}, ...)"
-        if shard is not None
-        else None
-    )
 
     def send(k: int, signum: int) -> None:
         process = processes[k]
@@ -316,7 +311,7 @@ def _supervise(config: RunConfig, processes, conns: list[Connection], out: Any) 
                     continue
                 kind = message[0]
                 if kind == "lines" and k == 0:
-                    out.lines([_worker_line(line, n, outer) for line in message[1]])
+                    out.lines([_worker_line(line, n, shard) for line in message[1]])
                 elif kind == "warning" and message[1] not in warnings:
                     warnings.add(message[1])
                     out.warning(message[1])
@@ -385,13 +380,18 @@ def _update(view: _ProgressView, progress, counts: dict[int, tuple[int, ...]]) -
     progress.trajectories_finished(sum(c[4] for c in counts.values()))
 
 
-def _worker_line(line: str, workers: int, outer: str | None) -> str:
+def _worker_line(line: str, workers: int, shard: Shard | None) -> str:
     """Worker 0's banner speaks for the run: its shard line becomes the run's (with
     --shard) and the workers line."""
-    if line.startswith("Shard: "):
-        text = f"Workers: {workers} processes (worker k owns routing slots k, k+{workers}, ...)"
-        return f"{outer}\n{text}" if outer else text
-    return line
+    if not line.startswith("Shard: "):
+        return line
+    if shard is None:
+        return f"Workers: {workers} processes (worker k owns routing slots k, k+{workers}, ...)"
+    i, n = shard.index, shard.count
+    return (
+        f"Shard: {shard.label} (routing slots {i}, {i + n}, ...)\n"
+        f"Workers: {workers} processes (worker k runs shard {i}+{n}k of {n * workers})"
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover - workers start through multiprocessing
