@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -499,3 +500,58 @@ def test_ramp_up_starts_each_slot_at_its_offset(sim_url, tmp_path, capsys):
             delay = 0.6 * event["routing_slot"] / 4
             assert event["scheduled_at_seconds"] == delay
             assert event["admitted_at_seconds"] >= delay
+
+
+def child_pids(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+@pytest.mark.native_pass_only
+@pytest.mark.parametrize("when", ["while loading", "while running"])
+def test_an_interrupted_workers_run_stops_gracefully_and_writes_its_results(
+    sim_url, tmp_path, when
+):
+    """SIGINT to the parent: each worker stops once its graceful stop is installed (a signal
+    while it loads waits for that), the run exits 130 with its outputs, no traceback, no
+    hidden folder left."""
+    folder = tmp_path / "w"
+    folder.mkdir()
+    argv = [*live_args(sim_url), "--agents", "40", "--max-active-agents", "4",
+            "--tool-invocations", "5", "--tool-call-latency-ms", "1500", "--workers", "2",
+            "--results-json", str(folder / "r.json")]  # fmt: skip
+    process = subprocess.Popen(
+        agent_command(*argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    if when == "while loading":  # the workers exist, and are loading (the banner is not out)
+        deadline = time.monotonic() + 30
+        while len(child_pids(process.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(child_pids(process.pid)) >= 2
+    else:  # the banner comes from worker 0 once it has loaded; the clocks start soon after
+        assert process.stdout is not None
+        while process.stdout.readline().strip() != "==========================================":
+            pass
+        time.sleep(1.0)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and "Error:" not in err
+    assert (
+        "Interrupted by SIGINT: admission stopped; results cover work finished before shutdown"
+        in out
+    )
+    document = json.loads((folder / "r.json").read_text())
+    assert document["interrupted_by"] == "SIGINT"
+    assert document["metrics"]["agents"] == 40
+    assert document["metrics"]["completed_agents"] == 0  # 5 turns of 1.5 s: none could finish
+    assert sorted(os.listdir(folder)) == ["r.config.toml", "r.json"]
