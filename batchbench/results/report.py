@@ -70,10 +70,19 @@ def scale_lines(config: RunConfig, setup: RunSetup) -> list[str]:
             text = f"none (default up to {RAMP_FREE_AGENTS} active agents)"
         lines.append(f"Ramp-up: {text}")
     if config.shard is not None:
-        shard = config.shard_spec()
-        lines.append(
-            f"Shard: {shard.label} (routing slots {shard.index}, {shard.index + shard.count}, ...)"
-        )
+        # A worker of --workers W runs shard (i + kN)/(N·W) of the user's shard i/N.
+        shard, workers = config.shard_spec(), max(config.workers, 1)
+        i, n = shard.index % (shard.count // workers), shard.count // workers
+        if n > 1:
+            lines.append(f"Shard: {i}/{n} (routing slots {i}, {i + n}, ...)")
+        if workers > 1 and n > 1:
+            lines.append(
+                f"Workers: {workers} processes (worker k runs shard {i}+{n}k of {n * workers})"
+            )
+        elif workers > 1:
+            lines.append(
+                f"Workers: {workers} processes (worker k owns routing slots k, k+{workers}, ...)"
+            )
     return lines
 
 

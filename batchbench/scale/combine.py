@@ -30,7 +30,7 @@ OUTPUT_FIELDS = (
 )
 
 
-def _events(path: str, offset: float) -> Iterator[tuple[float, int, bytes]]:
+def _events(path: str, offset: float) -> Iterator[tuple[float, bytes]]:
     """One shard's request events on the merged clock, keyed by when each request ended."""
     try:
         handle = open(path, "rb")  # noqa: SIM115 - closed by the with below, errors first
@@ -52,7 +52,7 @@ def _events(path: str, offset: float) -> Iterator[tuple[float, int, bytes]]:
                 start = 0.0
             latency = event.get("latency_seconds")
             end = start + (latency if isinstance(latency, int | float) else 0.0)
-            yield end, number, orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE)
+            yield end, orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def merge_request_events(sources: Sequence[tuple[str, float]], target: str) -> int:
@@ -63,7 +63,7 @@ def merge_request_events(sources: Sequence[tuple[str, float]], target: str) -> i
     try:
         streams = [_events(path, offset) for path, offset in sources]
         batch = bytearray()
-        for _end, _number, line in heapq.merge(*streams, key=lambda item: item[0]):
+        for _end, line in heapq.merge(*streams, key=lambda item: item[0]):
             batch += line
             written += 1
             if len(batch) >= 1 << 20:
@@ -110,7 +110,7 @@ def finish_merged(
         config,
         merged.setup,
         merged.planned,
-        merged.never_started_requests,
+        None,  # each shard already counted its never-started trajectories' requests
         None,
         merged.engine,
         merged.live,

@@ -63,7 +63,6 @@ class MergedRun:
     live: Any | None  # an api.LiveRun
     lifecycle: tuple[dict[str, Any], ...]
     planned: tuple[int, int]  # trajectories, requests
-    never_started_requests: int
     offsets: tuple[float, ...]  # each shard's clock start after the earliest, seconds
     shards: tuple[ShardData, ...]
     wall_origin: float = 0.0  # Unix time of the earliest shard's clock start
@@ -130,7 +129,6 @@ def merge(shards: list[ShardData]) -> MergedRun:
         sum(int(d.meta["planned"][1]) for d in shards),
     )
     live = None
-    never = 0  # each shard counted its own never-started trajectories' requests as skipped
     if shards[0].meta["live"]:
         from batchbench.api import LiveRun
 
@@ -156,7 +154,7 @@ def merge(shards: list[ShardData]) -> MergedRun:
     lines = [line for data in shards for line in data.meta.get("dry_run_lines", ())]
     lines.sort(key=_line_agent)  # stable: each agent's lines stay in invocation order
     return MergedRun(
-        config, setup, engine, live, lifecycle, planned, never, offsets, tuple(shards), base,
+        config, setup, engine, live, lifecycle, planned, offsets, tuple(shards), base,
         tuple(lines),
     )  # fmt: skip
 

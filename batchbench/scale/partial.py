@@ -11,7 +11,6 @@ parent through a pipe; a shard run writes it beside its results JSON as
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from array import array
 from dataclasses import dataclass, field
@@ -156,10 +155,3 @@ def load(path: str) -> ShardData:
             f"is not {FORMAT} (written by another batchbench version)"
         )
     return ShardData(meta, arrays)
-
-
-def asdict_shallow(value: Any) -> Any:
-    """A dataclass (or a structure of them) as JSON-ready plain data."""
-    if dataclasses.is_dataclass(value):
-        return dataclasses.asdict(value)
-    return value

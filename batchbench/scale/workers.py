@@ -21,8 +21,8 @@ import os
 import secrets
 import shutil
 import signal
-import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import replace
@@ -133,7 +133,7 @@ def worker_configs(config: RunConfig, workers: int, folder: str) -> list[RunConf
             replace(
                 config,
                 shard=shard.label,
-                workers=1,
+                workers=workers,  # its banner names the workers; it spawns none itself
                 start_at=None,
                 preflight=False,
                 progress=False,
@@ -273,7 +273,6 @@ def _supervise(config: RunConfig, processes, conns: list[Connection], out: Any) 
     view = _ProgressView()
     show = config.progress and progress_wanted(False) and not config.dry_run
     forwarded: list[int] = []
-    shard = config.shard_spec()
 
     def send(k: int, signum: int) -> None:
         process = processes[k]
@@ -292,7 +291,7 @@ def _supervise(config: RunConfig, processes, conns: list[Connection], out: Any) 
             send(k, signum)
 
     previous = {}
-    if threading_is_main():
+    if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM):
             previous[signum] = signal.signal(signum, forward)
     try:
@@ -311,7 +310,7 @@ def _supervise(config: RunConfig, processes, conns: list[Connection], out: Any) 
                     continue
                 kind = message[0]
                 if kind == "lines" and k == 0:
-                    out.lines([_worker_line(line, n, shard) for line in message[1]])
+                    out.lines(message[1])
                 elif kind == "warning" and message[1] not in warnings:
                     warnings.add(message[1])
                     out.warning(message[1])
@@ -362,12 +361,6 @@ def _supervise(config: RunConfig, processes, conns: list[Connection], out: Any) 
     return [results[k] for k in range(n)]
 
 
-def threading_is_main() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
-
-
 def _update(view: _ProgressView, progress, counts: dict[int, tuple[int, ...]]) -> None:
     settled = sum(c[0] for c in counts.values())
     failed = sum(c[1] for c in counts.values())
@@ -378,21 +371,3 @@ def _update(view: _ProgressView, progress, counts: dict[int, tuple[int, ...]]) -
     totals.total_output_tokens = sum(c[2] for c in counts.values())
     view.agents = range(sum(c[3] for c in counts.values()))
     progress.trajectories_finished(sum(c[4] for c in counts.values()))
-
-
-def _worker_line(line: str, workers: int, shard: Shard | None) -> str:
-    """Worker 0's banner speaks for the run: its shard line becomes the run's (with
-    --shard) and the workers line."""
-    if not line.startswith("Shard: "):
-        return line
-    if shard is None:
-        return f"Workers: {workers} processes (worker k owns routing slots k, k+{workers}, ...)"
-    i, n = shard.index, shard.count
-    return (
-        f"Shard: {shard.label} (routing slots {i}, {i + n}, ...)\n"
-        f"Workers: {workers} processes (worker k runs shard {i}+{n}k of {n * workers})"
-    )
-
-
-if __name__ == "__main__":  # pragma: no cover - workers start through multiprocessing
-    sys.exit("run through batchbench-agent --workers N")
