@@ -36,6 +36,7 @@ from batchbench.drive.driver import (
     HttpAgentLoop,
     make_session,
     raise_open_file_limit,
+    run_transport,
 )
 from batchbench.drive.dryrun import DryRunLoop
 from batchbench.drive.engine import StartGate, run_closed_loop, run_open_loop
@@ -815,6 +816,7 @@ async def _drive(
     if warning:
         out.warning(warning)
     session = make_session(settings, max_connections)
+    transport = run_transport(settings, max_connections, session)
     installed = False
     scraper: ServerMetricsScraper | None = None
     scraping: asyncio.Future | None = None
@@ -836,7 +838,14 @@ async def _drive(
             await oracle.detect()
             fidelity = replace(fidelity, oracle=oracle)
         agents = HttpAgentLoop(
-            settings, workload, factory, pool, session, recorder, shutdown, fidelity
+            settings,
+            workload,
+            factory,
+            pool,
+            transport,
+            recorder,
+            shutdown,
+            fidelity,
         )
         agents.clock_listeners.append(note_origin)
         agents.clock_listeners.append(schedule_end)
@@ -872,6 +881,8 @@ async def _drive(
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        recorder.totals.resent_requests = getattr(transport, "resent", 0)
+        await transport.close()
         await session.close()
         if installed:
             shutdown.uninstall()

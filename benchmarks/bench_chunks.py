@@ -1,20 +1,23 @@
-"""Client cost of streamed chunks and of requests: the SSE scanner against the old assembler.
+"""Client cost of streamed chunks and of requests: the client paths side by side.
 
 Run from the repository root (after ``python setup.py build_ext --inplace``):
 ``python -m benchmarks.bench_chunks [--repeat N] [--requests R] [--concurrency C]
-[--shapes nonstream stream50 stream500] [--no-capacity] [--quick]``.
+[--shapes nonstream stream50 stream500] [--paths aiohttp new] [--no-capacity] [--quick]``.
 
 Two zero-latency servers (``benchmarks/_fastserver.py``, one with 50-chunk streams, one
 with 500) answer the real ``batchbench agent`` (in a child process of this module, so
-each run starts clean). Two client paths run side by side, interleaved in every round:
+each run starts clean). The client paths run side by side, interleaved in every round;
+``--paths`` picks two or three of them (the first is the baseline of the ratios):
 
-* ``new``: the product as it is (``StreamAssembler`` on the ``SseScanner``, compiled
-  when built; ``BATCHBENCH_NO_EXTENSIONS=1`` measures the twin);
-* ``old``: the same client with ``StreamAssembler`` replaced, inside the child only, by
-  the assembler it had before the scanner (``LegacyAssembler`` below: every ``data:``
-  payload parsed with orjson).
+* ``new``: the product as it is (the lean plain-HTTP transport of
+  ``batchbench.drive.transport``, ``StreamAssembler`` on the ``SseScanner``, compiled when
+  built; ``BATCHBENCH_NO_EXTENSIONS=1`` measures the twin);
+* ``aiohttp``: the same client sending through aiohttp (``AiohttpTransport``), as every
+  request did before the lean transport;
+* ``legacy``: aiohttp and, in place of the scanner, the assembler from before it
+  (``LegacyAssembler`` below: every ``data:`` payload parsed with orjson).
 
-Non-streamed requests never touch the assembler, so their two rows differ only by noise.
+The swaps happen inside the child process only.
 
 What it measures, for three shapes (non-streamed; streamed 50 chunks; streamed 500):
 
@@ -45,7 +48,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SHAPES = {"nonstream": 0, "stream50": 50, "stream500": 500}
-PATHS = ("old", "new")
+PATHS = ("legacy", "aiohttp", "new")
 LAG_TARGET_MS = 10.0
 CAPACITY_TURNS = 4
 CAPACITY_DELAY_MS = 100
@@ -152,10 +155,16 @@ def legacy_assembler():
 
 
 def child_main(path: str, argv: list[str]) -> int:
-    """``--child old|new AGENT ARGS``: run ``batchbench agent`` in this process."""
-    if path == "old":
-        from batchbench.drive import driver
+    """``--child legacy|aiohttp|new AGENT ARGS``: run ``batchbench agent`` in this process."""
+    from batchbench.drive import driver, transport
 
+    if path in ("legacy", "aiohttp"):
+
+        def through_aiohttp(url, timeout_seconds, limit, session):
+            return transport.AiohttpTransport(session, url)
+
+        driver.make_transport = through_aiohttp
+    if path == "legacy":
         driver.StreamAssembler = legacy_assembler()
     from batchbench.cli.main import run
 
@@ -259,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--requests", type=int, default=4000, help="requests per CPU run")
     parser.add_argument("--concurrency", type=int, default=64, help="agents in flight")
     parser.add_argument("--shapes", nargs="+", choices=tuple(SHAPES), default=list(SHAPES))
+    parser.add_argument(
+        "--paths", nargs="+", choices=PATHS, default=["aiohttp", "new"], help="client paths"
+    )
     parser.add_argument("--no-capacity", action="store_true", help="skip the lag-bound rates")
     parser.add_argument("--step-seconds", type=float, default=4.0, help="arrivals per step")
     parser.add_argument("--quick", action="store_true", help="1 round, 1000 requests")
@@ -282,13 +294,13 @@ def main(argv: list[str] | None = None) -> int:
         first = servers[min(servers)]
         agent("new", first.url, False, ["--agents", "4", "--tool-invocations", "2"])  # warm-up
         for round_index in range(args.repeat):
-            for shape, path in itertools.product(args.shapes, PATHS):
+            for shape, path in itertools.product(args.shapes, args.paths):
                 url = servers[max(SHAPES[shape], 50)].url
                 stream = SHAPES[shape] > 0
                 value = cpu_per_k(path, url, stream, args.requests, args.concurrency)
                 cpu.setdefault((shape, path), []).append(value)
             if not args.no_capacity:
-                for shape, path in itertools.product(args.shapes, PATHS):
+                for shape, path in itertools.product(args.shapes, args.paths):
                     url = servers[max(SHAPES[shape], 50)].url
                     start = {"nonstream": 400.0, "stream50": 300.0, "stream500": 80.0}[shape]
                     held = capacity(path, url, SHAPES[shape] > 0, start, args.step_seconds)
@@ -305,18 +317,18 @@ def main(argv: list[str] | None = None) -> int:
         f"{sse.IMPLEMENTATION}; median of {args.repeat} rounds; {args.requests} requests at "
         f"concurrency {args.concurrency} per CPU run"
     )
-    header = f"{'shape':<22}{'CPU-s/1000 old':>16}{'new':>8}{'new/old':>9}"
+    base = args.paths[0]
+    header = f"{'shape':<12}" + "".join(f"{'CPU-s/1000 ' + p:>20}" for p in args.paths)
+    header += "".join(f"{p + '/' + base:>16}" for p in args.paths[1:])
     if rates:
-        header += f"{'req/s old':>11}{'new':>8}{'new/old':>9}"
+        header += "".join(f"{'req/s ' + p:>14}" for p in args.paths)
     print(header)
     for shape in args.shapes:
-        old, new = statistics.median(cpu[shape, "old"]), statistics.median(cpu[shape, "new"])
-        line = f"{shape:<22}{old:>16.3f}{new:>8.3f}{new / old:>9.2f}"
+        cpus = [statistics.median(cpu[shape, p]) for p in args.paths]
+        line = f"{shape:<12}" + "".join(f"{c:>20.3f}" for c in cpus)
+        line += "".join(f"{c / cpus[0]:>16.2f}" for c in cpus[1:])
         if rates:
-            r_old = statistics.median(rates[shape, "old"])
-            r_new = statistics.median(rates[shape, "new"])
-            ratio = r_new / r_old if r_old else float("nan")
-            line += f"{r_old:>11.0f}{r_new:>8.0f}{ratio:>9.2f}"
+            line += "".join(f"{statistics.median(rates[shape, p]):>14.0f}" for p in args.paths)
         print(line)
     print(f"(rounds: {json.dumps({f'{k[0]}/{k[1]}': v for k, v in cpu.items()})})")
     if rates:

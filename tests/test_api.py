@@ -86,7 +86,7 @@ def test_files_render_the_summary_record(tmp_path):
     assert rows[1] == csv_row(result.summary)
     document = orjson.loads((tmp_path / "out" / "r.json").read_bytes())
     assert document["metrics"] == orjson.loads(orjson.dumps(dataclasses.asdict(result.summary)))
-    assert list(document["metrics"]) == [*ALL_CSV_COLUMNS, "errors_by_kind"]
+    assert list(document["metrics"]) == [*ALL_CSV_COLUMNS, "errors_by_kind", "resent_requests"]
     events = [orjson.loads(line) for line in (tmp_path / "events.jsonl").read_bytes().splitlines()]
     assert events == [dict(record) for record in result.lifecycle]
     written = dict((what, path) for what, path in result.written)

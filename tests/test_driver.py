@@ -1311,7 +1311,11 @@ def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
     # JSON summary.
     document = json.loads(summary_json.read_text())
     assert document["manifest"] == {"path": str(plans), "sha256": digest, "schema_version": 1}
-    assert list(document["metrics"]) == [*fixed, "errors_by_kind"]  # the window has its own
+    assert list(document["metrics"]) == [
+        *fixed,
+        "errors_by_kind",
+        "resent_requests",
+    ]  # the window has its own
     assert document["metrics"]["errors_by_kind"] == {
         "http_status": {"count": 2, "example": "request failed (503 Service Unavailable) busy",
                         "statuses": {"400": 1, "503": 1}},

@@ -119,6 +119,32 @@ def test_sim_flag_replays_the_example_with_exact_prompt_counts(tmp_path, capsys,
     assert row["host"].startswith("http://127.0.0.1:")
 
 
+@pytest.mark.native_pass_only  # the transport is pure Python: the pure pass adds nothing here
+def test_a_server_that_closes_after_each_stream_costs_no_retries(tmp_path, capsys):
+    """llama.cpp's server ends the connection after every streamed response although it
+    stays kept alive by HTTP/1.1; the simulator's --close-after-stream does the same. A
+    request that goes out on such a connection as it closes was never answered: it is sent
+    again on a new connection at once, not counted as a failed attempt with a backoff (the
+    aiohttp client this replaced counted 40 disconnects and 40 retries for this run)."""
+    args = [
+        "--agents", "8", "--tool-invocations", "6", "--input-tokens", "64",
+        "--output-tokens", "16", "--seed", "3", "--stream", "--sim", "--sim-args", "--speed 0 --close-after-stream",
+    ]  # fmt: skip
+    status, summary, _, requests = run_agent(tmp_path, *args)
+    out = capsys.readouterr().out
+    metrics = summary["metrics"]
+    assert status == 0 and metrics["verdict"] == "ok"
+    assert (metrics["successful_requests"], metrics["attempts"], metrics["retries"]) == (48, 48, 0)
+    assert metrics["errors_by_kind"] == {}
+    assert [r["attempts"] for r in requests] == [1] * 48
+    # Every request after an agent's first finds its connection closing or closed; how many
+    # were already sent when the close arrived depends on timing, never more than those 40.
+    assert 0 <= metrics["resent_requests"] <= 40
+    if metrics["resent_requests"]:
+        assert f"Requests resent on a new connection: {metrics['resent_requests']} " in out
+    assert all(r["completion_tokens"] == 16 for r in requests)
+
+
 def growing_manifest(path: Path, trajectories: int, turns: int) -> list[list[int]]:
     """Identical shapes: prompts 200, 400, …; outputs 40; returns the prompt lists."""
     prompts = [200 * (k + 1) for k in range(turns)]

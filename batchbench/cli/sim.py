@@ -131,6 +131,13 @@ def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
         help="tokens per streamed content chunk (default %(default)s)",
     )
     server.add_argument(
+        "--close-after-stream",
+        action="store_true",
+        help="close the connection after every streamed response, although HTTP/1.1 keeps "
+        "it alive, as llama.cpp's server does: a client that sends its next request on it "
+        "at once finds it closed",
+    )
+    server.add_argument(
         "--show-overheads",
         action="store_true",
         help="print the template's replay overheads in tokens (the values to pass to "
@@ -295,6 +302,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         default_max_tokens=args.default_max_tokens,
         max_model_len=args.max_model_len,
         stream_chunk_tokens=args.stream_chunk_tokens,
+        close_after_stream=args.close_after_stream,
         serving=serving,
         faults=plan,
     )

@@ -1,8 +1,10 @@
 """The HTTP agent body: each admitted trajectory's turns against the server.
 
-One ``aiohttp.ClientSession`` on the running loop (uvloop in ``batchbench-agent``), with a
-connector sized to the active-agent cap. Per turn the body is the conversation's
-serialized prefix plus that turn's tail, built once and resent unchanged on retries.
+Requests go through one transport on the running loop (uvloop in ``batchbench-agent``):
+the lean keep-alive client of ``batchbench.drive.transport`` for ``http://`` targets,
+aiohttp otherwise, with connections capped at the active-agent cap. Per turn the body is
+the conversation's serialized prefix plus that turn's tail, built once and resent unchanged
+on retries.
 Texts for the next turn are generated while the request is in flight.
 """
 
@@ -24,6 +26,7 @@ from batchbench.drive.blockturns import BlockTurns
 from batchbench.drive.oracle import ORACLE_ROUNDS, PromptOracle
 from batchbench.drive.shutdown import CANCELLED_IN_FLIGHT, CANCELLED_WAITING, Shutdown, abandon
 from batchbench.drive.sizing import Sizing, TrajectorySizer
+from batchbench.drive.transport import ConnectError, Transport, make_transport
 from batchbench.drive.wire import (
     ROUTING_KEY_HEADER_ERROR,
     BodyOptions,
@@ -131,6 +134,14 @@ def make_session(settings: DriverSettings, max_connections: int | None) -> aioht
     )
 
 
+def run_transport(
+    settings: DriverSettings, max_connections: int | None, session: aiohttp.ClientSession
+) -> Transport:
+    """The run's chat-request transport; ``session`` serves what the lean client hands
+    on (https, redirects)."""
+    return make_transport(settings.url, settings.timeout_seconds, max_connections or 0, session)
+
+
 @dataclass(frozen=True)
 class Fidelity:
     """How the driver keeps prompts on target (see ``batchbench.drive.sizing``)."""
@@ -164,7 +175,7 @@ class HttpAgentLoop(BlockTurns):
         workload: Workload,
         factory: ContentFactory,
         pool: Executor,
-        session: aiohttp.ClientSession,
+        transport: Transport,
         recorder: Recorder,
         shutdown: Shutdown,
         fidelity: Fidelity | None = None,
@@ -173,7 +184,7 @@ class HttpAgentLoop(BlockTurns):
         self.workload = workload
         self.factory = factory
         self.pool = pool
-        self.session = session
+        self.transport = transport
         self.recorder = recorder
         self.shutdown = shutdown
         self.fidelity = fidelity or Fidelity(Framing(0, 0, learn=False))
@@ -602,26 +613,19 @@ class HttpAgentLoop(BlockTurns):
         return shutdown.finished_by is not None and shutdown.signal_name is None
 
     async def _post(self, body: bytes, headers: dict[str, str]) -> Reply:
-        async with self.session.post(self.settings.url, data=body, headers=headers) as response:
-            raw = await response.read()
-            status = response.status
-            if 200 <= status < 300:
-                return parse_response(raw)
-            _raise_status(status, raw, response.headers.get("Retry-After"))
+        status, raw, retry_after = await self.transport.send(body, headers, None)
+        if 200 <= status < 300:
+            return parse_response(raw)
+        _raise_status(status, raw, retry_after)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _post_stream(self, body: bytes, headers: dict[str, str]) -> Reply:
         sent = time.perf_counter()
-        async with self.session.post(self.settings.url, data=body, headers=headers) as response:
-            status = response.status
-            if not 200 <= status < 300:
-                _raise_status(status, await response.read(), response.headers.get("Retry-After"))
-            assembler = StreamAssembler()
-            feed = assembler.feed
-            clock = time.perf_counter
-            async for data in response.content.iter_any():
-                feed(data, clock())
-            return assembler.finish(sent)
+        assembler = StreamAssembler()
+        status, raw, retry_after = await self.transport.send(body, headers, assembler.feed)
+        if not 200 <= status < 300:
+            _raise_status(status, raw, retry_after)
+        return assembler.finish(sent)
 
     def _request_event(
         self, agent, ident, invocation, slot, rank, request, reply, started, elapsed, attempts,
@@ -685,7 +689,7 @@ def _raise_status(status: int, raw: bytes, retry_after: str | None) -> None:
 
 def transport_kind(exc: Exception) -> ErrorKind:
     """connect when no connection was made; disconnect when it broke during the exchange."""
-    if isinstance(exc, aiohttp.ClientConnectorError | ConnectionRefusedError):
+    if isinstance(exc, ConnectError | aiohttp.ClientConnectorError | ConnectionRefusedError):
         return ErrorKind.CONNECT
     return ErrorKind.DISCONNECT
 

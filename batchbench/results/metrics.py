@@ -55,6 +55,8 @@ class RunTotals:
     skipped_requests: int = 0  # planned but never sent
     attempts: int = 0  # HTTP attempts of every sent request
     retry_waits_capped: int = 0  # Retry-After waits shortened to --max-retry-wait
+    # Sent again on a new connection: the server closed the kept-alive one under them.
+    resent_requests: int = 0
     errors: ErrorTally = field(default_factory=ErrorTally)  # failed attempts by kind
     request_latencies_ms: list[float] = field(default_factory=list)
     agent_latencies_ms: list[float] = field(default_factory=list)

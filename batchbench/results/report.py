@@ -319,10 +319,17 @@ EXAMPLE_LIMIT = 100
 
 
 def error_lines(summary: Summary) -> list[str]:
-    """Failed attempts by kind: a count and the first message of each kind."""
+    """Failed attempts by kind: a count and the first message of each kind; requests
+    resent because the server closed a kept-alive connection under them."""
+    resent = []
+    if summary.resent_requests:
+        resent.append(
+            f"Requests resent on a new connection: {summary.resent_requests} (the server "
+            "closed a kept-alive connection as they went out, before answering)"
+        )
     kinds = summary.errors_by_kind
     if not kinds:
-        return []
+        return resent
     rows = []
     for kind, entry in sorted(kinds.items(), key=lambda item: (-int(item[1]["count"]), item[0])):
         label = kind
@@ -342,7 +349,7 @@ def error_lines(summary: Summary) -> list[str]:
         lines.append(f"  {label.ljust(width)}  {count.rjust(count_width)}  {example}")
     if summary.retry_waits_capped:
         lines.append(f"Retry-After waits capped at --max-retry-wait: {summary.retry_waits_capped}")
-    return lines
+    return lines + resent
 
 
 def verdict_lines(summary: Summary) -> list[str]:

@@ -98,7 +98,7 @@ OUTCOME_CSV_COLUMNS = (
 ALL_CSV_COLUMNS = (
     CSV_COLUMNS + EXTRA_CSV_COLUMNS + LIVE_CSV_COLUMNS + FIDELITY_CSV_COLUMNS + OUTCOME_CSV_COLUMNS
 )
-JSON_ONLY_METRICS = ("errors_by_kind",)
+JSON_ONLY_METRICS = ("errors_by_kind", "resent_requests")
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +204,7 @@ class Summary:
     max_failure_rate: float
     verdict: str  # "ok", "failed" (failures beyond --max-failure-rate) or "interrupted"
     errors_by_kind: dict[str, dict[str, object]]  # JSON only: failed attempts by kind
+    resent_requests: int  # JSON only: resent after the server closed a kept-alive connection
 
     def as_dict(self) -> dict[str, object]:
         """Field name -> value, in column order (the results JSON's ``metrics``)."""
@@ -372,4 +373,5 @@ def build_summary(
         max_failure_rate=config.max_failure_rate,
         verdict=verdict,
         errors_by_kind=totals.errors.as_dict(),
+        resent_requests=totals.resent_requests,
     )

@@ -66,6 +66,7 @@ class SimConfig:
     default_max_tokens: int = 256
     max_model_len: int = 262_144
     stream_chunk_tokens: int = 1
+    close_after_stream: bool = False  # llama.cpp's server: a finished stream ends its connection
     serving: ServingModel = field(default_factory=ServingModel)
     faults: FaultPlan = field(default_factory=FaultPlan)
 
@@ -443,6 +444,8 @@ class SimServer:
                 await response.write(_event(dict(head, choices=[], usage=usage)))
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
+            if self.config.close_after_stream and request.transport is not None:
+                request.transport.close()  # after the last bytes, though keep-alive was implied
             return response
         finally:
             if sequence is not None:

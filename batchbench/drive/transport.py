@@ -1,0 +1,482 @@
+"""How a chat request travels: a lean keep-alive HTTP/1.1 client for plain ``http://``
+targets, and aiohttp for everything else.
+
+The run's hot path is one POST per turn. aiohttp spends about 120 µs of client CPU on
+each (request object, header multidict, stream reader, timer context); on a plain
+``http://`` target that is half of everything the client does per request. The
+:class:`PlainHttpTransport` writes the request head and body to a pooled connection
+and parses the response with llhttp (``httptools``, the parser uvicorn uses), handing
+streamed bytes to the SSE scanner straight from the parser's callback. It keeps what
+the run relies on from aiohttp: a total timeout that covers connecting, waiting and a
+slow body; a connection limit; keep-alive reuse that drops connections the server
+closed; gzip and deflate bodies; ``Retry-After``; redirects (the first hop's target is
+handed to aiohttp, which follows the rest as before); connect failures told apart from
+disconnects. TLS and proxies stay with aiohttp (:class:`AiohttpTransport`).
+
+Both transports answer ``send(body, headers, sink)`` with ``(status, body, retry_after)``;
+with a ``sink``, the body of a 2xx response goes to ``sink(data, arrived)`` read by read
+instead (``arrived`` is the ``perf_counter`` time of the read), and ``body`` is empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import socket
+import time
+import zlib
+from collections.abc import Callable
+from typing import Protocol
+from urllib.parse import urljoin, urlsplit
+
+import aiohttp
+import httptools
+
+Sink = Callable[[bytes, float], object]
+Sent = tuple[int, bytes, str | None]
+
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+# Header blocks kept per agent (one dict of headers each); cleared past this many.
+_HEADER_CACHE_LIMIT = 4096
+
+
+class ConnectError(OSError):
+    """No connection could be made (refused, unreachable, unresolvable)."""
+
+
+class DisconnectError(OSError):
+    """The connection broke, or the response could not be read, during the exchange."""
+
+
+class Transport(Protocol):
+    async def send(self, body: bytes, headers: dict[str, str], sink: Sink | None) -> Sent: ...
+
+    async def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------------------------------
+# aiohttp: TLS, proxies, redirects, and the reference behaviour
+
+
+class AiohttpTransport:
+    """Sends through an ``aiohttp.ClientSession`` (which it does not own)."""
+
+    def __init__(self, session: aiohttp.ClientSession, url: str) -> None:
+        self.session = session
+        self.url = url
+
+    async def send(self, body: bytes, headers: dict[str, str], sink: Sink | None) -> Sent:
+        return await self.send_to("POST", self.url, body, headers, sink)
+
+    async def send_to(
+        self, method: str, url: str, body: bytes | None, headers: dict[str, str], sink: Sink | None
+    ) -> Sent:
+        async with self.session.request(method, url, data=body, headers=headers) as response:
+            status = response.status
+            if sink is None or not 200 <= status < 300:
+                return status, await response.read(), response.headers.get("Retry-After")
+            clock = time.perf_counter
+            async for data in response.content.iter_any():
+                sink(data, clock())
+            return status, b"", None
+
+    async def close(self) -> None:
+        """The session belongs to the caller."""
+
+
+# ---------------------------------------------------------------------------------------
+# The plain-HTTP client
+
+
+class _Decoder:
+    """A gzip or deflate body, decoded as it arrives (deflate with or without the zlib
+    header: servers send both)."""
+
+    __slots__ = ("_inner", "encoding")
+
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+        self._inner = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None
+
+    def decode(self, data: bytes) -> bytes:
+        if self._inner is None:  # deflate: a zlib header is two bytes, a multiple of 31
+            wrapped = len(data) >= 2 and data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
+            self._inner = zlib.decompressobj(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
+        return self._inner.decompress(data)
+
+    def flush(self) -> bytes:
+        return self._inner.flush() if self._inner is not None else b""
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection: writes a request, parses its response."""
+
+    def __init__(self, pool: PlainHttpTransport) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.waiter: asyncio.Future | None = None
+        self.stream_sink: Sink | None = None  # where a 2xx body goes (None: kept whole)
+        self.sink: Sink | None = None  # where this response's body goes
+        self.chunks: list[bytes] = []
+        self.status = 0
+        self.retry_after: str | None = None
+        self.location: str | None = None
+        self.decoder: _Decoder | None = None
+        self.framed = False  # Content-Length or chunked: the body does not end at EOF
+        self.headers_done = False
+        self.reusable = False
+        self.arrived = 0.0
+        self.failure: BaseException | None = None
+        self.served = 0  # responses completed on this connection
+        self.received = False  # a byte of the current response arrived
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError, AttributeError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        if self.waiter is None:  # bytes nobody asked for: the connection cannot be reused
+            self.abort()
+            return
+        self.arrived = time.perf_counter()
+        self.received = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError:
+            failure = self.failure or DisconnectError("response handling failed")
+            self._fail(failure)
+        except httptools.HttpParserError as exc:
+            self._fail(DisconnectError(f"invalid HTTP response: {exc}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pool._closed(self)
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return
+        if self.headers_done and not self.framed:
+            # A body that ends with the connection (no length, not chunked) is complete.
+            self.reusable = False
+            self.on_message_complete()
+            return
+        if self.headers_done:
+            self._fail(DisconnectError("Response payload is not completed: connection closed"))
+        else:
+            self._fail(DisconnectError("Server disconnected"))
+
+    # -- llhttp callbacks ------------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"retry-after":
+            self.retry_after = value.decode("latin-1")
+        elif name == b"content-encoding":
+            encoding = value.strip().lower()
+            if encoding in (b"gzip", b"x-gzip"):
+                self.decoder = _Decoder("gzip")
+            elif encoding == b"deflate":
+                self.decoder = _Decoder("deflate")
+        elif name == b"location":
+            self.location = value.decode("latin-1")
+        elif name == b"content-length" or name == b"transfer-encoding":
+            self.framed = True
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.headers_done = True
+        # An error body is read whole, whatever the request asked for.
+        self.sink = self.stream_sink if 200 <= self.status < 300 else None
+
+    def on_body(self, body: bytes) -> None:
+        decoder = self.decoder
+        if decoder is not None:
+            try:
+                body = decoder.decode(body)
+            except zlib.error as exc:
+                self.failure = DisconnectError(
+                    f"Can not decode content-encoding: {decoder.encoding}: {exc}"
+                )
+                raise
+            if not body:
+                return
+        sink = self.sink
+        if sink is None:
+            self.chunks.append(body)
+            return
+        try:
+            sink(body, self.arrived)
+        except BaseException as exc:
+            self.failure = exc
+            raise
+
+    def on_message_complete(self) -> None:
+        status = self.status
+        if 100 <= status < 200:  # an interim response: the real one follows
+            self._reset_response()
+            return
+        if self.decoder is not None:
+            try:
+                tail = self.decoder.flush()
+            except zlib.error as exc:
+                self._fail(DisconnectError(f"Can not decode content-encoding: {exc}"))
+                return
+            if tail:
+                if self.sink is None:
+                    self.chunks.append(tail)
+                else:
+                    self.sink(tail, self.arrived)
+        if not self.closed:
+            self.reusable = self.parser.should_keep_alive()
+        self.served += 1
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- exchange --------------------------------------------------------------------------
+    def _reset_response(self) -> None:
+        self.chunks = []
+        self.status = 0
+        self.retry_after = None
+        self.location = None
+        self.decoder = None
+        self.framed = False
+        self.headers_done = False
+        self.reusable = False
+        self.failure = None
+        self.sink = None
+
+    def _fail(self, exc: BaseException) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+        self.abort()
+
+    def abort(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.pool._closed(self)
+            if self.transport is not None:
+                self.transport.abort()
+
+    async def exchange(self, head: bytes, body: bytes, sink: Sink | None) -> None:
+        self._reset_response()
+        self.received = False
+        self.stream_sink = sink
+        waiter = self.waiter = self.pool.loop.create_future()
+        self.transport.writelines((head, body))  # type: ignore[union-attr]
+        try:
+            await waiter
+        finally:
+            self.waiter = None
+            self.stream_sink = self.sink = None
+
+
+class PlainHttpTransport:
+    """Keep-alive HTTP/1.1 to one ``http://`` origin, at most ``limit`` connections
+    (0: no limit)."""
+
+    def __init__(
+        self,
+        url: str,
+        timeout_seconds: float,
+        limit: int,
+        fallback: Callable[[], AiohttpTransport],
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"not a plain http:// URL: {url}")
+        self.url = url
+        self.host = parts.hostname
+        self.port = parts.port or 80
+        target = parts.path or "/"
+        if parts.query:
+            target += "?" + parts.query
+        netloc = parts.netloc.rpartition("@")[2]  # credentials never travel in Host
+        if parts.port == 80:
+            netloc = netloc.rsplit(":", 1)[0]
+        self._request_line = f"POST {target} HTTP/1.1\r\nHost: {netloc}\r\n".encode("latin-1")
+        self._fixed = b"Accept: */*\r\nAccept-Encoding: gzip, deflate\r\n"
+        self.timeout_seconds = timeout_seconds
+        self.limit = limit
+        self._fallback_factory = fallback
+        self._fallback: AiohttpTransport | None = None
+        self.loop = asyncio.get_running_loop()
+        self._idle: list[_Connection] = []
+        self._open = 0
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._addresses: list[tuple] | None = None
+        self._header_blocks: dict[int, tuple[dict[str, str], bytes]] = {}
+        self._live: set[_Connection] = set()
+        self.resent = 0  # requests sent again after a kept-alive connection closed under them
+
+    # -- request -----------------------------------------------------------------------------
+    def _head(self, body: bytes, headers: dict[str, str]) -> bytes:
+        cached = self._header_blocks.get(id(headers))
+        if cached is None or cached[0] is not headers:
+            block = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+            if len(self._header_blocks) >= _HEADER_CACHE_LIMIT:
+                self._header_blocks.clear()
+            cached = self._header_blocks[id(headers)] = (headers, block.encode("latin-1"))
+        return b"".join(
+            (
+                self._request_line,
+                self._fixed,
+                cached[1],
+                b"Content-Length: ",
+                str(len(body)).encode(),
+                b"\r\n\r\n",
+            )
+        )
+
+    async def send(self, body: bytes, headers: dict[str, str], sink: Sink | None) -> Sent:
+        async with asyncio.timeout(self.timeout_seconds):
+            head = self._head(body, headers)
+            fresh = False
+            while True:
+                connection = await self._acquire(fresh)
+                reused = connection.served > 0
+                try:
+                    await connection.exchange(head, body, sink)
+                    break
+                except DisconnectError:
+                    connection.abort()
+                    if not reused or connection.received or fresh:
+                        raise
+                    # A kept-alive connection the server closed as the request went out
+                    # (llama.cpp's server closes every connection after a stream, while its
+                    # headers say keep-alive). Nothing was answered, so nothing was served:
+                    # the request goes again, once, on a new connection.
+                    fresh = True
+                    self.resent += 1
+                except BaseException:
+                    connection.abort()
+                    raise
+            status = connection.status
+            body_bytes = b"".join(connection.chunks) if connection.chunks else b""
+            retry_after = connection.retry_after
+            location = connection.location
+            self._release(connection)
+            if status in REDIRECT_STATUSES and location:
+                return await self._follow(status, location, body, headers, sink)
+            return status, body_bytes, retry_after
+
+    async def _follow(
+        self, status: int, location: str, body: bytes, headers: dict[str, str], sink: Sink | None
+    ) -> Sent:
+        """The redirect's target through aiohttp, as aiohttp would have followed it: 303,
+        and 301/302 after a POST, become a GET without a body."""
+        if self._fallback is None:
+            self._fallback = self._fallback_factory()
+        target = urljoin(self.url, location)
+        if status in (301, 302, 303):
+            headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+            return await self._fallback.send_to("GET", target, None, headers, sink)
+        return await self._fallback.send_to("POST", target, body, headers, sink)
+
+    # -- the pool ----------------------------------------------------------------------------
+    async def _acquire(self, fresh: bool = False) -> _Connection:
+        """An idle connection (the most recently used), else a new one within the limit;
+        ``fresh``: a new one (an idle one is closed to make room at the limit)."""
+        idle = self._idle
+        while True:
+            while idle and not fresh:
+                connection = idle.pop()
+                if not connection.closed:
+                    return connection
+            if not self.limit or self._open < self.limit:
+                break
+            if idle:
+                idle.pop().abort()
+                continue
+            waiter = self.loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake()  # pass the wake-up this waiter received on
+                else:
+                    self._waiters.remove(waiter)
+                raise
+        self._open += 1
+        try:
+            return await self._connect()
+        except BaseException:
+            self._open -= 1
+            self._wake()
+            raise
+
+    async def _connect(self) -> _Connection:
+        loop = self.loop
+        if self._addresses is None:
+            try:
+                infos = await loop.getaddrinfo(
+                    self.host, self.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+                )
+            except OSError as exc:
+                raise ConnectError(self._cannot_connect(exc)) from None
+            self._addresses = [(family, address) for family, _, _, _, address in infos]
+        error: OSError | None = None
+        for family, address in self._addresses:
+            try:
+                _, connection = await loop.create_connection(
+                    lambda: _Connection(self), address[0], address[1], family=family
+                )
+            except OSError as exc:
+                error = exc
+                continue
+            if connection.closed:  # closed by the server before it could be used
+                raise DisconnectError("Server disconnected")
+            self._live.add(connection)
+            return connection
+        raise ConnectError(self._cannot_connect(error)) from None
+
+    def _cannot_connect(self, exc: OSError | None) -> str:
+        reason = (exc.strerror or str(exc)) if exc is not None else "no address"
+        return f"Cannot connect to host {self.host}:{self.port} [{reason}]"
+
+    def _release(self, connection: _Connection) -> None:
+        if connection.reusable and not connection.closed:
+            self._idle.append(connection)
+            self._wake()
+        else:
+            connection.abort()
+
+    def _closed(self, connection: _Connection) -> None:
+        """A connection ended (either side): it no longer counts against the limit."""
+        if connection in self._live:
+            self._live.discard(connection)
+            self._open -= 1
+            if connection in self._idle:
+                self._idle.remove(connection)
+            self._wake()
+
+    def _wake(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def close(self) -> None:
+        for connection in list(self._live):
+            connection.abort()
+        self._idle.clear()
+
+
+def make_transport(
+    url: str, timeout_seconds: float, limit: int, session: aiohttp.ClientSession
+) -> Transport:
+    """The plain-HTTP client for ``http://`` targets; aiohttp (``session``) otherwise."""
+    if urlsplit(url).scheme == "http":
+        return PlainHttpTransport(
+            url, timeout_seconds, limit, lambda: AiohttpTransport(session, url)
+        )
+    return AiohttpTransport(session, url)
