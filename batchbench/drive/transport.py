@@ -93,20 +93,35 @@ class _Decoder:
     """A gzip or deflate body, decoded as it arrives (deflate with or without the zlib
     header: servers send both)."""
 
-    __slots__ = ("_inner", "encoding")
+    __slots__ = ("_head", "_inner", "encoding")
 
     def __init__(self, encoding: str) -> None:
         self.encoding = encoding
         self._inner = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None
+        self._head = b""  # deflate: the first byte, until the second tells the format
+
+    def _choose(self, head: bytes) -> None:
+        """Deflate with a zlib header (two bytes, a multiple of 31) or raw."""
+        wrapped = len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0
+        self._inner = zlib.decompressobj(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
 
     def decode(self, data: bytes) -> bytes:
-        if self._inner is None:  # deflate: a zlib header is two bytes, a multiple of 31
-            wrapped = len(data) >= 2 and data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
-            self._inner = zlib.decompressobj(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
+        if self._inner is None:
+            data = self._head + data
+            if len(data) < 2:
+                self._head = data
+                return b""
+            self._head = b""
+            self._choose(data)
         return self._inner.decompress(data)
 
     def flush(self) -> bytes:
-        return self._inner.flush() if self._inner is not None else b""
+        if self._inner is None:
+            if not self._head:
+                return b""
+            self._choose(self._head)
+            return self._inner.decompress(self._head) + self._inner.flush()
+        return self._inner.flush()
 
 
 class _Connection(asyncio.Protocol):
@@ -131,6 +146,7 @@ class _Connection(asyncio.Protocol):
         self.arrived = 0.0
         self.failure: BaseException | None = None
         self.served = 0  # responses completed on this connection
+        self.answered = False  # the final response of the current request is complete
         self.received = False  # a byte of the current response arrived
 
     # -- asyncio.Protocol ------------------------------------------------------------------
@@ -172,6 +188,11 @@ class _Connection(asyncio.Protocol):
             self._fail(DisconnectError("Server disconnected"))
 
     # -- llhttp callbacks ------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self.answered:  # bytes beyond the answer, unasked: stop here, never reuse
+            self.failure = DisconnectError("unexpected bytes after the response")
+            raise self.failure
+
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
         if name == b"retry-after":
@@ -230,10 +251,15 @@ class _Connection(asyncio.Protocol):
                 if self.sink is None:
                     self.chunks.append(tail)
                 else:
-                    self.sink(tail, self.arrived)
+                    try:
+                        self.sink(tail, self.arrived)
+                    except BaseException as exc:
+                        self.failure = exc
+                        raise
         if not self.closed:
             self.reusable = self.parser.should_keep_alive()
         self.served += 1
+        self.answered = True
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -250,6 +276,7 @@ class _Connection(asyncio.Protocol):
         self.reusable = False
         self.failure = None
         self.sink = None
+        self.answered = False
 
     def _fail(self, exc: BaseException) -> None:
         waiter = self.waiter

@@ -1,0 +1,1079 @@
+"""The lean plain-HTTP client (batchbench.drive.transport) against real servers on 127.0.0.1:
+the request bytes it writes, keep-alive reuse, body framing, gzip and deflate, interim
+responses, error bodies, redirects handed to aiohttp, connect and disconnect errors, the
+total timeout, the connection limit, cancellation, stale connections (and the one resend
+on a kept-alive connection closed under a request), a failing sink, and parity with the
+aiohttp transport.
+
+Crafted responses come from raw ``asyncio.start_server`` servers that each test starts on its
+own loop; every test runs on asyncio and on uvloop (``batchbench-agent`` runs uvloop).
+Redirects and the parity checks use the aiohttp stub server (``stubserver``), shared by the
+module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import gzip
+import json
+import math
+import socket
+import time
+import zlib
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import pytest
+import uvloop
+from stubserver import Recorded, Reply, Stream, StubServer, chat_completion, delta_chunk, sse
+
+from batchbench.drive.driver import transport_kind
+from batchbench.drive.transport import (
+    AiohttpTransport,
+    ConnectError,
+    DisconnectError,
+    PlainHttpTransport,
+    make_transport,
+)
+from batchbench.results.failures import ErrorKind
+
+HOST = "127.0.0.1"
+PATH = "/v1/chat/completions"
+BODY = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
+HEADERS = {
+    "Content-Type": "application/json",
+    "Authorization": "Bearer sk-test",
+    "X-Routing-Key": "agent-7",
+}
+TIMEOUT = 0.2  # the total timeout of the timeout tests
+LOOPS = [pytest.param(asyncio.new_event_loop, id="asyncio"),
+         pytest.param(uvloop.new_event_loop, id="uvloop")]  # fmt: skip
+
+
+@pytest.fixture(params=LOOPS)
+def run(request):
+    """Runs a scenario coroutine on a new loop of the parametrized kind; a hang fails after
+    5 s instead of blocking the suite."""
+
+    def run_scenario(scenario):
+        async def bounded():
+            async with asyncio.timeout(5):
+                return await scenario
+
+        with asyncio.Runner(loop_factory=request.param) as runner:
+            return runner.run(bounded())
+
+    return run_scenario
+
+
+# -- raw responses ----------------------------------------------------------------------
+def head(status: str = "200 OK", *headers: str, version: str = "HTTP/1.1") -> bytes:
+    lines = [f"{version} {status}", *headers, "", ""]
+    return "\r\n".join(lines).encode("latin-1")
+
+
+def ok(body: bytes, *headers: str, status: str = "200 OK", version: str = "HTTP/1.1") -> bytes:
+    return head(status, f"Content-Length: {len(body)}", *headers, version=version) + body
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+CHUNKED = "Transfer-Encoding: chunked"
+LAST_CHUNK = b"0\r\n\r\n"
+
+
+def body_of(request: bytes) -> bytes:
+    return request.split(b"\r\n\r\n", 1)[1]
+
+
+# -- a raw server -----------------------------------------------------------------------
+class Peer:
+    """One accepted connection, as an action sees it."""
+
+    def __init__(self, number: int, writer: asyncio.StreamWriter) -> None:
+        self.number = number
+        self.writer = writer
+
+    async def write(self, data: bytes) -> None:
+        if self.writer.is_closing():
+            raise ConnectionResetError("the client went away")
+        self.writer.write(data)
+        await self.writer.drain()
+
+
+# An action answers one request; it returns True to keep the connection for the next one.
+Action = Callable[[Peer, bytes], Awaitable[bool]]
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes | None:
+    """One request's raw bytes (head and Content-Length body); None at the end."""
+    try:
+        request_head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in request_head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.lower() == b"content-length":
+                length = int(value)
+        return request_head + await reader.readexactly(length)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+
+
+class RawServer:
+    """``asyncio.start_server`` on 127.0.0.1. The n-th request read (on any connection)
+    gets the n-th action of the script; the last action answers all later requests. It
+    records each request as (connection number, raw bytes) and counts connections: all
+    accepted, open at once, and requests being answered at once."""
+
+    def __init__(self, *script: Action, port: int = 0) -> None:
+        self.script = script
+        self.port = port
+        self.requests: list[tuple[int, bytes]] = []
+        self.connections = 0
+        self.active = 0
+        self.max_active = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._tasks: set[asyncio.Task] = set()
+
+    async def __aenter__(self) -> RawServer:
+        self._server = await asyncio.start_server(self._serve, HOST, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    def url(self, path: str = PATH) -> str:
+        return f"http://{HOST}:{self.port}{path}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._tasks.add(asyncio.current_task())  # type: ignore[arg-type]
+        self.connections += 1
+        peer = Peer(self.connections, writer)
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            while (request := await read_request(reader)) is not None:
+                self.requests.append((peer.number, request))
+                action = self.script[min(len(self.requests), len(self.script)) - 1]
+                self.in_flight += 1
+                self.max_in_flight = max(self.max_in_flight, self.in_flight)
+                try:
+                    keep = await action(peer, request)
+                finally:
+                    self.in_flight -= 1
+                if not keep:
+                    break
+        except (asyncio.CancelledError, ConnectionError):
+            pass  # the test is over, or the client went away
+        finally:
+            self.active -= 1
+            writer.close()
+
+    @property
+    def connection_numbers(self) -> list[int]:
+        return [number for number, _ in self.requests]
+
+    @property
+    def bodies(self) -> list[bytes]:
+        return [body_of(request) for _, request in self.requests]
+
+
+def send(*parts: bytes, gap: float = 0.0, close: bool = False) -> Action:
+    """Write the parts, ``gap`` seconds apart (each its own read for the client); with
+    ``close``, end the connection afterwards."""
+
+    async def act(peer: Peer, request: bytes) -> bool:
+        for index, part in enumerate(parts):
+            if index and gap:
+                await asyncio.sleep(gap)
+            await peer.write(part)
+        return not close
+
+    return act
+
+
+async def drop(peer: Peer, request: bytes) -> bool:
+    """Close the connection without answering."""
+    return False
+
+
+async def hang(peer: Peer, request: bytes) -> bool:
+    """Never answer."""
+    await asyncio.Event().wait()
+    return False
+
+
+def echo(delay: float = 0.0) -> Action:
+    """Answer with the request's own body, after ``delay``; a body of b"hang" is never
+    answered."""
+
+    async def act(peer: Peer, request: bytes) -> bool:
+        body = body_of(request)
+        if body == b"hang":
+            return await hang(peer, request)
+        if delay:
+            await asyncio.sleep(delay)
+        await peer.write(ok(body))
+        return True
+
+    return act
+
+
+# -- the client side --------------------------------------------------------------------
+def no_fallback() -> AiohttpTransport:
+    raise AssertionError("the fallback transport was not expected to be needed")
+
+
+def plain(
+    url: str, *, timeout: float = 2.0, limit: int = 0, fallback=no_fallback
+) -> PlainHttpTransport:
+    return PlainHttpTransport(url, timeout, limit, fallback)
+
+
+class Collect:
+    """A sink that keeps every read and its arrival time."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.times: list[float] = []
+
+    def __call__(self, data: bytes, arrived: float) -> None:
+        assert type(data) is bytes and type(arrived) is float
+        self.parts.append(data)
+        self.times.append(arrived)
+
+    @property
+    def data(self) -> bytes:
+        return b"".join(self.parts)
+
+
+async def until(condition: Callable[[], bool], within: float = 2.0) -> None:
+    deadline = time.perf_counter() + within
+    while not condition():
+        assert time.perf_counter() < deadline, "the condition never held"
+        await asyncio.sleep(0.002)
+
+
+def session() -> aiohttp.ClientSession:
+    """Like the run's session (batchbench.drive.driver.make_session): no User-Agent."""
+    return aiohttp.ClientSession(skip_auto_headers=("User-Agent",), auto_decompress=True)
+
+
+# -- the request ------------------------------------------------------------------------
+def test_request_bytes_as_the_server_reads_them(run):
+    other = {"X-Other": "2"}
+
+    async def scenario():
+        async with RawServer(send(ok(b"{}"))) as server:
+            t = plain(server.url())
+            replies = [
+                await t.send(BODY, HEADERS, None),
+                await t.send(b"", other, None),  # another dict: its own header lines
+                await t.send(b"[1]", HEADERS, None),
+            ]
+            await t.close()
+        return server, replies
+
+    server, replies = run(scenario())
+    assert replies == [(200, b"{}", None)] * 3
+    host = b"Host: 127.0.0.1:%d\r\n" % server.port
+    fixed = b"Accept: */*\r\nAccept-Encoding: gzip, deflate\r\n"
+    given = b"Content-Type: application/json\r\nAuthorization: Bearer sk-test\r\nX-Routing-Key: agent-7\r\n"
+    line = b"POST /v1/chat/completions HTTP/1.1\r\n"
+    assert [request for _, request in server.requests] == [
+        line + host + fixed + given + b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY,
+        line + host + fixed + b"X-Other: 2\r\nContent-Length: 0\r\n\r\n",
+        line + host + fixed + given + b"Content-Length: 3\r\n\r\n[1]",
+    ]
+    for _, request in server.requests:
+        names = [h.split(b":")[0].lower() for h in request.split(b"\r\n\r\n")[0].split(b"\r\n")[1:]]
+        assert b"user-agent" not in names
+        assert names.count(b"content-length") == 1
+
+
+def test_the_target_keeps_its_query_and_host_drops_credentials(run):
+    async def scenario():
+        async with RawServer(send(ok(b"{}"))) as server:
+            t = plain(f"http://user:secret@{HOST}:{server.port}/v1/chat/completions?api-version=2")
+            reply = await t.send(BODY, {}, None)
+            await t.close()
+        return server, reply
+
+    server, reply = run(scenario())
+    assert reply == (200, b"{}", None)
+    request = server.requests[0][1]
+    assert request == (
+        b"POST /v1/chat/completions?api-version=2 HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+        b"Accept: */*\r\nAccept-Encoding: gzip, deflate\r\nContent-Length: %d\r\n\r\n%s"
+        % (server.port, len(BODY), BODY)
+    )  # no credentials: not in Host, and no Authorization made of them
+
+
+# -- keep-alive -------------------------------------------------------------------------
+def test_sequential_sends_share_one_keep_alive_connection(run):
+    async def scenario():
+        async with RawServer(echo()) as server:
+            t = plain(server.url(), limit=4)
+            replies = [await t.send(b"request %d" % i, HEADERS, None) for i in range(5)]
+            still_open = server.active
+            await t.close()
+            await until(lambda: server.active == 0)  # close() ends the idle connection
+        return server, replies, still_open
+
+    server, replies, still_open = run(scenario())
+    assert replies == [(200, b"request %d" % i, None) for i in range(5)]
+    assert server.connections == 1 and still_open == 1
+    assert server.connection_numbers == [1, 1, 1, 1, 1]
+
+
+def test_connection_close_and_http_1_0_responses_are_not_reused(run):
+    script = (
+        send(ok(b"one", "Connection: close")),  # the server itself leaves it open
+        send(ok(b"two", version="HTTP/1.0")),
+        send(ok(b"three")),
+        send(ok(b"four")),
+    )
+
+    async def scenario():
+        async with RawServer(*script) as server:
+            t = plain(server.url())
+            replies = [await t.send(BODY, HEADERS, None) for _ in range(4)]
+            await t.close()
+        return server, replies
+
+    server, replies = run(scenario())
+    assert replies == [(200, b, None) for b in (b"one", b"two", b"three", b"four")]
+    assert server.connection_numbers == [1, 2, 3, 3]
+
+
+def test_responses_without_a_body_are_complete_and_reused(run):
+    script = (send(head("204 No Content")), send(ok(b"")), send(ok(b"x")))
+
+    async def scenario():
+        async with RawServer(*script) as server:
+            t = plain(server.url())
+            sink = Collect()
+            replies = [
+                await t.send(BODY, HEADERS, None),
+                await t.send(BODY, HEADERS, sink),
+                await t.send(BODY, HEADERS, None),
+            ]
+            await t.close()
+        return server, replies, sink
+
+    server, replies, sink = run(scenario())
+    assert replies == [(204, b"", None), (200, b"", None), (200, b"x", None)]
+    assert sink.parts == []
+    assert server.connection_numbers == [1, 1, 1]
+
+
+# -- framing ----------------------------------------------------------------------------
+# name: (writes, the reads a sink should get, whether the connection is kept)
+FRAMINGS = {
+    "content-length": (
+        (head("200 OK", "Content-Length: 11") + b"hello", b" world"),
+        [b"hello", b" world"],
+        True,
+    ),
+    "chunked": (
+        (head("200 OK", CHUNKED) + chunk(b"alpha"), chunk(b"beta"), chunk(b"gamma") + LAST_CHUNK),
+        [b"alpha", b"beta", b"gamma"],
+        True,
+    ),
+    "until-close": ((head("200 OK") + b"first ", b"second"), [b"first ", b"second"], False),
+}
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "sink"])
+@pytest.mark.parametrize("framing", list(FRAMINGS))
+def test_body_framing(run, framing, streamed):
+    writes, reads, kept = FRAMINGS[framing]
+    gap = 0.01
+
+    async def scenario():
+        async with RawServer(send(*writes, gap=gap, close=not kept)) as server:
+            t = plain(server.url())
+            results = []
+            for _ in range(2):
+                sink = Collect() if streamed else None
+                before = time.perf_counter()
+                reply = await t.send(BODY, HEADERS, sink)
+                results.append((reply, sink, before, time.perf_counter()))
+            await t.close()
+        return server, results
+
+    server, results = run(scenario())
+    body = b"".join(reads)
+    for reply, sink, before, after in results:
+        if not streamed:
+            assert reply == (200, body, None)
+            continue
+        assert reply == (200, b"", None)
+        assert sink.parts == reads
+        assert before <= sink.times[0] and sink.times[-1] <= after
+        assert sink.times == sorted(sink.times)
+        # the time of each read, not one stamp for all
+        assert sink.times[-1] - sink.times[0] >= gap * (len(reads) - 1) / 2
+    assert server.connection_numbers == ([1, 1] if kept else [1, 2])
+
+
+# -- content encodings ------------------------------------------------------------------
+PAYLOAD = b"".join(b'data: {"index": %d, "text": "token %d"}\n\n' % (i, i * i) for i in range(400))
+
+
+def raw_deflate(data: bytes) -> bytes:
+    compressor = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    return compressor.compress(data) + compressor.flush()
+
+
+ENCODINGS = {
+    "gzip": ("gzip", gzip.compress(PAYLOAD)),
+    "x-gzip": ("x-gzip", gzip.compress(PAYLOAD)),
+    "deflate": ("deflate", zlib.compress(PAYLOAD)),
+    "raw-deflate": ("deflate", raw_deflate(PAYLOAD)),
+}
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "sink"])
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+@pytest.mark.parametrize("encoding", list(ENCODINGS))
+def test_compressed_bodies_are_decoded(run, encoding, framing, streamed):
+    name, data = ENCODINGS[encoding]
+    assert len(data) < len(PAYLOAD) // 3
+    cut = len(data) // 3
+    thirds = [data[:cut], data[cut : 2 * cut], data[2 * cut :]]
+    header = f"Content-Encoding: {name}"
+    if framing == "chunked":
+        writes = (head("200 OK", header, CHUNKED) + chunk(thirds[0]), chunk(thirds[1]),
+                  chunk(thirds[2]) + LAST_CHUNK)  # fmt: skip
+    else:
+        length = f"Content-Length: {len(data)}"
+        writes = (head("200 OK", header, length) + thirds[0], thirds[1], thirds[2])
+
+    async def scenario():
+        # then a plain response on the same connection: nothing of the decoder is left
+        async with RawServer(send(*writes, gap=0.005), send(ok(b"plain"))) as server:
+            t = plain(server.url())
+            sink = Collect() if streamed else None
+            reply = await t.send(BODY, HEADERS, sink)
+            after = await t.send(BODY, HEADERS, None)
+            await t.close()
+        return server, reply, sink, after
+
+    server, reply, sink, after = run(scenario())
+    if streamed:
+        assert reply == (200, b"", None)
+        assert sink.data == PAYLOAD
+        assert len(sink.parts) >= 2  # decoded read by read, not at the end
+    else:
+        assert reply == (200, PAYLOAD, None)
+    assert after == (200, b"plain", None)
+    assert server.connection_numbers == [1, 1]
+
+
+def test_zlib_deflate_whose_first_chunk_is_one_byte(run):
+    data = zlib.compress(PAYLOAD)
+    response = head("200 OK", "Content-Encoding: deflate", CHUNKED) + chunk(data[:1])
+    response += chunk(data[1:]) + LAST_CHUNK
+
+    async def scenario():
+        async with RawServer(send(response)) as server:
+            t = plain(server.url())
+            try:
+                return await t.send(BODY, HEADERS, None)
+            finally:
+                await t.close()
+
+    assert run(scenario()) == (200, PAYLOAD, None)
+
+
+# -- interim responses ------------------------------------------------------------------
+INTERIMS = {
+    "one write": (head("100 Continue") + ok(b"hello"),),
+    "reads of their own": (head("100 Continue"), ok(b"hello")),
+    "two interims": (
+        head("100 Continue"),
+        head("103 Early Hints", "Link: </style.css>; rel=preload", "Retry-After: 9"),
+        ok(b"hello"),
+    ),
+}
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "sink"])
+@pytest.mark.parametrize("interim", list(INTERIMS))
+def test_interim_responses_are_skipped(run, interim, streamed):
+    async def scenario():
+        async with RawServer(send(*INTERIMS[interim], gap=0.01), send(ok(b"next"))) as server:
+            t = plain(server.url())
+            sink = Collect() if streamed else None
+            reply = await t.send(BODY, HEADERS, sink)
+            after = await t.send(BODY, HEADERS, None)
+            await t.close()
+        return server, reply, sink, after
+
+    server, reply, sink, after = run(scenario())
+    if streamed:
+        assert reply == (200, b"", None) and sink.parts == [b"hello"]
+    else:
+        assert reply == (200, b"hello", None)  # no Retry-After from the 103
+    assert after == (200, b"next", None)
+    assert server.connection_numbers == [1, 1]
+
+
+# -- error statuses ---------------------------------------------------------------------
+ERROR_BODY = b'{"error": {"message": "internal error", "type": "server_error"}}'
+ERROR_GZ = gzip.compress(ERROR_BODY)
+ERROR_STATUSES = {
+    "503": (
+        (ok(b'{"error":"busy"}', "Retry-After: 7", status="503 Service Unavailable"),),
+        (503, b'{"error":"busy"}', "7"),
+    ),
+    "429 with a date": (
+        (
+            ok(
+                b"slow down",
+                "Retry-After: Wed, 21 Oct 2015 07:28:00 GMT",
+                status="429 Too Many Requests",
+            ),
+        ),
+        (429, b"slow down", "Wed, 21 Oct 2015 07:28:00 GMT"),
+    ),
+    "500 chunked gzip": (
+        (
+            head("500 Internal Server Error", "Content-Encoding: gzip", CHUNKED)
+            + chunk(ERROR_GZ[:10]),
+            chunk(ERROR_GZ[10:]) + LAST_CHUNK,
+        ),
+        (500, ERROR_BODY, None),
+    ),
+}
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "sink"])
+@pytest.mark.parametrize("case", list(ERROR_STATUSES))
+def test_error_bodies_are_returned_whole(run, case, streamed):
+    writes, expected = ERROR_STATUSES[case]
+
+    async def scenario():
+        async with RawServer(send(*writes, gap=0.01), send(ok(b"fine"))) as server:
+            t = plain(server.url())
+            sink = Collect() if streamed else None
+            reply = await t.send(BODY, HEADERS, sink)
+            later = Collect()
+            after = await t.send(BODY, HEADERS, later)
+            await t.close()
+        return server, reply, sink, after, later
+
+    server, reply, sink, after, later = run(scenario())
+    assert reply == expected
+    if streamed:
+        assert sink.parts == []
+    assert (after, later.parts) == ((200, b"", None), [b"fine"])
+    assert server.connection_numbers == [1, 1]
+
+
+# -- redirects (through the shared aiohttp stub server) ---------------------------------
+def _stub_answer(server: StubServer, recorded: Recorded):
+    """/redirect/<status>[/absolute], /target (echoes the method and body), /nolocation,
+    and the parity cases by name."""
+    parts = recorded.path.strip("/").split("/")
+    if parts[0] == "redirect":
+        location = f"{server.url}/target" if parts[2:] == ["absolute"] else "/target"
+        return Reply(int(parts[1]), "moved", headers={"Location": location})
+    if parts[0] == "target":
+        return Reply(body={"method": recorded.method, "body": recorded.body.decode()})
+    if parts[0] == "nolocation":
+        return Reply(302, "nowhere to go")
+    return PARITY[parts[0]][0]
+
+
+@pytest.fixture(scope="module")
+def stub():
+    with StubServer() as server:
+        server.handler = functools.partial(_stub_answer, server)
+        yield server
+
+
+def target_body(method: str, body: bytes) -> bytes:
+    return json.dumps({"method": method, "body": body.decode()}).encode()
+
+
+@pytest.mark.parametrize(
+    ("status", "location", "method"),
+    [(307, "relative", "POST"), (308, "absolute", "POST"), (303, "relative", "GET"),
+     (302, "absolute", "GET"), (301, "relative", "GET")],
+)  # fmt: skip
+def test_redirects_are_followed_through_the_fallback(run, stub, status, location, method):
+    path = f"/redirect/{status}" + ("/absolute" if location == "absolute" else "")
+
+    async def scenario():
+        made = []
+        async with session() as client:
+
+            def fallback() -> AiohttpTransport:
+                made.append(True)
+                return AiohttpTransport(client, stub.url + path)
+
+            t = plain(stub.url + path, fallback=fallback)
+            whole = await t.send(BODY, HEADERS, None)
+            sink = Collect()
+            streamed = await t.send(BODY, HEADERS, sink)
+            await t.close()
+        return made, whole, streamed, sink
+
+    stub.clear()
+    made, whole, streamed, sink = run(scenario())
+    expected = target_body(method, BODY if method == "POST" else b"")
+    assert whole == (200, expected, None)
+    assert streamed == (200, b"", None) and sink.data == expected
+    assert made == [True]  # made once, when first needed
+    sent = BODY if method == "POST" else b""
+    requests = stub.requests
+    assert [(r.method, r.path, r.body) for r in requests] == [
+        ("POST", path, BODY), (method, "/target", sent)
+    ] * 2  # fmt: skip
+    for followed in requests[1::2]:
+        assert followed.headers.get("content-type") == (
+            "application/json" if method == "POST" else None
+        )
+        assert followed.headers["x-routing-key"] == "agent-7"
+        assert followed.headers["authorization"] == "Bearer sk-test"
+
+
+def test_a_redirect_without_location_is_returned_as_is(run, stub):
+    async def scenario():
+        t = plain(f"{stub.url}/nolocation")  # the fallback must not be made
+        try:
+            return await t.send(BODY, HEADERS, Collect())
+        finally:
+            await t.close()
+
+    assert run(scenario()) == (302, b"nowhere to go", None)
+
+
+def test_make_transport_picks_by_scheme_and_hands_redirects_to_the_session(run, stub):
+    async def scenario():
+        async with session() as client:
+            url = f"{stub.url}/redirect/307"
+            lean = make_transport(url, 2.0, 1, client)
+            reply = await lean.send(BODY, HEADERS, None)
+            await lean.close()
+            tls = make_transport("https://example.invalid/v1/chat/completions", 2.0, 1, client)
+            with pytest.raises(ValueError, match="not a plain http:// URL"):
+                PlainHttpTransport("https://example.invalid/", 2.0, 1, no_fallback)
+        return client, lean, reply, tls
+
+    client, lean, reply, tls = run(scenario())
+    assert type(lean) is PlainHttpTransport
+    assert (lean.timeout_seconds, lean.limit) == (2.0, 1)
+    assert reply == (200, target_body("POST", BODY), None)
+    assert type(tls) is AiohttpTransport and tls.session is client
+    assert tls.url == "https://example.invalid/v1/chat/completions"
+
+
+# -- errors -----------------------------------------------------------------------------
+def test_connect_error_names_the_host_and_a_later_send_connects(run):
+    async def scenario():
+        with socket.socket() as probe:  # a port nobody listens on
+            probe.bind((HOST, 0))
+            port = probe.getsockname()[1]
+        t = plain(f"http://{HOST}:{port}{PATH}", limit=1)
+        with pytest.raises(ConnectError) as info:
+            await t.send(BODY, HEADERS, None)
+        async with RawServer(send(ok(b"up")), port=port) as server:
+            after = await t.send(BODY, HEADERS, None)
+            await t.close()
+        return port, info.value, after, server
+
+    port, error, after, server = run(scenario())
+    prefix = f"Cannot connect to host 127.0.0.1:{port} ["
+    text = str(error)
+    assert text.startswith(prefix) and text.endswith("]") and len(text) > len(prefix) + 1
+    assert isinstance(error, OSError) and not isinstance(error, DisconnectError)
+    assert transport_kind(error) is ErrorKind.CONNECT
+    assert after == (200, b"up", None) and server.connections == 1
+
+
+# name: (action, the error's text or its start, what a sink got before it)
+DISCONNECTS = {
+    "no response": (drop, "Server disconnected", b""),
+    "headers cut": (send(b"HTTP/1.1 200 OK\r\nContent-Le", close=True), "Server disconnected", b""),
+    "short body": (
+        send(head("200 OK", "Content-Length: 100") + b"0123456789", close=True),
+        "Response payload is not completed",
+        b"0123456789",
+    ),
+    "short chunked body": (
+        send(head("200 OK", CHUNKED) + chunk(b"part"), close=True),
+        "Response payload is not completed",
+        b"part",
+    ),
+    "garbage": (send(b"SSH-2.0-OpenSSH_9.6\r\n\r\n"), "invalid HTTP response: ", b""),
+}
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "sink"])
+@pytest.mark.parametrize("case", list(DISCONNECTS))
+def test_disconnects_and_the_next_send_succeeds(run, case, streamed):
+    action, text, delivered = DISCONNECTS[case]
+
+    async def scenario():
+        async with RawServer(action, send(ok(b"fine"))) as server:
+            t = plain(server.url(), limit=1)  # the broken connection's slot must come back
+            sink = Collect() if streamed else None
+            with pytest.raises(DisconnectError) as info:
+                await t.send(BODY, HEADERS, sink)
+            after = await t.send(BODY, HEADERS, None)
+            await t.close()
+        return server, info.value, sink, after
+
+    server, error, sink, after = run(scenario())
+    assert type(error) is DisconnectError
+    if text == "Server disconnected":
+        assert str(error) == text
+    else:
+        assert str(error).startswith(text) and len(str(error)) > len(text)
+    assert transport_kind(error) is ErrorKind.DISCONNECT
+    if streamed:
+        assert sink.data == delivered
+    assert after == (200, b"fine", None)
+    assert server.connection_numbers == [1, 2]
+
+
+# -- the total timeout ------------------------------------------------------------------
+async def trickle(peer: Peer, request: bytes) -> bool:
+    """Headers at once, then the body a byte per 50 ms: never done within TIMEOUT."""
+    await peer.write(head("200 OK", "Content-Length: 100"))
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        await peer.write(b"x")
+    return True
+
+
+@pytest.mark.parametrize("case", ["no response", "trickled body"])
+def test_timeout_covers_the_whole_exchange_and_frees_the_slot(run, case):
+    action = hang if case == "no response" else trickle
+
+    async def scenario():
+        async with RawServer(action, send(ok(b"after"))) as server:
+            t = plain(server.url(), timeout=TIMEOUT, limit=1)
+            sink = Collect()
+            started = time.perf_counter()
+            with pytest.raises(TimeoutError):
+                await t.send(BODY, HEADERS, sink)
+            took = time.perf_counter() - started
+            started = time.perf_counter()
+            after = await t.send(BODY, HEADERS, None)
+            took_after = time.perf_counter() - started
+            await t.close()
+        return server, sink, took, after, took_after
+
+    server, sink, took, after, took_after = run(scenario())
+    assert TIMEOUT - 0.02 <= took < TIMEOUT + 0.2
+    if case == "trickled body":
+        assert set(sink.data) == {ord("x")} and 2 <= len(sink.data) <= 6
+    else:
+        assert sink.parts == []
+    assert after == (200, b"after", None) and took_after < 0.2
+    assert server.connection_numbers == [1, 2]
+
+
+def test_timeout_includes_the_wait_for_a_connection(run):
+    async def scenario():
+        async with RawServer(echo()) as server:
+            t = plain(server.url(), timeout=TIMEOUT, limit=1)
+            first = asyncio.create_task(t.send(b"hang", HEADERS, None))
+            await until(lambda: len(server.requests) == 1)
+            await asyncio.sleep(0.05)  # the first send has 0.15 s left
+            started = time.perf_counter()
+            # waits for the slot until the first send times out, then its own request hangs
+            with pytest.raises(TimeoutError):
+                await t.send(b"hang", HEADERS, None)
+            took = time.perf_counter() - started
+            with pytest.raises(TimeoutError):
+                await first
+            after = await t.send(b"last", HEADERS, None)
+            await t.close()
+        return server, took, after
+
+    server, took, after = run(scenario())
+    assert TIMEOUT - 0.02 <= took < TIMEOUT + 0.1  # not the wait (0.15 s) plus a TIMEOUT
+    assert after == (200, b"last", None)
+    # (the second send's own request may or may not have reached the server in time)
+    assert server.bodies[0] == b"hang" and server.bodies[-1] == b"last"
+
+
+# -- the connection limit and cancellation ----------------------------------------------
+@pytest.mark.parametrize(("limit", "connections"), [(2, 2), (0, 6)])
+def test_connection_limit(run, limit, connections):
+    hold = 0.05
+
+    async def scenario():
+        async with RawServer(echo(hold)) as server:
+            t = plain(server.url(), limit=limit)
+            started = time.perf_counter()
+            replies = await asyncio.gather(
+                *(t.send(b"request %d" % i, HEADERS, None) for i in range(6))
+            )
+            took = time.perf_counter() - started
+            await t.close()
+        return server, replies, took
+
+    server, replies, took = run(scenario())
+    assert replies == [(200, b"request %d" % i, None) for i in range(6)]
+    assert server.connections == connections  # kept-alive connections are reused
+    assert server.max_active == connections and server.max_in_flight == connections
+    assert took >= 0.9 * hold * math.ceil(6 / connections)
+
+
+def test_a_cancelled_send_frees_its_slot(run):
+    async def scenario():
+        async with RawServer(echo()) as server:
+            t = plain(server.url(), limit=1)
+            stuck = asyncio.create_task(t.send(b"hang", HEADERS, None))
+            await until(lambda: len(server.requests) == 1)
+            stuck.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await stuck
+            started = time.perf_counter()
+            after = await t.send(b"next", HEADERS, None)
+            took = time.perf_counter() - started
+            await t.close()
+        return server, after, took
+
+    server, after, took = run(scenario())
+    assert after == (200, b"next", None) and took < 0.2
+    assert server.connection_numbers == [1, 2]
+
+
+def test_a_wake_up_given_to_a_cancelled_waiter_passes_on(run):
+    """B waits for the one slot, then C. A finishes and hands its connection to B, and B is
+    cancelled before it runs: C must get the connection (not wait for its timeout)."""
+    gate = asyncio.Event()
+
+    async def gated(peer: Peer, request: bytes) -> bool:
+        await gate.wait()
+        await peer.write(ok(b"answer to " + body_of(request)))
+        return True
+
+    async def scenario():
+        async with RawServer(gated) as server:
+            t = plain(server.url(), timeout=2.0, limit=1)
+            waiting: dict[str, asyncio.Task] = {}
+
+            async def a_then_cancel_b():
+                reply = await t.send(b"a", HEADERS, None)
+                waiting["b"].cancel()  # B was woken by A's release, and has not run yet
+                return reply
+
+            a = asyncio.create_task(a_then_cancel_b())
+            await until(lambda: len(server.requests) == 1)
+            waiting["b"] = asyncio.create_task(t.send(b"b", HEADERS, None))
+            c = asyncio.create_task(t.send(b"c", HEADERS, None))
+            await asyncio.sleep(0.01)  # B, then C, wait for the slot
+            started = time.perf_counter()
+            gate.set()
+            replies = [await a]
+            with pytest.raises(asyncio.CancelledError):
+                await waiting["b"]
+            replies.append(await c)
+            took = time.perf_counter() - started
+            await t.close()
+        return server, replies, took
+
+    server, replies, took = run(scenario())
+    assert replies == [(200, b"answer to a", None), (200, b"answer to c", None)]
+    assert took < 0.3
+    assert server.bodies == [b"a", b"c"] and server.connection_numbers == [1, 1]
+
+
+# -- stale keep-alive connections -------------------------------------------------------
+def answer_then(after: bytes | None) -> Action:
+    """Answer, then 20 ms later either close the idle connection (``after`` None) or write
+    ``after`` on it unasked."""
+
+    async def act(peer: Peer, request: bytes) -> bool:
+        await peer.write(ok(b"first"))
+        await asyncio.sleep(0.02)
+        if after is None:
+            return False
+        await peer.write(after)
+        return True
+
+    return act
+
+
+@pytest.mark.parametrize(
+    "after",
+    [None, head("408 Request Timeout", "Content-Length: 0", "Connection: close")],
+    ids=["closed by the server", "unasked bytes"],
+)
+def test_an_idle_connection_the_server_ended_is_not_reused(run, after):
+    async def scenario():
+        async with RawServer(answer_then(after), send(ok(b"second"))) as server:
+            t = plain(server.url(), limit=1)  # a dead connection must give its slot back
+            first = await t.send(BODY, HEADERS, None)
+            await until(lambda: server.active == 0)  # (the client aborts on unasked bytes)
+            await asyncio.sleep(0.02)
+            second = await t.send(BODY, HEADERS, None)
+            await t.close()
+        return server, first, second, t.resent
+
+    server, first, second, resent = run(scenario())
+    assert (first, second) == ((200, b"first", None), (200, b"second", None))
+    assert server.connection_numbers == [1, 2]
+    assert resent == 0  # dropped from the pool, not found dead when the request went out
+
+
+# name: (what the server does with the request on the kept-alive connection (and with the
+# request sent again); the error of the send, or None; whether it was sent again; the
+# connection of each request)
+CLOSED_UNDER = {
+    "closed unanswered, then answered": (
+        (drop, send(ok(b"second"))), None, 1, [1, 1, 2]
+    ),
+    "closed unanswered twice": (
+        (drop, drop), "Server disconnected", 1, [1, 1, 2]
+    ),
+    "headers cut": (
+        (send(b"HTTP/1.1 200 OK\r\nContent-Le", close=True),),
+        "Server disconnected", 0, [1, 1],
+    ),
+    "short body": (
+        (send(head("200 OK", "Content-Length: 100") + b"0123456789", close=True),),
+        "Response payload is not completed", 0, [1, 1],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(CLOSED_UNDER))
+def test_a_kept_alive_connection_closed_under_the_request(run, case):
+    """The server closes a kept-alive connection as the request goes out: a request that got
+    no byte of an answer goes again, once, on a new connection; one that got a part of an
+    answer fails."""
+    actions, error, resent, numbers = CLOSED_UNDER[case]
+
+    async def scenario():
+        async with RawServer(send(ok(b"first")), *actions, send(ok(b"last"))) as server:
+            t = plain(server.url(), limit=1)
+            first = await t.send(BODY, HEADERS, None)
+            try:
+                second = await t.send(b"again", HEADERS, None)
+            except DisconnectError as exc:
+                second = exc
+            seen = list(server.requests)
+            last = await t.send(BODY, HEADERS, None)
+            await t.close()
+        return first, second, seen, t.resent, last
+
+    first, second, seen, sent_again, last = run(scenario())
+    assert first == (200, b"first", None)
+    if error is None:
+        assert second == (200, b"second", None)
+    else:
+        assert type(second) is DisconnectError and str(second).startswith(error)
+    assert sent_again == resent
+    assert [number for number, _ in seen] == numbers
+    assert [body_of(request) for _, request in seen] == [BODY] + [b"again"] * (len(seen) - 1)
+    assert last == (200, b"last", None)
+
+
+def test_stray_bytes_after_a_response_are_not_parsed_into_it(run):
+    stray = ok(b"boom", status="500 Internal Server Error")
+
+    async def scenario():
+        async with RawServer(send(ok(b"ok") + stray)) as server:
+            t = plain(server.url())
+            try:
+                return await t.send(BODY, HEADERS, None)
+            finally:
+                await t.close()
+
+    assert run(scenario()) == (200, b"ok", None)
+
+
+# -- a failing sink ---------------------------------------------------------------------
+class SinkBroke(Exception):
+    pass
+
+
+def test_a_failing_sink_ends_the_send_with_its_exception(run):
+    boom = SinkBroke("sink broke")
+    got: list[bytes] = []
+
+    def sink(data: bytes, arrived: float) -> None:
+        got.append(data)
+        if len(got) == 2:
+            raise boom
+
+    stream = (head("200 OK", CHUNKED) + chunk(b"alpha"), chunk(b"beta"),
+              chunk(b"gamma") + LAST_CHUNK)  # fmt: skip
+
+    async def scenario():
+        async with RawServer(send(*stream, gap=0.01), send(ok(b"after"))) as server:
+            t = plain(server.url(), limit=1)
+            with pytest.raises(SinkBroke) as info:
+                await t.send(BODY, HEADERS, sink)
+            after = await t.send(BODY, HEADERS, None)
+            await t.close()
+        return server, info.value, after
+
+    server, error, after = run(scenario())
+    assert error is boom and str(error) == "sink broke"
+    assert got == [b"alpha", b"beta"]
+    assert after == (200, b"after", None)
+    assert server.connection_numbers == [1, 2]  # the interrupted response is not reused
+
+
+# -- parity with aiohttp ----------------------------------------------------------------
+COMPLETION = chat_completion("hi")
+ZIPPED = chat_completion("zipped")
+SSE_PARTS = [sse(delta_chunk("Hel")), sse(delta_chunk("lo")), b"data: [DONE]\n\n"]
+BUSY = {"error": {"message": "slow down"}}
+# name: (what the stub answers, body)
+PARITY = {
+    "json": (Reply(body=COMPLETION), json.dumps(COMPLETION).encode()),
+    "sse": (
+        Stream([(0.0, SSE_PARTS[0]), (0.01, SSE_PARTS[1]), (0.01, SSE_PARTS[2])]),
+        b"".join(SSE_PARTS),
+    ),
+    "gzip": (
+        Reply(
+            body=gzip.compress(json.dumps(ZIPPED).encode()), headers={"Content-Encoding": "gzip"}
+        ),
+        json.dumps(ZIPPED).encode(),
+    ),
+    "busy": (Reply(429, BUSY, headers={"Retry-After": "3"}), json.dumps(BUSY).encode()),
+}
+
+
+@pytest.mark.parametrize("case", list(PARITY))
+def test_parity_with_the_aiohttp_transport(run, stub, case):
+    async def scenario():
+        results = []
+        async with session() as client:
+            url = f"{stub.url}/{case}"
+            for t in (plain(url), AiohttpTransport(client, url)):
+                whole = await t.send(BODY, HEADERS, None)
+                sink = Collect()
+                streamed = await t.send(BODY, HEADERS, sink)
+                results.append((whole, streamed, sink.data))
+                await t.close()
+        return results
+
+    lean, reference = run(scenario())
+    body = PARITY[case][1]
+    if case == "busy":
+        expected = ((429, body, "3"), (429, body, "3"), b"")
+    else:
+        expected = ((200, body, None), (200, b"", None), body)
+    assert lean == reference == expected
