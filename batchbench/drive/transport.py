@@ -166,10 +166,36 @@ class _Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError:
+            if self.answered and self.failure is None:  # unasked bytes after the answer
+                self._deliver()
+                self.abort()
+                return
             failure = self.failure or DisconnectError("response handling failed")
             self._fail(failure)
+            return
         except httptools.HttpParserError as exc:
             self._fail(DisconnectError(f"invalid HTTP response: {exc}"))
+            return
+        self._deliver()
+
+    def _deliver(self) -> None:
+        """Hand what this read brought to the sink in one piece (a read of 500 small
+        chunks is one call, as one read was one piece from aiohttp); then answer the
+        waiter if the response is complete."""
+        sink = self.sink
+        chunks = self.chunks
+        if sink is not None and chunks:
+            data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            chunks.clear()
+            try:
+                sink(data, self.arrived)
+            except BaseException as exc:
+                self._fail(exc)
+                return
+        if self.answered:
+            waiter = self.waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -181,6 +207,7 @@ class _Connection(asyncio.Protocol):
             # A body that ends with the connection (no length, not chunked) is complete.
             self.reusable = False
             self.on_message_complete()
+            self._deliver()
             return
         if self.headers_done:
             self._fail(DisconnectError("Response payload is not completed: connection closed"))
@@ -190,8 +217,7 @@ class _Connection(asyncio.Protocol):
     # -- llhttp callbacks ------------------------------------------------------------------
     def on_message_begin(self) -> None:
         if self.answered:  # bytes beyond the answer, unasked: stop here, never reuse
-            self.failure = DisconnectError("unexpected bytes after the response")
-            raise self.failure
+            raise DisconnectError("unexpected bytes after the response")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
@@ -226,15 +252,7 @@ class _Connection(asyncio.Protocol):
                 raise
             if not body:
                 return
-        sink = self.sink
-        if sink is None:
-            self.chunks.append(body)
-            return
-        try:
-            sink(body, self.arrived)
-        except BaseException as exc:
-            self.failure = exc
-            raise
+        self.chunks.append(body)  # a streamed body goes to the sink once the read is parsed
 
     def on_message_complete(self) -> None:
         status = self.status
@@ -248,21 +266,11 @@ class _Connection(asyncio.Protocol):
                 self._fail(DisconnectError(f"Can not decode content-encoding: {exc}"))
                 return
             if tail:
-                if self.sink is None:
-                    self.chunks.append(tail)
-                else:
-                    try:
-                        self.sink(tail, self.arrived)
-                    except BaseException as exc:
-                        self.failure = exc
-                        raise
+                self.chunks.append(tail)
         if not self.closed:
             self.reusable = self.parser.should_keep_alive()
         self.served += 1
-        self.answered = True
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self.answered = True  # the waiter is answered once the read is delivered
 
     # -- exchange --------------------------------------------------------------------------
     def _reset_response(self) -> None:
