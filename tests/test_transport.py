@@ -1077,3 +1077,151 @@ def test_parity_with_the_aiohttp_transport(run, stub, case):
     else:
         expected = ((200, body, None), (200, b"", None), body)
     assert lean == reference == expected
+
+
+# -- found in review ----------------------------------------------------------------------
+def test_a_connection_the_server_closes_after_its_answer_is_not_used_again(run):
+    """llama.cpp's server ends the connection right after a streamed answer, though HTTP/1.1
+    keeps it alive. The close arrives before the next request goes out (loopback): the idle
+    check finds it, and the next request takes a new connection without a resend."""
+
+    async def scenario():
+        async with RawServer(send(ok(b"first"), close=True), send(ok(b"second"))) as server:
+            t = plain(server.url(), limit=1)
+            first = await t.send(BODY, HEADERS, None)
+            second = await t.send(b"again", HEADERS, None)
+            await t.close()
+        return first, second, server.connection_numbers, t.resent
+
+    first, second, numbers, resent = run(scenario())
+    assert (first, second) == ((200, b"first", None), (200, b"second", None))
+    assert (numbers, resent) == ([1, 2], 0)
+
+
+def test_a_request_the_server_worked_on_before_closing_is_not_sent_again(run):
+    """A close that comes long after the request went out (a crash while generating) may
+    follow work on it: the send fails as a disconnect, and nothing is sent twice."""
+
+    async def work_then_close(peer: Peer, request: bytes) -> bool:
+        await asyncio.sleep(0.2)
+        return False
+
+    async def scenario():
+        async with RawServer(send(ok(b"first")), work_then_close, send(ok(b"x"))) as server:
+            t = plain(server.url(), limit=1)
+            await t.send(BODY, HEADERS, None)
+            try:
+                await t.send(b"again", HEADERS, None)
+                outcome = None
+            except DisconnectError as exc:
+                outcome = str(exc)
+            await t.close()
+        return outcome, server.connection_numbers, t.resent
+
+    assert run(scenario()) == ("Server disconnected", [1, 1], 0)
+
+
+def test_a_failed_resend_reports_the_first_disconnect(run):
+    """The server went away as the request went out on a kept-alive connection: the resend
+    cannot connect, and the request fails as the disconnect it met, not a connect error."""
+
+    async def scenario():
+        server = RawServer(send(ok(b"first")), drop)
+        async with server:
+            t = plain(server.url(), limit=1)
+            await t.send(BODY, HEADERS, None)
+            connection = t._idle[-1]
+            server._server.close()  # no new connections from here on
+            await server._server.wait_closed()
+            connection.served = 1
+            try:
+                await t.send(b"again", HEADERS, None)
+                outcome = None
+            except OSError as exc:
+                outcome = exc
+            await t.close()
+        return outcome, t.resent
+
+    outcome, resent = run(scenario())
+    assert type(outcome) is DisconnectError and str(outcome) == "Server disconnected"
+    assert resent == 1
+
+
+def test_waiters_cancelled_together_end_cancelled(run):
+    """A shutdown cancels every task at once, those waiting at the limit too: each ends
+    with CancelledError (never a ValueError from the waiting line), and the limit's slot
+    is free afterwards."""
+
+    async def scenario():
+        async with RawServer(hang, send(ok(b"after"))) as server:
+            t = plain(server.url(), limit=1)
+            tasks = [asyncio.ensure_future(t.send(BODY, HEADERS, None)) for _ in range(4)]
+            await asyncio.sleep(0.1)  # one holds the connection, three wait for it
+            for task in tasks:
+                task.cancel()
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+            after = await t.send(BODY, HEADERS, None)
+            await t.close()
+        return [type(outcome).__name__ for outcome in outcomes], after
+
+    assert run(scenario()) == (["CancelledError"] * 4, (200, b"after", None))
+
+
+def test_a_redirect_to_another_origin_drops_the_key(run):
+    """The API key goes only to the target's own origin (aiohttp drops it past the first hop
+    too); the same origin keeps it."""
+
+    async def scenario():
+        async with RawServer(send(ok(b"elsewhere"))) as other:
+            moved = head("307 Temporary Redirect", f"Location: {other.url('/there')}", "Content-Length: 0")  # fmt: skip
+            same = head("307 Temporary Redirect", "Location: /here", "Content-Length: 0")
+            script = (send(moved), send(same), send(ok(b"here")))
+            async with RawServer(*script) as server, session() as client:
+                t = plain(server.url(), fallback=lambda: AiohttpTransport(client, server.url()))
+                away = await t.send(BODY, HEADERS, None)
+                home = await t.send(BODY, HEADERS, None)
+                await t.close()
+        return away, home, other.requests[0][1], server.requests[-1][1]
+
+    away, home, at_other, at_home = run(scenario())
+    assert (away, home) == ((200, b"elsewhere", None), (200, b"here", None))
+    assert b"authorization" not in at_other.lower() and body_of(at_other) == BODY
+    assert b"Authorization: Bearer sk-test\r\n" in at_home and body_of(at_home) == BODY
+
+
+def test_a_body_that_is_neither_sized_nor_chunked_ends_with_the_connection(run):
+    async def scenario():
+        answer = head("200 OK", "Transfer-Encoding: identity") + b"hello"
+        async with RawServer(send(answer, close=True)) as server:
+            t = plain(server.url())
+            reply = await t.send(BODY, HEADERS, None)
+            await t.close()
+        return reply
+
+    assert run(scenario()) == (200, b"hello", None)
+
+
+def test_close_fails_what_is_in_flight_and_leaves_nothing_open(run):
+    async def scenario():
+        async with RawServer(hang) as server:
+            t = plain(server.url(), limit=1)
+            tasks = [asyncio.ensure_future(t.send(BODY, HEADERS, None)) for _ in range(2)]
+            await asyncio.sleep(0.1)
+            await t.close()
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+            try:
+                await t.send(BODY, HEADERS, None)
+                later = None
+            except DisconnectError as exc:
+                later = str(exc)
+        return [str(outcome) for outcome in outcomes], later, t._open, len(t._live)
+
+    assert run(scenario()) == (["transport closed"] * 2, "transport closed", 0, 0)
+
+
+def test_credentials_in_the_url_go_to_aiohttp():
+    async def scenario():
+        async with session() as client:
+            return type(make_transport("http://user:pw@127.0.0.1:9/v1", 1.0, 0, client))
+
+    assert asyncio.run(scenario()) is AiohttpTransport

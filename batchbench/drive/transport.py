@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import select
 import socket
 import time
 import zlib
@@ -33,10 +34,18 @@ from urllib.parse import urljoin, urlsplit
 import aiohttp
 import httptools
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
 Sink = Callable[[bytes, float], object]
 Sent = tuple[int, bytes, str | None]
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+# A kept-alive connection that ends this soon after a request went out on it, with no byte
+# of an answer, was closed by the server before it read the request (a loopback or LAN
+# round trip): the request is sent again. Later, the server may have worked on it.
+RESEND_WINDOW_SECONDS = 0.05
+# Readable or hung up while idle: the server closed it, or sent bytes nobody asked for.
+_STALE_EVENTS = select.POLLIN | select.POLLERR | select.POLLHUP | getattr(select, "POLLRDHUP", 0)
 # Header blocks kept per agent (one dict of headers each); cleared past this many.
 _HEADER_CACHE_LIMIT = 4096
 
@@ -146,6 +155,9 @@ class _Connection(asyncio.Protocol):
         self.arrived = 0.0
         self.failure: BaseException | None = None
         self.served = 0  # responses completed on this connection
+        self.fd = -1
+        self.written_at = 0.0
+        self.lost_at = 0.0
         self.answered = False  # the final response of the current request is complete
         self.received = False  # a byte of the current response arrived
 
@@ -156,6 +168,7 @@ class _Connection(asyncio.Protocol):
         if sock is not None:
             with contextlib.suppress(OSError, AttributeError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.fd = sock.fileno()
 
     def data_received(self, data: bytes) -> None:
         if self.waiter is None:  # bytes nobody asked for: the connection cannot be reused
@@ -175,6 +188,9 @@ class _Connection(asyncio.Protocol):
             return
         except httptools.HttpParserError as exc:
             self._fail(DisconnectError(f"invalid HTTP response: {exc}"))
+            return
+        except httptools.HttpParserUpgrade:
+            self._fail(DisconnectError("invalid HTTP response: an unasked protocol upgrade"))
             return
         self._deliver()
 
@@ -198,6 +214,7 @@ class _Connection(asyncio.Protocol):
                 waiter.set_result(None)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.lost_at = time.perf_counter()
         self.closed = True
         self.pool._closed(self)
         waiter = self.waiter
@@ -231,8 +248,10 @@ class _Connection(asyncio.Protocol):
                 self.decoder = _Decoder("deflate")
         elif name == b"location":
             self.location = value.decode("latin-1")
-        elif name == b"content-length" or name == b"transfer-encoding":
+        elif name == b"content-length":
             self.framed = True
+        elif name == b"transfer-encoding":  # chunked when it is the last coding
+            self.framed = value.rsplit(b",", 1)[-1].strip().lower() == b"chunked"
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
@@ -292,6 +311,20 @@ class _Connection(asyncio.Protocol):
             waiter.set_exception(exc)
         self.abort()
 
+    def stale(self) -> bool:
+        """True when the idle connection can no longer carry a request: the server closed
+        it (or wrote to it) and the loop has not read that yet. One poll, no waiting."""
+        if self.closed:
+            return True
+        if self.fd < 0:
+            return False
+        poller = select.poll()
+        poller.register(self.fd, _STALE_EVENTS)
+        try:
+            return bool(poller.poll(0))
+        except OSError:
+            return True
+
     def abort(self) -> None:
         if not self.closed:
             self.closed = True
@@ -304,6 +337,7 @@ class _Connection(asyncio.Protocol):
         self.received = False
         self.stream_sink = sink
         waiter = self.waiter = self.pool.loop.create_future()
+        self.written_at = time.perf_counter()
         self.transport.writelines((head, body))  # type: ignore[union-attr]
         try:
             await waiter
@@ -349,6 +383,7 @@ class PlainHttpTransport:
         self._header_blocks: dict[int, tuple[dict[str, str], bytes]] = {}
         self._live: set[_Connection] = set()
         self.resent = 0  # requests sent again after a kept-alive connection closed under them
+        self._closing = False
 
     # -- request -----------------------------------------------------------------------------
     def _head(self, body: bytes, headers: dict[str, str]) -> bytes:
@@ -372,22 +407,34 @@ class PlainHttpTransport:
     async def send(self, body: bytes, headers: dict[str, str], sink: Sink | None) -> Sent:
         async with asyncio.timeout(self.timeout_seconds):
             head = self._head(body, headers)
-            fresh = False
+            first: DisconnectError | None = None
             while True:
-                connection = await self._acquire(fresh)
+                try:
+                    connection = await self._acquire(first is not None)
+                except OSError:
+                    if first is not None:
+                        raise first from None  # the resend's failure is not the request's
+                    raise
                 reused = connection.served > 0
                 try:
                     await connection.exchange(head, body, sink)
                     break
-                except DisconnectError:
+                except DisconnectError as exc:
                     connection.abort()
-                    if not reused or connection.received or fresh:
+                    if first is not None:
+                        raise first from None
+                    if (
+                        not reused
+                        or connection.received
+                        or connection.lost_at - connection.written_at > RESEND_WINDOW_SECONDS
+                    ):
                         raise
                     # A kept-alive connection the server closed as the request went out
                     # (llama.cpp's server closes every connection after a stream, while its
-                    # headers say keep-alive). Nothing was answered, so nothing was served:
-                    # the request goes again, once, on a new connection.
-                    fresh = True
+                    # headers say keep-alive; the idle check catches the close when it has
+                    # arrived first). Nothing was answered and the close came within a round
+                    # trip: the request goes again, once, on a new connection.
+                    first = exc
                     self.resent += 1
                 except BaseException:
                     connection.abort()
@@ -409,6 +456,13 @@ class PlainHttpTransport:
         if self._fallback is None:
             self._fallback = self._fallback_factory()
         target = urljoin(self.url, location)
+        there = urlsplit(target)
+        if (there.scheme, there.hostname, there.port or _DEFAULT_PORTS.get(there.scheme)) != (
+            "http",
+            self.host,
+            self.port,
+        ):  # another origin never sees the key (aiohttp drops it past the first hop too)
+            headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
         if status in (301, 302, 303):
             headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
             return await self._fallback.send_to("GET", target, None, headers, sink)
@@ -420,10 +474,13 @@ class PlainHttpTransport:
         ``fresh``: a new one (an idle one is closed to make room at the limit)."""
         idle = self._idle
         while True:
+            if self._closing:
+                raise DisconnectError("transport closed")
             while idle and not fresh:
                 connection = idle.pop()
-                if not connection.closed:
+                if not connection.stale():
                     return connection
+                connection.abort()
             if not self.limit or self._open < self.limit:
                 break
             if idle:
@@ -437,7 +494,9 @@ class PlainHttpTransport:
                 if waiter.done() and not waiter.cancelled():
                     self._wake()  # pass the wake-up this waiter received on
                 else:
-                    self._waiters.remove(waiter)
+                    # A cancelled waiter may have been skipped (and dropped) by _wake.
+                    with contextlib.suppress(ValueError):
+                        self._waiters.remove(waiter)
                 raise
         self._open += 1
         try:
@@ -468,6 +527,9 @@ class PlainHttpTransport:
                 continue
             if connection.closed:  # closed by the server before it could be used
                 raise DisconnectError("Server disconnected")
+            if self._closing:
+                connection.abort()
+                raise DisconnectError("transport closed")
             self._live.add(connection)
             return connection
         raise ConnectError(self._cannot_connect(error)) from None
@@ -501,8 +563,14 @@ class PlainHttpTransport:
                 return
 
     async def close(self) -> None:
+        """Ends every connection; requests still in flight or waiting fail."""
+        self._closing = True
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(DisconnectError("transport closed"))
         for connection in list(self._live):
-            connection.abort()
+            connection._fail(DisconnectError("transport closed"))
         self._idle.clear()
 
 
@@ -510,7 +578,8 @@ def make_transport(
     url: str, timeout_seconds: float, limit: int, session: aiohttp.ClientSession
 ) -> Transport:
     """The plain-HTTP client for ``http://`` targets; aiohttp (``session``) otherwise."""
-    if urlsplit(url).scheme == "http":
+    parts = urlsplit(url)
+    if parts.scheme == "http" and parts.username is None:  # credentials: aiohttp sends them
         return PlainHttpTransport(
             url, timeout_seconds, limit, lambda: AiohttpTransport(session, url)
         )
