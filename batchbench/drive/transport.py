@@ -155,7 +155,7 @@ class _Connection(asyncio.Protocol):
         self.arrived = 0.0
         self.failure: BaseException | None = None
         self.served = 0  # responses completed on this connection
-        self.fd = -1
+        self.poller: select.poll | None = None  # watches the idle socket for a close
         self.written_at = 0.0
         self.lost_at = 0.0
         self.answered = False  # the final response of the current request is complete
@@ -168,7 +168,10 @@ class _Connection(asyncio.Protocol):
         if sock is not None:
             with contextlib.suppress(OSError, AttributeError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                self.fd = sock.fileno()
+            with contextlib.suppress(OSError, AttributeError, ValueError):
+                poller = select.poll()
+                poller.register(sock.fileno(), _STALE_EVENTS)
+                self.poller = poller
 
     def data_received(self, data: bytes) -> None:
         if self.waiter is None:  # bytes nobody asked for: the connection cannot be reused
@@ -316,12 +319,10 @@ class _Connection(asyncio.Protocol):
         it (or wrote to it) and the loop has not read that yet. One poll, no waiting."""
         if self.closed:
             return True
-        if self.fd < 0:
+        if self.poller is None:
             return False
-        poller = select.poll()
-        poller.register(self.fd, _STALE_EVENTS)
         try:
-            return bool(poller.poll(0))
+            return bool(self.poller.poll(0))
         except OSError:
             return True
 
