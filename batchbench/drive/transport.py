@@ -333,18 +333,26 @@ class _Connection(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.abort()
 
-    async def exchange(self, head: bytes, body: bytes, sink: Sink | None) -> None:
+    async def exchange(self, head: bytes, body: bytes, sink: Sink | None, deadline: float) -> None:
+        """Writes the request and waits for the whole response; at ``deadline`` (loop
+        time) the wait ends in TimeoutError and the connection is closed."""
         self._reset_response()
         self.received = False
         self.stream_sink = sink
-        waiter = self.waiter = self.pool.loop.create_future()
+        loop = self.pool.loop
+        waiter = self.waiter = loop.create_future()
+        expiry = loop.call_at(deadline, self._expire)
         self.written_at = time.perf_counter()
         self.transport.writelines((head, body))  # type: ignore[union-attr]
         try:
             await waiter
         finally:
+            expiry.cancel()
             self.waiter = None
             self.stream_sink = self.sink = None
+
+    def _expire(self) -> None:
+        self._fail(TimeoutError())
 
 
 class PlainHttpTransport:
@@ -406,48 +414,55 @@ class PlainHttpTransport:
         )
 
     async def send(self, body: bytes, headers: dict[str, str], sink: Sink | None) -> Sent:
-        async with asyncio.timeout(self.timeout_seconds):
-            head = self._head(body, headers)
-            first: DisconnectError | None = None
-            while True:
+        """One request within the total timeout: a timer on the response wait (the common
+        case: an idle connection is at hand), ``asyncio.timeout`` around a wait for a
+        connection or a redirect's second hop."""
+        deadline = self.loop.time() + self.timeout_seconds
+        head = self._head(body, headers)
+        first: DisconnectError | None = None
+        while True:
+            connection = None if first is not None else self._idle_connection()
+            if connection is None:
                 try:
-                    connection = await self._acquire(first is not None)
+                    async with asyncio.timeout_at(deadline):
+                        connection = await self._acquire(first is not None)
                 except OSError:
                     if first is not None:
                         raise first from None  # the resend's failure is not the request's
                     raise
-                reused = connection.served > 0
-                try:
-                    await connection.exchange(head, body, sink)
-                    break
-                except DisconnectError as exc:
-                    connection.abort()
-                    if first is not None:
-                        raise first from None
-                    if (
-                        not reused
-                        or connection.received
-                        or connection.lost_at - connection.written_at > RESEND_WINDOW_SECONDS
-                    ):
-                        raise
-                    # A kept-alive connection the server closed as the request went out
-                    # (llama.cpp's server closes every connection after a stream, while its
-                    # headers say keep-alive; the idle check catches the close when it has
-                    # arrived first). Nothing was answered and the close came within a round
-                    # trip: the request goes again, once, on a new connection.
-                    first = exc
-                    self.resent += 1
-                except BaseException:
-                    connection.abort()
+            reused = connection.served > 0
+            try:
+                await connection.exchange(head, body, sink, deadline)
+                break
+            except DisconnectError as exc:
+                connection.abort()
+                if first is not None:
+                    raise first from None
+                if (
+                    not reused
+                    or connection.received
+                    or connection.lost_at - connection.written_at > RESEND_WINDOW_SECONDS
+                ):
                     raise
-            status = connection.status
-            body_bytes = b"".join(connection.chunks) if connection.chunks else b""
-            retry_after = connection.retry_after
-            location = connection.location
-            self._release(connection)
-            if status in REDIRECT_STATUSES and location:
+                # A kept-alive connection the server closed as the request went out
+                # (llama.cpp's server closes every connection after a stream, while its
+                # headers say keep-alive; the idle check catches the close when it has
+                # arrived first). Nothing was answered and the close came within a round
+                # trip: the request goes again, once, on a new connection.
+                first = exc
+                self.resent += 1
+            except BaseException:
+                connection.abort()
+                raise
+        status = connection.status
+        body_bytes = b"".join(connection.chunks) if connection.chunks else b""
+        retry_after = connection.retry_after
+        location = connection.location
+        self._release(connection)
+        if status in REDIRECT_STATUSES and location:
+            async with asyncio.timeout_at(deadline):
                 return await self._follow(status, location, body, headers, sink)
-            return status, body_bytes, retry_after
+        return status, body_bytes, retry_after
 
     async def _follow(
         self, status: int, location: str, body: bytes, headers: dict[str, str], sink: Sink | None
@@ -470,6 +485,16 @@ class PlainHttpTransport:
         return await self._fallback.send_to("POST", target, body, headers, sink)
 
     # -- the pool ----------------------------------------------------------------------------
+    def _idle_connection(self) -> _Connection | None:
+        """The most recently used idle connection that is still open, if any."""
+        idle = self._idle
+        while idle and not self._closing:
+            connection = idle.pop()
+            if not connection.stale():
+                return connection
+            connection.abort()
+        return None
+
     async def _acquire(self, fresh: bool = False) -> _Connection:
         """An idle connection (the most recently used), else a new one within the limit;
         ``fresh``: a new one (an idle one is closed to make room at the limit)."""
