@@ -11,10 +11,12 @@ each run starts clean). The client paths run side by side, interleaved in every 
 
 * ``new``: the product as it is (the lean plain-HTTP transport of
   ``batchbench.drive.transport``, ``StreamAssembler`` on the ``SseScanner``, compiled when
-  built; ``BATCHBENCH_NO_EXTENSIONS=1`` measures the twin);
-* ``aiohttp``: the same client sending through aiohttp (``AiohttpTransport``), as every
-  request did before the lean transport;
-* ``legacy``: aiohttp and, in place of the scanner, the assembler from before it
+  built, ``BATCHBENCH_NO_EXTENSIONS=1`` measures the twin; replies counted by the fast
+  ASCII counter of ``batchbench.text.fastcount``);
+* ``aiohttp``: the same client sending through aiohttp (``AiohttpTransport``);
+* ``previous``: aiohttp, and every reply counted by the tokenizer itself: the client
+  before the lean transport and the fast counter;
+* ``legacy``: ``previous`` with, in place of the scanner, the assembler from before it
   (``LegacyAssembler`` below: every ``data:`` payload parsed with orjson).
 
 The swaps happen inside the child process only.
@@ -48,7 +50,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SHAPES = {"nonstream": 0, "stream50": 50, "stream500": 500}
-PATHS = ("legacy", "aiohttp", "new")
+PATHS = ("legacy", "previous", "aiohttp", "new")
 LAG_TARGET_MS = 10.0
 CAPACITY_TURNS = 4
 CAPACITY_DELAY_MS = 100
@@ -155,10 +157,13 @@ def legacy_assembler():
 
 
 def child_main(path: str, argv: list[str]) -> int:
-    """``--child legacy|aiohttp|new AGENT ARGS``: run ``batchbench agent`` in this process."""
+    """``--child legacy|previous|aiohttp|new AGENT ARGS``: run ``batchbench agent`` here."""
     from batchbench.drive import driver, transport
+    from batchbench.text import framing
 
-    if path in ("legacy", "aiohttp"):
+    if path in ("legacy", "previous"):
+        framing.ascii_counter = lambda tokenizer: None  # every reply through the tokenizer
+    if path != "new":
 
         def through_aiohttp(url, timeout_seconds, limit, session):
             return transport.AiohttpTransport(session, url)
@@ -269,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=int, default=64, help="agents in flight")
     parser.add_argument("--shapes", nargs="+", choices=tuple(SHAPES), default=list(SHAPES))
     parser.add_argument(
-        "--paths", nargs="+", choices=PATHS, default=["aiohttp", "new"], help="client paths"
+        "--paths", nargs="+", choices=PATHS, default=["previous", "new"], help="client paths"
     )
     parser.add_argument("--no-capacity", action="store_true", help="skip the lag-bound rates")
     parser.add_argument("--step-seconds", type=float, default=4.0, help="arrivals per step")
