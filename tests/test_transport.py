@@ -268,6 +268,18 @@ def session() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(skip_auto_headers=("User-Agent",), auto_decompress=True)
 
 
+async def two_sends(first: Action, following: bytes, streamed: bool):
+    """Two sends on one transport: the first answered by ``first`` (whole, or through a
+    sink), the second by a plain ``following`` body; (server, reply, sink, second reply)."""
+    async with RawServer(first, send(ok(following))) as server:
+        t = plain(server.url())
+        sink = Collect() if streamed else None
+        reply = await t.send(BODY, HEADERS, sink)
+        after = await t.send(BODY, HEADERS, None)
+        await t.close()
+    return server, reply, sink, after
+
+
 # -- the request ------------------------------------------------------------------------
 def test_request_bytes_as_the_server_reads_them(run):
     other = {"X-Other": "2"}
@@ -459,17 +471,8 @@ def test_compressed_bodies_are_decoded(run, encoding, framing, streamed):
         length = f"Content-Length: {len(data)}"
         writes = (head("200 OK", header, length) + thirds[0], thirds[1], thirds[2])
 
-    async def scenario():
-        # then a plain response on the same connection: nothing of the decoder is left
-        async with RawServer(send(*writes, gap=0.005), send(ok(b"plain"))) as server:
-            t = plain(server.url())
-            sink = Collect() if streamed else None
-            reply = await t.send(BODY, HEADERS, sink)
-            after = await t.send(BODY, HEADERS, None)
-            await t.close()
-        return server, reply, sink, after
-
-    server, reply, sink, after = run(scenario())
+    # then a plain response on the same connection: nothing of the decoder is left
+    server, reply, sink, after = run(two_sends(send(*writes, gap=0.005), b"plain", streamed))
     if streamed:
         assert reply == (200, b"", None)
         assert sink.data == PAYLOAD
@@ -511,16 +514,9 @@ INTERIMS = {
 @pytest.mark.parametrize("streamed", [False, True], ids=["whole", "sink"])
 @pytest.mark.parametrize("interim", list(INTERIMS))
 def test_interim_responses_are_skipped(run, interim, streamed):
-    async def scenario():
-        async with RawServer(send(*INTERIMS[interim], gap=0.01), send(ok(b"next"))) as server:
-            t = plain(server.url())
-            sink = Collect() if streamed else None
-            reply = await t.send(BODY, HEADERS, sink)
-            after = await t.send(BODY, HEADERS, None)
-            await t.close()
-        return server, reply, sink, after
-
-    server, reply, sink, after = run(scenario())
+    server, reply, sink, after = run(
+        two_sends(send(*INTERIMS[interim], gap=0.01), b"next", streamed)
+    )
     if streamed:
         assert reply == (200, b"", None) and sink.parts == [b"hello"]
     else:
