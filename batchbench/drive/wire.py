@@ -253,8 +253,9 @@ class Conversation:
         self.messages += len(serialized)
 
     def body(self, tail: bytes) -> bytes:
-        """The complete body of this turn; retries send these same bytes."""
-        return bytes(self._prefix) + tail
+        """The complete body of this turn; retries send these same bytes (one copy of the
+        prefix: ``bytes(prefix) + tail`` would make two)."""
+        return b"".join((self._prefix, tail))
 
     def tokenize_body(self, *pending: bytes) -> bytes:
         """``{"model":…,"messages":[…, *pending],"add_generation_prompt":true}``: the body
