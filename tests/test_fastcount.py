@@ -17,8 +17,8 @@ from batchbench.text.framing import ContentContext, ReplyCounter, content_contex
 
 # The byte-level BPE tokenizers it must take: DeepSeek-V3 (three split stages, numbers in
 # threes), Qwen3 and Qwen3.5 (one stage, digits one by one), GLM-4 and Llama-3.1 (one stage,
-# numbers in threes).
-ELIGIBLE = ["deepseek", "qwen3", "qwen3.5", "glm4", "llama3.1"]
+# numbers in threes), MiniMax-M3 (a split that keeps only its matches).
+ELIGIBLE = ["deepseek", "qwen3", "qwen3.5", "glm4", "llama3.1", "minimax-m3"]
 
 # Characters the pre-tokenizers treat differently, weighted towards their edge cases:
 # contractions, digit runs, whitespace runs before words and newlines, punctuation runs,
@@ -77,11 +77,10 @@ def test_texts_it_cannot_take(deepseek):
     assert counter.count("") == 0
 
 
-@pytest.mark.parametrize("name", ["minimax-m3", "jiutian"])
-def test_tokenizers_it_does_not_take(name, packaged):
-    """MiniMax's pattern uses Unicode classes with no fixed ASCII translation here, and a
-    Metaspace (SentencePiece-style) tokenizer is not byte-level BPE: both are encoded."""
-    assert ascii_counter(packaged(name).tokenizer) is None
+def test_a_tokenizer_it_does_not_take(packaged):
+    """A Unigram tokenizer with a Metaspace (SentencePiece-style) pre-tokenizer is not
+    byte-level BPE: its replies are encoded by the tokenizer."""
+    assert ascii_counter(packaged("jiutian").tokenizer) is None
 
 
 @pytest.mark.parametrize(
@@ -102,7 +101,8 @@ def test_translation_of_a_real_pattern():
 
 
 @pytest.mark.parametrize(
-    ("tokenizer", "template"), [("qwen-3.5", "qwen-3.5"), ("glm-4.7-flash", "glm-5")]
+    ("tokenizer", "template"),
+    [("qwen-3.5", "qwen-3.5"), ("glm-4.7-flash", "glm-5"), ("minimax-m3", "minimax-m3")],
 )
 def test_reply_counts_in_real_template_contexts_equal_the_tokenizers(tmp_path, tokenizer, template):
     loaded = templates.model_dir(tmp_path, tokenizer, template)

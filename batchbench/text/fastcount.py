@@ -187,10 +187,16 @@ def _trie_pattern(words: list[str]) -> str:
 class AsciiCounter:
     """Counts ASCII texts as one tokenizer does (see the module's docstring)."""
 
-    def __init__(self, stages: list[re.Pattern[str]], counts: _Counts, added: list[str]) -> None:
-        # Each stage splits with its pattern captured: matches and the stretches between
-        # them, in order (empty strings dropped), which is an isolated Split.
-        self._splits = [re.compile(f"({stage.pattern})").split for stage in stages]
+    def __init__(
+        self, stages: list[tuple[re.Pattern[str], bool]], counts: _Counts, added: list[str]
+    ) -> None:
+        # An isolated Split keeps matches and the stretches between them, in order: a
+        # split with the pattern captured (its empty strings count 0). A Split that keeps
+        # only its matches (MiniMax: "Removed", inverted) is a findall.
+        self._splits = [
+            stage.findall if matches_only else re.compile(f"({stage.pattern})").split
+            for stage, matches_only in stages
+        ]
         self._counts = counts
         self._added = re.compile(_trie_pattern(added)) if added else None
 
@@ -210,9 +216,10 @@ class AsciiCounter:
         return sum(map(self._counts.__getitem__, pieces))
 
 
-def _stages_of(document: dict) -> list[str] | None:
-    """The Split patterns of a byte-level pre-tokenizer, or None when it is another kind
-    (``document``: the tokenizer's normalizer, pre-tokenizer and model settings)."""
+def _stages_of(document: dict) -> list[tuple[str, bool]] | None:
+    """The Split patterns of a byte-level pre-tokenizer, each with True when the stage
+    keeps only its matches, or None when it is another kind (``document``: the
+    tokenizer's normalizer, pre-tokenizer and model settings)."""
     normalizer = document.get("normalizer")
     if normalizer is not None:
         kinds = (
@@ -231,11 +238,12 @@ def _stages_of(document: dict) -> list[str] | None:
         return None
     patterns = []
     for step in steps[:-1]:
-        if step.get("type") != "Split" or step.get("behavior") != "Isolated":
+        if step.get("type") != "Split" or "Regex" not in step.get("pattern", {}):
             return None
-        if step.get("invert") or "Regex" not in step.get("pattern", {}):
+        mode = (step.get("behavior"), bool(step.get("invert")))
+        if mode not in (("Isolated", False), ("Removed", True)):
             return None
-        patterns.append(step["pattern"]["Regex"])
+        patterns.append((step["pattern"]["Regex"], mode == ("Removed", True)))
     model = document.get("model") or {}
     if model.get("type") != "BPE" or model.get("dropout") or model.get("byte_fallback"):
         return None
@@ -284,11 +292,15 @@ def ascii_counter(tokenizer: Tokenizer) -> AsciiCounter | None:
         return None
     if patterns is None:
         return None
+    stages = []
     try:
-        stages = [re.compile(translate(p)) for p in patterns if _can_match_ascii(translate(p))]
+        for pattern, matches_only in patterns:
+            translated = translate(pattern)
+            if matches_only or _can_match_ascii(translated):  # else it never splits ASCII
+                stages.append((re.compile(translated), matches_only))
     except (Untranslatable, re.error):
         return None
-    if not stages or any(stage.groups or stage.fullmatch("") for stage in stages):
+    if not stages or any(stage.groups or stage.fullmatch("") for stage, _ in stages):
         return None  # a capturing group or an empty match would change the split
     added = sorted(
         {
