@@ -19,6 +19,11 @@ class ErrorKind(StrEnum):
     MISSING_USAGE = "missing_usage"  # a 2xx answer without usage counts
     CANCELLED = "cancelled"  # cut short by Ctrl+C / SIGTERM (in flight or waiting to retry)
     INVALID_REQUEST = "invalid_request"  # the client could not build the request
+    INVALID_REDIRECT = "invalid_redirect"  # a 3xx that cannot be followed (bad Location, loop)
+    MALFORMED_USAGE = "malformed_usage"  # usage counts out of range or inconsistent
+    RESPONSE_TOO_LARGE = "response_too_large"  # a body or SSE line past --max-response-bytes
+    SERVER_ERROR = "server_error"  # a 2xx answer that carries the server's error message
+    CLIENT_ERROR = "client_error"  # anything else unexpected inside one exchange
 
 
 @dataclass(frozen=True, slots=True)
