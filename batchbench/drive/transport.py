@@ -58,6 +58,15 @@ class DisconnectError(OSError):
     """The connection broke, or the response could not be read, during the exchange."""
 
 
+class ResponseTooLargeError(Exception):
+    """The response (decoded) grew past ``--max-response-bytes``."""
+
+
+class RedirectError(Exception):
+    """A redirect that cannot be followed: a malformed Location, a loop, too many hops, or
+    a scheme other than http and https."""
+
+
 class Transport(Protocol):
     async def send(self, body: bytes, headers: dict[str, str], sink: Sink | None) -> Sent: ...
 
