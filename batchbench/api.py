@@ -738,6 +738,7 @@ def driver_settings(config: RunConfig) -> DriverSettings:
         max_retries=config.max_retries,
         retry_delay_ms=config.retry_delay_ms,
         max_retry_wait_seconds=config.max_retry_wait,
+        max_response_bytes=config.max_response_bytes,
         verbose=config.verbose,
     )
 

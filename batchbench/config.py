@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from batchbench.drive.transport import DEFAULT_MAX_RESPONSE_BYTES
 from batchbench.errors import UsageError
 from batchbench.plan.arrivals import ARRIVAL_PROCESSES, DEFAULT_ARRIVAL_PROCESS, arrival_offsets
 from batchbench.plan.limits import MAX_REQUEST_TOKENS
@@ -29,6 +30,7 @@ from batchbench.results.slo import (
     percentile_label,
     slo_text,
 )
+from batchbench.secrets import remember
 
 DEFAULT_ENDPOINT = "/v1/chat/completions"
 SIM_DEFAULT_TOKENIZER = "deepseek-v3"
@@ -304,7 +306,8 @@ class RunConfig:
     dp_ranks: int | None = None  # perfect routing over this many ranks
     # HTTP
     stream: bool = False
-    request_timeout_secs: int = 60
+    request_timeout_secs: float = 60  # an int when whole (options files say 60, not 60.0)
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES  # decoded bytes one response may hold
     max_retries: int = 2
     retry_delay_ms: int = 250
     max_retry_wait: float = 300.0  # seconds: the longest wait before a retry (Retry-After)
@@ -437,9 +440,10 @@ class RunConfig:
 
     def resolved_api_key(self) -> str | None:
         """The key to send: ``api_key``, else the variable named by ``api_key_env``."""
-        if self.api_key is not None:
-            return self.api_key.reveal()
-        return os.environ.get(self.api_key_env) or None
+        key = self.api_key.reveal() if self.api_key is not None else None
+        key = key or os.environ.get(self.api_key_env) or None
+        remember(key)  # a server that echoes it cannot make the run print it
+        return key
 
     def check(self) -> None:
         """The checks a command line gets after parsing, in the same order and words, for
@@ -527,7 +531,7 @@ class RunConfig:
         at_least = (
             ("agents", self.agents, 0),
             ("max-active-agents", self.max_active_agents, 1),
-            ("request-timeout-secs", self.request_timeout_secs, 0),
+            ("max-response-bytes", self.max_response_bytes, 1),
             ("max-retries", self.max_retries, 0),
             ("retry-delay-ms", self.retry_delay_ms, 0),
             ("dp-rank-perfect-routing-num", self.dp_ranks, 1),
@@ -550,6 +554,7 @@ class RunConfig:
         if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 1 << 64):
             raise UsageError(f"--seed must be an integer in 0..2^64-1, not {self.seed!r}")
         for name, value in (
+            ("request-timeout-secs", self.request_timeout_secs),
             ("grace-seconds", self.grace_seconds),
             ("max-retry-wait", self.max_retry_wait),
         ):
@@ -735,6 +740,7 @@ class RunConfig:
             "dp-rank-perfect-routing-num": self.dp_ranks,
             "stream": self.stream,
             "request-timeout-secs": self.request_timeout_secs,
+            "max-response-bytes": self.max_response_bytes,
             "max-retries": self.max_retries,
             "retry-delay-ms": self.retry_delay_ms,
             "max-retry-wait": self.max_retry_wait,

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from batchbench.secrets import redact
+
 
 class BatchbenchError(Exception):
-    """A fatal runtime error; ``str()`` is the whole ``context: cause`` chain."""
+    """A fatal runtime error; ``str()`` is the whole ``context: cause`` chain, with the
+    run's API key masked (a server's error text may echo it)."""
+
+    def __str__(self) -> str:
+        return redact(super().__str__())
 
     def with_context(self, context: str) -> BatchbenchError:
         """A new error of the same type whose message is ``context: <this message>``."""

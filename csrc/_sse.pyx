@@ -23,6 +23,7 @@ cdef enum:
     REASONING = 1
     MAX_TEMPLATES = 3
     LEARN_BUDGET = 4  # learnings without a hit in between before learning stops
+    HEAD_BYTES = 256  # the stream's first bytes, kept to describe a body that is not SSE
 
 cdef bytes _EMPTY = b""
 cdef bytes _DONE = b"[DONE]"
@@ -36,6 +37,13 @@ cdef inline bint _strip_space(char c) noexcept:
 
 cdef inline bint _json_space(char c) noexcept:
     return c == 32 or c == 9 or c == 10 or c == 13
+
+
+cdef object _error_text(bytes payload):
+    """The message of an error chunk (imported late: ``wire`` imports this module)."""
+    from batchbench.drive.wire import server_error_text
+
+    return server_error_text(payload)
 
 
 cdef object _bad_chunk():
@@ -103,7 +111,9 @@ cdef class SseScanner:
     become a template. Arrival times are those of the read that completed the line.
     """
 
-    cdef bytes _carry
+    cdef list _pending  # the reads of a line not yet ended (joined once: linear)
+    cdef bint _skip_lf  # the last read ended in CR: a leading LF is that line's end
+    cdef bint _error_event  # inside an ``event: error`` block
     cdef double _last_read
     cdef list _templates
     cdef int _budget
@@ -114,9 +124,13 @@ cdef class SseScanner:
     cdef readonly list reasoning
     cdef readonly list times
     cdef readonly object usage
+    cdef readonly object error  # the server's error message, when it sent one
+    cdef readonly object head  # the stream's first bytes
 
     def __cinit__(self, *args, **kwargs):
-        self._carry = _EMPTY
+        self._pending = []
+        self._skip_lf = False
+        self._error_event = False
         self._last_read = 0.0
         self._templates = []
         self._budget = LEARN_BUDGET
@@ -127,6 +141,8 @@ cdef class SseScanner:
         self.reasoning = []
         self.times = []
         self.usage = None
+        self.error = None
+        self.head = None
 
     def feed(self, bytes data not None, double arrived):
         """Take one network read; complete lines are scanned now, a partial one waits."""
@@ -134,10 +150,32 @@ cdef class SseScanner:
         cdef const char *hit
         cdef Py_ssize_t n, start = 0, end
         self._last_read = arrived
-        if PyBytes_GET_SIZE(self._carry):
-            data = self._carry + data
-        buf = PyBytes_AS_STRING(data)
+        if self.head is None:
+            self.head = data[:HEAD_BYTES]
+        if self._skip_lf:
+            self._skip_lf = False
+            if PyBytes_GET_SIZE(data) and PyBytes_AS_STRING(data)[0] == 10:
+                data = data[1:]
         n = PyBytes_GET_SIZE(data)
+        if n == 0:
+            return
+        if memchr(PyBytes_AS_STRING(data), 13, n) != NULL:
+            # Every SSE line ending (CRLF, CR, LF) as LF. A read that ends in CR ends a
+            # line there; an LF opening the next read belongs to it.
+            if PyBytes_AS_STRING(data)[n - 1] == 13:
+                self._skip_lf = True
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            n = PyBytes_GET_SIZE(data)
+        buf = PyBytes_AS_STRING(data)
+        if memchr(buf, 10, n) == NULL:
+            self._pending.append(data)
+            return
+        if self._pending:
+            self._pending.append(data)
+            data = _EMPTY.join(self._pending)
+            del self._pending[:]
+            buf = PyBytes_AS_STRING(data)
+            n = PyBytes_GET_SIZE(data)
         while start < n:
             hit = <const char *>memchr(buf + start, 10, n - start)
             if hit == NULL:
@@ -145,30 +183,40 @@ cdef class SseScanner:
             end = hit - buf
             self._line(data, start, end, arrived)
             start = end + 1
-        if start == 0:
-            self._carry = data
-        elif start >= n:
-            self._carry = _EMPTY
-        else:
-            self._carry = PyBytes_FromStringAndSize(buf + start, n - start)
+        if start < n:
+            self._pending.append(PyBytes_FromStringAndSize(buf + start, n - start))
 
     def flush(self):
         """The stream ended: scan an unterminated last line (at the last read's time)."""
-        cdef bytes line = self._carry
-        self._carry = _EMPTY
+        cdef bytes line = _EMPTY.join(self._pending)
+        del self._pending[:]
         self._line(line, 0, PyBytes_GET_SIZE(line), self._last_read)
 
     cdef int _line(self, bytes data, Py_ssize_t start, Py_ssize_t end, double arrived) except -1:
         cdef const char *buf = PyBytes_AS_STRING(data)
         if end - start < 5 or memcmp(buf + start, b"data:", 5) != 0:
+            if end == start:
+                self._error_event = False  # a blank line ends the event
+            elif end - start >= 6 and memcmp(buf + start, b"event:", 6) == 0:
+                self._error_event = data[start + 6 : end].strip() == b"error"
+                if self._error_event and self.error is None:
+                    self.error = ""  # an error event, whatever its data says
             return 0
         start += 5
         while start < end and _strip_space(buf[start]):
             start += 1
         while end > start and _strip_space(buf[end - 1]):
             end -= 1
-        if start < end:
+        if self._error_event:
+            self._server_error(PyBytes_FromStringAndSize(buf + start, end - start))
+        elif start < end:
             self._payload(data, start, end, arrived)
+        return 0
+
+    cdef int _server_error(self, bytes payload) except -1:
+        """The first error the server reported in the stream (later ones are its echoes)."""
+        if not self.error:
+            self.error = _error_text(payload)
         return 0
 
     cdef int _payload(
@@ -232,6 +280,9 @@ cdef class SseScanner:
         self.chunks += 1
         self.parsed += 1
         if type(chunk) is not dict:
+            return 0
+        if (<dict>chunk).get("error") is not None:
+            self._server_error(payload)
             return 0
         usage = (<dict>chunk).get("usage")
         if usage is not None:

@@ -290,10 +290,86 @@ def test_crlf_comments_events_and_done(mod):
 def test_unterminated_last_line_is_scanned_by_flush_at_the_last_read(mod):
     scanner = mod.SseScanner()
     scanner.feed(event(chunk({"content": "a"})), 1.0)
-    scanner.feed(b"data: " + chunk({"content": "b"}) + b"\r", 2.0)
+    scanner.feed(b"data: " + chunk({"content": "b"}), 2.0)
     assert scanner.content == ["a"]
     scanner.flush()
     assert scanner.content == ["a", "b"] and scanner.times == [1.0, 2.0]
+
+
+@impl
+@pytest.mark.parametrize("ending", [b"\r", b"\n", b"\r\n"], ids=["cr", "lf", "crlf"])
+def test_every_sse_line_ending_ends_a_line_even_split_across_reads(mod, ending):
+    """CR, LF and CRLF all end lines (the SSE grammar); a CRLF split between two reads
+    is one line end, not an empty line between two (which would end an event)."""
+    stream = (
+        b"event: message" + ending
+        + b"data: " + chunk({"content": "He"}) + ending + ending
+        + b"data: " + chunk({"content": "llo"}) + ending + ending
+        + b"data: " + chunk(usage=USAGE) + ending + ending
+        + b"data: [DONE]" + ending + ending
+    )  # fmt: skip
+    for cut in range(1, len(stream)):
+        scanner = mod.SseScanner()
+        scanner.feed(stream[:cut], 1.0)
+        scanner.feed(stream[cut:], 2.0)
+        scanner.flush()
+        assert (scanner.chunks, scanner.content, scanner.usage, scanner.done) == (
+            3,
+            ["He", "llo"],
+            USAGE,
+            True,
+        ), cut
+    scanner = mod.SseScanner()
+    scanner.feed(b"data: " + chunk({"content": "a"}) + b"\r", 1.0)
+    assert scanner.content == ["a"]  # a CR ends the line at once: no wait for an LF
+
+
+@impl
+def test_a_long_line_in_many_reads_is_joined_once(mod):
+    """A line that arrives in many reads waits in pieces: scanning it costs its length,
+    not its length times the reads (the old carry copied itself on every read)."""
+    text = "x" * 200_000
+    payload = b"data: " + chunk({"content": text}) + b"\n\n"
+    scanner = mod.SseScanner()
+    for start in range(0, len(payload), 7):
+        scanner.feed(payload[start : start + 7], 1.0)
+    assert scanner.content == [text] and scanner.chunks == 1
+
+
+@impl
+@pytest.mark.parametrize(
+    ("stream", "message"),
+    [
+        (b'event: error\ndata: {"error":{"message":"overloaded","code":503}}\n\n', "overloaded"),
+        (b'data: {"error":{"message":"context too long"}}\n\n', "context too long"),
+        (b'data: {"error":"plain words"}\n\n', "plain words"),
+        (b"event: error\ndata: not json at all\n\n", "not json at all"),
+        (b"event: error\n\n", ""),
+    ],
+    ids=["event", "error-object", "error-string", "event-text", "event-no-data"],
+)
+def test_a_server_error_in_the_stream_is_kept_whatever_follows(mod, stream, message):
+    scanner = mod.SseScanner()
+    scanner.feed(event(chunk({"content": "a"})) + stream, 1.0)
+    scanner.feed(event(chunk(usage=USAGE)) + b"data: [DONE]\n\n", 2.0)
+    scanner.flush()
+    assert scanner.error == message
+    assert scanner.usage == USAGE and scanner.content == ["a"]
+
+
+@impl
+def test_after_an_error_event_ends_data_lines_count_again(mod):
+    scanner = mod.SseScanner()
+    scanner.feed(b"event: ping\ndata: " + chunk({"content": "a"}) + b"\n\n", 1.0)
+    assert scanner.error is None and scanner.content == ["a"]
+
+
+@impl
+def test_the_first_bytes_of_a_stream_are_kept(mod):
+    scanner = mod.SseScanner()
+    scanner.feed(b"<html>" + b"x" * 300, 1.0)
+    scanner.feed(b"more", 2.0)
+    assert scanner.head == b"<html>" + b"x" * 250
 
 
 @impl

@@ -21,6 +21,7 @@ from batchbench.results.report import (
     verdict_lines,
 )
 from batchbench.results.windowreport import server_metrics_lines, window_lines
+from batchbench.secrets import redact
 
 
 class ConsoleOutput:
@@ -32,7 +33,7 @@ class ConsoleOutput:
 
     def warning(self, text: str) -> None:
         sys.stdout.flush()
-        print(text, file=sys.stderr)
+        print(redact(text), file=sys.stderr)
 
 
 def write_lines(lines: Iterable[str]) -> None:
@@ -104,7 +105,7 @@ def run_console(argv: Sequence[str] | None, prog: str) -> int:
         return 1
     except OSError as exc:  # a file or socket problem not wrapped above: still one line
         sys.stdout.flush()
-        print(f"Error: {exc}", file=sys.stderr)
+        print(f"Error: {redact(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("Error: interrupted", file=sys.stderr)

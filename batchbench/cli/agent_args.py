@@ -13,17 +13,20 @@ from datetime import UTC, datetime
 from batchbench import __version__
 from batchbench.cli.argtypes import (
     CommandParser,
+    byte_size,
     failure_rate,
     non_negative_float,
     number,
     positive_finite,
     positive_uint,
+    seconds,
     suggestion,
     u64,
     uint,
 )
 from batchbench.config import RunConfig, api_key_from, check_flag_combinations
 from batchbench.config import resolve_shape as shape_from_options
+from batchbench.drive.transport import DEFAULT_MAX_RESPONSE_BYTES
 from batchbench.errors import UsageError
 from batchbench.plan.arrivals import ARRIVAL_PROCESSES
 from batchbench.plan.workload import SampledShape
@@ -345,10 +348,20 @@ def build_parser(prog: str = "batchbench-agent") -> AgentArgumentParser:
     http = parser.add_argument_group("HTTP behaviour and outputs")
     http.add_argument(
         "--request-timeout-secs",
-        type=uint,
+        type=seconds,
         default=60,
         metavar="S",
-        help="timeout of one whole attempt (default: %(default)s)",
+        help="timeout of one whole attempt, in seconds (fractions allowed: 0.5) "
+        "(default: %(default)s)",
+    )
+    http.add_argument(
+        "--max-response-bytes",
+        type=byte_size,
+        default=DEFAULT_MAX_RESPONSE_BYTES,
+        metavar="N",
+        help="the most one response may hold once decoded (a body, its gzip/deflate output, "
+        "a stream, one SSE line): a larger one fails as response_too_large, so no server "
+        "can exhaust the client's memory; bytes, or with KiB, MiB, GiB (default: 64MiB)",
     )
     http.add_argument(
         "--max-retries",
@@ -789,6 +802,7 @@ def config_from_namespace(args: argparse.Namespace) -> RunConfig:
         dp_ranks=args.dp_rank_perfect_routing_num if args.dp_rank_perfect_routing else None,
         stream=args.stream,
         request_timeout_secs=args.request_timeout_secs,
+        max_response_bytes=args.max_response_bytes,
         max_retries=args.max_retries,
         retry_delay_ms=args.retry_delay_ms,
         max_retry_wait=args.max_retry_wait,

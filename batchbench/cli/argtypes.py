@@ -95,6 +95,30 @@ def positive_finite(text: str) -> float:
     return value
 
 
+def seconds(text: str) -> int | float:
+    """A non-negative, finite number of seconds (``0.5``); whole numbers stay integers, so
+    an options file says ``60``, not ``60.0``."""
+    value = non_negative_float(text)
+    return int(value) if value.is_integer() else value
+
+
+_BYTE_UNITS = {"": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+
+
+def byte_size(text: str) -> int:
+    """A positive number of bytes, plain or with a binary unit: ``65536``, ``64KiB``,
+    ``64MiB``, ``1GiB``."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMGkmg][iI][bB])?\s*", text)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f'"{text}" is not a size in bytes (a whole number, optionally with KiB, MiB or GiB)'
+        )
+    value = int(match[1]) * _BYTE_UNITS[(match[2] or "").lower()]
+    if value == 0:
+        raise argparse.ArgumentTypeError("value must be greater than zero")
+    return value
+
+
 def failure_rate(text: str) -> float:
     """A share in [0, 1], or a percentage with ``%``."""
     percent = text.endswith("%")

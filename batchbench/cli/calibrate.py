@@ -16,7 +16,7 @@ from batchbench.api import (
     start_sim,
 )
 from batchbench.cli.agent_args import add_chat_template_flag, add_target_flags
-from batchbench.cli.argtypes import CommandParser, positive_uint
+from batchbench.cli.argtypes import CommandParser, positive_finite
 from batchbench.config import RunConfig, api_key_from
 from batchbench.errors import BatchbenchError, UsageError
 from batchbench.text.framing import ReplyAccounting
@@ -50,7 +50,7 @@ def build_parser(prog: str) -> CommandParser:
     )
     probes.add_argument(
         "--request-timeout-secs",
-        type=positive_uint,
+        type=positive_finite,
         default=60,
         metavar="S",
         help="timeout of one probe request (default: %(default)s)",

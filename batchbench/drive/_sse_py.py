@@ -21,7 +21,15 @@ CONTENT = 0
 REASONING = 1
 _KEYS = (b"content", b"reasoning_content")
 MAX_TEMPLATES = 3
+HEAD_BYTES = 256  # the stream's first bytes, kept to describe a body that is not SSE
 LEARN_BUDGET = 4  # learnings without a hit in between before learning stops
+
+
+def _error_text(payload: bytes) -> str:
+    """The message of an error chunk (imported late: ``wire`` imports this module)."""
+    from batchbench.drive.wire import server_error_text
+
+    return server_error_text(payload)
 
 
 def _bad_chunk() -> Exception:
@@ -64,12 +72,16 @@ class SseScanner:
 
     __slots__ = (
         "_budget",
-        "_carry",
+        "_error_event",
         "_last_read",
+        "_pending",
+        "_skip_lf",
         "_templates",
         "chunks",
         "content",
         "done",
+        "error",
+        "head",
         "parsed",
         "reasoning",
         "times",
@@ -77,7 +89,11 @@ class SseScanner:
     )
 
     def __init__(self) -> None:
-        self._carry = b""
+        self._pending: list[bytes] = []  # the reads of a line not yet ended
+        self._skip_lf = False  # the last read ended in CR: a leading LF is that line's end
+        self._error_event = False  # inside an ``event: error`` block
+        self.error: str | None = None  # the server's error message, when it sent one
+        self.head: bytes | None = None  # the stream's first bytes
         self._last_read = 0.0
         self._templates: list[tuple[bytes, bytes, int]] = []
         self._budget = LEARN_BUDGET
@@ -92,23 +108,61 @@ class SseScanner:
     def feed(self, data: bytes, arrived: float) -> None:
         """Take one network read; complete lines are scanned now, a partial one waits."""
         self._last_read = arrived
-        if self._carry:
-            data = self._carry + data
+        if self.head is None:
+            self.head = data[:HEAD_BYTES]
+        if self._skip_lf:
+            self._skip_lf = False
+            if data[:1] == b"\n":
+                data = data[1:]
+        if b"\r" in data:
+            data = self._line_feeds(data)
         end = data.rfind(b"\n")
         if end < 0:
-            self._carry = data
+            if data:
+                self._pending.append(data)  # joined once, when its line ends: linear
             return
-        self._carry = data[end + 1 :]
+        if self._pending:
+            self._pending.append(data)
+            data = b"".join(self._pending)
+            self._pending.clear()
+            end = data.rfind(b"\n")
+        tail = data[end + 1 :]
+        if tail:
+            self._pending.append(tail)
         for line in data[:end].split(b"\n"):
-            if line[:5] == b"data:":
-                self._payload(line[5:].strip(), arrived)
+            self._line(line, arrived)
+
+    def _line_feeds(self, data: bytes) -> bytes:
+        """Every SSE line ending (``\\r\\n``, ``\\r``, ``\\n``) as ``\\n``. A read that ends
+        in ``\\r`` ends a line there; a ``\\n`` opening the next read belongs to it."""
+        if data[-1:] == b"\r":
+            self._skip_lf = True
+        return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
 
     def flush(self) -> None:
         """The stream ended: scan an unterminated last line (at the last read's time)."""
-        line = self._carry
-        self._carry = b""
+        line = b"".join(self._pending)
+        self._pending.clear()
+        self._line(line, self._last_read)
+
+    def _line(self, line: bytes, arrived: float) -> None:
         if line[:5] == b"data:":
-            self._payload(line[5:].strip(), self._last_read)
+            payload = line[5:].strip()
+            if self._error_event:
+                self._server_error(payload)
+            else:
+                self._payload(payload, arrived)
+        elif not line:
+            self._error_event = False  # a blank line ends the event
+        elif line[:6] == b"event:":
+            self._error_event = line[6:].strip() == b"error"
+            if self._error_event and self.error is None:
+                self.error = ""  # an error event, whatever its data says
+
+    def _server_error(self, payload: bytes) -> None:
+        """The first error the server reported in the stream (later ones are its echoes)."""
+        if not self.error:
+            self.error = _error_text(payload)
 
     def _payload(self, payload: bytes, arrived: float) -> None:
         if not payload:
@@ -144,6 +198,9 @@ class SseScanner:
         self.chunks += 1
         self.parsed += 1
         if type(chunk) is not dict:
+            return
+        if chunk.get("error") is not None:
+            self._server_error(payload)
             return
         usage = chunk.get("usage")
         if usage is not None:

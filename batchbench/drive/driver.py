@@ -26,7 +26,14 @@ from batchbench.drive.blockturns import BlockTurns
 from batchbench.drive.oracle import ORACLE_ROUNDS, PromptOracle
 from batchbench.drive.shutdown import CANCELLED_IN_FLIGHT, CANCELLED_WAITING, Shutdown, abandon
 from batchbench.drive.sizing import Sizing, TrajectorySizer
-from batchbench.drive.transport import ConnectError, Transport, make_transport
+from batchbench.drive.transport import (
+    DEFAULT_MAX_RESPONSE_BYTES,
+    ConnectError,
+    RedirectError,
+    ResponseTooLargeError,
+    Transport,
+    make_transport,
+)
 from batchbench.drive.wire import (
     ROUTING_KEY_HEADER_ERROR,
     BodyOptions,
@@ -81,6 +88,7 @@ class DriverSettings:
     max_retries: int = 2
     retry_delay_ms: int = 250
     max_retry_wait_seconds: float = 300.0  # the longest wait before a retry (Retry-After)
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     verbose: bool = False
 
 
@@ -139,7 +147,13 @@ def run_transport(
 ) -> Transport:
     """The run's chat-request transport; ``session`` serves what the lean client hands
     on (https, redirects)."""
-    return make_transport(settings.url, settings.timeout_seconds, max_connections or 0, session)
+    return make_transport(
+        settings.url,
+        settings.timeout_seconds,
+        max_connections or 0,
+        session,
+        settings.max_response_bytes,
+    )
 
 
 @dataclass(frozen=True)
@@ -584,8 +598,19 @@ class HttpAgentLoop(BlockTurns):
                 errors.append(AttemptError(attempt, exc.kind, str(exc)))
             except TimeoutError:
                 errors.append(AttemptError(attempt, ErrorKind.TIMEOUT, self._timeout_text))
+            except ResponseTooLargeError as exc:
+                errors.append(AttemptError(attempt, ErrorKind.RESPONSE_TOO_LARGE, str(exc)))
+            except RedirectError as exc:
+                errors.append(AttemptError(attempt, ErrorKind.INVALID_REDIRECT, str(exc)))
             except (aiohttp.ClientError, OSError) as exc:
                 errors.append(AttemptError(attempt, transport_kind(exc), _transport_text(exc)))
+            except (asyncio.CancelledError, BatchbenchError):
+                raise
+            except Exception as exc:
+                # Whatever else one exchange raised stays inside it: a failed attempt,
+                # retried by the usual rules, never the end of the run.
+                text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                errors.append(AttemptError(attempt, ErrorKind.CLIENT_ERROR, text))
             finally:
                 recorder.attempt_ended()
             if attempt >= self._attempts or self._planned_end():
@@ -622,7 +647,9 @@ class HttpAgentLoop(BlockTurns):
     async def _post_stream(self, body: bytes, headers: dict[str, str]) -> Reply:
         sent = time.perf_counter()
         assembler = StreamAssembler()
-        status, raw, retry_after = await self.transport.send(body, headers, assembler.feed)
+        status, raw, retry_after = await self.transport.send(
+            body, headers, assembler.feed, assembler.heard_type
+        )
         if not 200 <= status < 300:
             _raise_status(status, raw, retry_after)
         return assembler.finish(sent)

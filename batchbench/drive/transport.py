@@ -15,7 +15,16 @@ disconnects. TLS and proxies stay with aiohttp (:class:`AiohttpTransport`).
 
 Both transports answer ``send(body, headers, sink)`` with ``(status, body, retry_after)``;
 with a ``sink``, the body of a 2xx response goes to ``sink(data, arrived)`` read by read
-instead (``arrived`` is the ``perf_counter`` time of the read), and ``body`` is empty.
+instead (``arrived`` is the ``perf_counter`` time of the read), and ``body`` is empty;
+``on_type``, when given, hears that response's Content-Type first.
+
+Whatever the server sends, ``send`` ends in a response or in one of this module's
+exceptions (``ConnectError``, ``DisconnectError``, ``ResponseTooLargeError``,
+``RedirectError``) or ``TimeoutError``. A response may hold at most ``max_response_bytes``
+(after decoding gzip or deflate, a streamed one included): a server cannot make the client
+hold more, whatever it sends (a huge Content-Length, a decompression bomb, an endless
+chunked body). Redirects are followed here, hop by hop, so that a malformed Location, a
+loop or another scheme is reported as such.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import socket
 import time
 import zlib
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Protocol
 from urllib.parse import urljoin, urlsplit
 
@@ -37,9 +47,14 @@ import httptools
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 Sink = Callable[[bytes, float], object]
+TypeSink = Callable[[str | None], object]
 Sent = tuple[int, bytes, str | None]
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+MAX_REDIRECTS = 10
+# The most a response may hold, decoded (--max-response-bytes): far beyond any reply, and
+# a bound on what one connection can make the client allocate.
+DEFAULT_MAX_RESPONSE_BYTES = 64 << 20
 # A kept-alive connection that ends this soon after a request went out on it, with no byte
 # of an answer, was closed by the server before it read the request (a loopback or LAN
 # round trip): the request is sent again. Later, the server may have worked on it.
@@ -67,8 +82,18 @@ class RedirectError(Exception):
     a scheme other than http and https."""
 
 
+def too_large_text(limit: int, detail: str = "") -> str:
+    return f"response larger than --max-response-bytes ({limit} bytes){detail}"
+
+
 class Transport(Protocol):
-    async def send(self, body: bytes, headers: dict[str, str], sink: Sink | None) -> Sent: ...
+    async def send(
+        self,
+        body: bytes,
+        headers: dict[str, str],
+        sink: Sink | None,
+        on_type: TypeSink | None = None,
+    ) -> Sent: ...
 
     async def close(self) -> None: ...
 
@@ -80,27 +105,145 @@ class Transport(Protocol):
 class AiohttpTransport:
     """Sends through an ``aiohttp.ClientSession`` (which it does not own)."""
 
-    def __init__(self, session: aiohttp.ClientSession, url: str) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    ) -> None:
         self.session = session
         self.url = url
+        self.max_response_bytes = max_response_bytes
 
-    async def send(self, body: bytes, headers: dict[str, str], sink: Sink | None) -> Sent:
-        return await self.send_to("POST", self.url, body, headers, sink)
-
-    async def send_to(
-        self, method: str, url: str, body: bytes | None, headers: dict[str, str], sink: Sink | None
+    async def send(
+        self,
+        body: bytes,
+        headers: dict[str, str],
+        sink: Sink | None,
+        on_type: TypeSink | None = None,
     ) -> Sent:
-        async with self.session.request(method, url, data=body, headers=headers) as response:
+        status, raw, retry_after, location = await self.hop(
+            "POST", self.url, body, headers, sink, on_type
+        )
+        if location is None:
+            return status, raw, retry_after
+        return await follow_redirects(
+            self, self.url, status, location, body, headers, sink, on_type
+        )
+
+    async def hop(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: dict[str, str],
+        sink: Sink | None,
+        on_type: TypeSink | None = None,
+    ) -> tuple[int, bytes, str | None, str | None]:
+        """One request, redirects not followed: (status, body, Retry-After, the Location
+        of a redirect)."""
+        limit = self.max_response_bytes
+        async with self.session.request(
+            method, url, data=body, headers=headers, allow_redirects=False
+        ) as response:
             status = response.status
-            if sink is None or not 200 <= status < 300:
-                return status, await response.read(), response.headers.get("Retry-After")
+            length = response.content_length
+            if length is not None and length > limit and "Content-Encoding" not in response.headers:
+                raise ResponseTooLargeError(too_large_text(limit, f": Content-Length {length}"))
+            location = response.headers.get("Location") if status in REDIRECT_STATUSES else None
             clock = time.perf_counter
+            whole = sink is None or not 200 <= status < 300
+            if not whole and on_type is not None:
+                on_type(response.headers.get("Content-Type"))
+            parts: list[bytes] = []
+            size = 0
             async for data in response.content.iter_any():
-                sink(data, clock())
-            return status, b"", None
+                size += len(data)
+                if size > limit:
+                    raise ResponseTooLargeError(too_large_text(limit))
+                if whole:
+                    parts.append(data)
+                else:
+                    sink(data, clock())
+            return status, b"".join(parts), response.headers.get("Retry-After"), location
 
     async def close(self) -> None:
         """The session belongs to the caller."""
+
+
+def redirect_target(current: str, status: int, location: str) -> str:
+    """The absolute URL a redirect from ``current`` leads to; ``RedirectError`` when its
+    Location is not a URL, names no host, or leaves http and https."""
+    try:
+        target = urljoin(current, location.strip())
+        parts = urlsplit(target)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not one
+    except ValueError as exc:
+        raise RedirectError(
+            f"invalid redirect ({_status_text(status)}): Location {location!r} is not a "
+            f"valid URL: {exc}"
+        ) from None
+    if parts.scheme not in ("http", "https"):
+        raise RedirectError(f"redirect to {target} not followed: only http:// and https:// are")
+    if not parts.hostname:
+        raise RedirectError(
+            f"invalid redirect ({_status_text(status)}): Location {location!r} names no host"
+        )
+    return target
+
+
+def _status_text(status: int) -> str:
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return str(status)
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port or _DEFAULT_PORTS.get(parts.scheme)
+
+
+async def follow_redirects(
+    hops: AiohttpTransport,
+    url: str,
+    status: int,
+    location: str,
+    body: bytes,
+    headers: dict[str, str],
+    sink: Sink | None,
+    on_type: TypeSink | None = None,
+) -> Sent:
+    """Follows a redirect of the POST to ``url`` hop by hop, as a browser would: 303, and
+    301/302 after a POST, become a GET without a body; another origin never sees the key;
+    a loop, more than ``MAX_REDIRECTS`` hops or an unusable Location is a ``RedirectError``
+    that names the chain."""
+    origin = _origin(url)
+    chain = [url]
+    method: str = "POST"
+    payload: bytes | None = body
+    current = url
+    while True:
+        target = redirect_target(current, status, location)
+        if target in chain:
+            chain.append(target)
+            raise RedirectError(f"redirect loop after {len(chain) - 1} hops: {' → '.join(chain)}")
+        if len(chain) > MAX_REDIRECTS:
+            raise RedirectError(
+                f"too many redirects (more than {MAX_REDIRECTS}): {chain[0]} → … → {target}"
+            )
+        chain.append(target)
+        if _origin(target) != origin:
+            headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+        if status == 303 or (status in (301, 302) and method == "POST"):
+            method, payload = "GET", None
+            headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+        status, raw, retry_after, next_location = await hops.hop(
+            method, target, payload, headers, sink, on_type
+        )
+        if next_location is None:
+            return status, raw, retry_after
+        current, location = target, next_location
 
 
 # ---------------------------------------------------------------------------------------
@@ -123,7 +266,9 @@ class _Decoder:
         wrapped = len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0
         self._inner = zlib.decompressobj(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
 
-    def decode(self, data: bytes) -> bytes:
+    def decode(self, data: bytes, room: int) -> bytes:
+        """The decoded bytes of ``data``, at most ``room + 1`` of them: one more than the
+        room says the body is too large, without inflating the rest of a bomb."""
         if self._inner is None:
             data = self._head + data
             if len(data) < 2:
@@ -131,7 +276,7 @@ class _Decoder:
                 return b""
             self._head = b""
             self._choose(data)
-        return self._inner.decompress(data)
+        return self._inner.decompress(data, room + 1)
 
     def flush(self) -> bytes:
         if self._inner is None:
@@ -169,6 +314,12 @@ class _Connection(asyncio.Protocol):
         self.lost_at = 0.0
         self.answered = False  # the final response of the current request is complete
         self.received = False  # a byte of the current response arrived
+        self.limit = pool.max_response_bytes
+        self.size = 0  # bytes of this response: its head as received, its body decoded
+        self.length = -1  # its Content-Length, if it said one
+        self.content_type: str | None = None
+        self.on_type: TypeSink | None = None
+        self.head_reads: list[bytes] = []  # this exchange's reads until its head was parsed
 
     # -- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -188,6 +339,12 @@ class _Connection(asyncio.Protocol):
             return
         self.arrived = time.perf_counter()
         self.received = True
+        if not self.headers_done:
+            self.head_reads.append(data)
+            self.size += len(data)
+            if self.size > self.limit:
+                self._fail(ResponseTooLargeError(too_large_text(self.limit, " in its head")))
+                return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError:
@@ -199,12 +356,46 @@ class _Connection(asyncio.Protocol):
             self._fail(failure)
             return
         except httptools.HttpParserError as exc:
+            if str(exc) == "Duplicate Content-Length" and self._refeed_deduplicated():
+                return
             self._fail(DisconnectError(f"invalid HTTP response: {exc}"))
             return
         except httptools.HttpParserUpgrade:
             self._fail(DisconnectError("invalid HTTP response: an unasked protocol upgrade"))
             return
         self._deliver()
+
+    def _refeed_deduplicated(self) -> bool:
+        """A head that repeats one Content-Length value (RFC 9110 allows it; llhttp does
+        not) is parsed again with the copies removed; False when the values differ."""
+        data = b"".join(self.head_reads)
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
+            return False
+        lines = data[:end].split(b"\r\n")
+        kept: list[bytes] = []
+        lengths: set[bytes] = set()
+        seen = 0
+        for line in lines:
+            name, colon, value = line.partition(b":")
+            if colon and name.strip().lower() == b"content-length":
+                lengths.update(part.strip() for part in value.split(b","))
+                if len(lengths) > 1:
+                    return False
+                seen += 1
+                if seen > 1:
+                    continue
+                line = name + b": " + next(iter(lengths))
+            kept.append(line)
+        if seen < 2:
+            return False  # the duplicate was elsewhere (an interim response's head)
+        self._reset_response()
+        self.size = 0
+        self.head_reads = []
+        self.parser = httptools.HttpResponseParser(self)
+        # The replayed head goes through the same path, the refeed counted once.
+        self.data_received(b"\r\n".join(kept) + data[end:])
+        return True
 
     def _deliver(self) -> None:
         """Hand what this read brought to the sink in one piece (a read of 500 small
@@ -250,7 +441,9 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
-        if name == b"retry-after":
+        if name == b"content-type":
+            self.content_type = value.decode("latin-1").strip()
+        elif name == b"retry-after":
             self.retry_after = value.decode("latin-1")
         elif name == b"content-encoding":
             encoding = value.strip().lower()
@@ -262,20 +455,31 @@ class _Connection(asyncio.Protocol):
             self.location = value.decode("latin-1")
         elif name == b"content-length":
             self.framed = True
+            value = value.strip()
+            self.length = int(value) if value.isdigit() else -1
         elif name == b"transfer-encoding":  # chunked when it is the last coding
             self.framed = value.rsplit(b",", 1)[-1].strip().lower() == b"chunked"
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        status = self.status = self.parser.get_status_code()
         self.headers_done = True
+        self.head_reads.clear()
+        self.size = 0
+        if self.length > self.limit and self.decoder is None and status >= 200:
+            self.failure = ResponseTooLargeError(
+                too_large_text(self.limit, f": Content-Length {self.length}")
+            )
+            raise self.failure
         # An error body is read whole, whatever the request asked for.
-        self.sink = self.stream_sink if 200 <= self.status < 300 else None
+        self.sink = self.stream_sink if 200 <= status < 300 else None
+        if self.sink is not None and self.on_type is not None:
+            self.on_type(self.content_type)
 
     def on_body(self, body: bytes) -> None:
         decoder = self.decoder
         if decoder is not None:
             try:
-                body = decoder.decode(body)
+                body = decoder.decode(body, self.limit - self.size)
             except zlib.error as exc:
                 self.failure = DisconnectError(
                     f"Can not decode content-encoding: {decoder.encoding}: {exc}"
@@ -283,6 +487,11 @@ class _Connection(asyncio.Protocol):
                 raise
             if not body:
                 return
+        self.size += len(body)
+        if self.size > self.limit:
+            detail = f" after {decoder.encoding} decoding" if decoder is not None else ""
+            self.failure = ResponseTooLargeError(too_large_text(self.limit, detail))
+            raise self.failure
         self.chunks.append(body)  # a streamed body goes to the sink once the read is parsed
 
     def on_message_complete(self) -> None:
@@ -297,6 +506,11 @@ class _Connection(asyncio.Protocol):
                 self._fail(DisconnectError(f"Can not decode content-encoding: {exc}"))
                 return
             if tail:
+                self.size += len(tail)
+                if self.size > self.limit:
+                    detail = f" after {self.decoder.encoding} decoding"
+                    self._fail(ResponseTooLargeError(too_large_text(self.limit, detail)))
+                    return
                 self.chunks.append(tail)
         if not self.closed:
             self.reusable = self.parser.should_keep_alive()
@@ -306,6 +520,9 @@ class _Connection(asyncio.Protocol):
     # -- exchange --------------------------------------------------------------------------
     def _reset_response(self) -> None:
         self.chunks = []
+        self.size = 0
+        self.length = -1
+        self.content_type = None
         self.status = 0
         self.retry_after = None
         self.location = None
@@ -342,12 +559,21 @@ class _Connection(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.abort()
 
-    async def exchange(self, head: bytes, body: bytes, sink: Sink | None, deadline: float) -> None:
+    async def exchange(
+        self,
+        head: bytes,
+        body: bytes,
+        sink: Sink | None,
+        deadline: float,
+        on_type: TypeSink | None = None,
+    ) -> None:
         """Writes the request and waits for the whole response; at ``deadline`` (loop
         time) the wait ends in TimeoutError and the connection is closed."""
         self._reset_response()
+        self.head_reads = []
         self.received = False
         self.stream_sink = sink
+        self.on_type = on_type
         loop = self.pool.loop
         waiter = self.waiter = loop.create_future()
         expiry = loop.call_at(deadline, self._expire)
@@ -358,7 +584,7 @@ class _Connection(asyncio.Protocol):
         finally:
             expiry.cancel()
             self.waiter = None
-            self.stream_sink = self.sink = None
+            self.stream_sink = self.sink = self.on_type = None
 
     def _expire(self) -> None:
         self._fail(TimeoutError())
@@ -374,6 +600,7 @@ class PlainHttpTransport:
         timeout_seconds: float,
         limit: int,
         fallback: Callable[[], AiohttpTransport],
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
@@ -391,6 +618,7 @@ class PlainHttpTransport:
         self._fixed = b"Accept: */*\r\nAccept-Encoding: gzip, deflate\r\n"
         self.timeout_seconds = timeout_seconds
         self.limit = limit
+        self.max_response_bytes = max_response_bytes
         self._fallback_factory = fallback
         self._fallback: AiohttpTransport | None = None
         self.loop = asyncio.get_running_loop()
@@ -422,7 +650,13 @@ class PlainHttpTransport:
             )
         )
 
-    async def send(self, body: bytes, headers: dict[str, str], sink: Sink | None) -> Sent:
+    async def send(
+        self,
+        body: bytes,
+        headers: dict[str, str],
+        sink: Sink | None,
+        on_type: TypeSink | None = None,
+    ) -> Sent:
         """One request within the total timeout: a timer on the response wait (the common
         case: an idle connection is at hand), ``asyncio.timeout`` around a wait for a
         connection or a redirect's second hop."""
@@ -441,7 +675,7 @@ class PlainHttpTransport:
                     raise
             reused = connection.served > 0
             try:
-                await connection.exchange(head, body, sink, deadline)
+                await connection.exchange(head, body, sink, deadline, on_type)
                 break
             except DisconnectError as exc:
                 connection.abort()
@@ -469,29 +703,13 @@ class PlainHttpTransport:
         location = connection.location
         self._release(connection)
         if status in REDIRECT_STATUSES and location:
+            if self._fallback is None:
+                self._fallback = self._fallback_factory()
             async with asyncio.timeout_at(deadline):
-                return await self._follow(status, location, body, headers, sink)
+                return await follow_redirects(
+                    self._fallback, self.url, status, location, body, headers, sink, on_type
+                )
         return status, body_bytes, retry_after
-
-    async def _follow(
-        self, status: int, location: str, body: bytes, headers: dict[str, str], sink: Sink | None
-    ) -> Sent:
-        """The redirect's target through aiohttp, as aiohttp would have followed it: 303,
-        and 301/302 after a POST, become a GET without a body."""
-        if self._fallback is None:
-            self._fallback = self._fallback_factory()
-        target = urljoin(self.url, location)
-        there = urlsplit(target)
-        if (there.scheme, there.hostname, there.port or _DEFAULT_PORTS.get(there.scheme)) != (
-            "http",
-            self.host,
-            self.port,
-        ):  # another origin never sees the key (aiohttp drops it past the first hop too)
-            headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
-        if status in (301, 302, 303):
-            headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
-            return await self._fallback.send_to("GET", target, None, headers, sink)
-        return await self._fallback.send_to("POST", target, body, headers, sink)
 
     # -- the pool ----------------------------------------------------------------------------
     def _idle_connection(self) -> _Connection | None:
@@ -610,12 +828,20 @@ class PlainHttpTransport:
 
 
 def make_transport(
-    url: str, timeout_seconds: float, limit: int, session: aiohttp.ClientSession
+    url: str,
+    timeout_seconds: float,
+    limit: int,
+    session: aiohttp.ClientSession,
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
 ) -> Transport:
     """The plain-HTTP client for ``http://`` targets; aiohttp (``session``) otherwise."""
     parts = urlsplit(url)
     if parts.scheme == "http" and parts.username is None:  # credentials: aiohttp sends them
         return PlainHttpTransport(
-            url, timeout_seconds, limit, lambda: AiohttpTransport(session, url)
+            url,
+            timeout_seconds,
+            limit,
+            lambda: AiohttpTransport(session, url, max_response_bytes),
+            max_response_bytes,
         )
-    return AiohttpTransport(session, url)
+    return AiohttpTransport(session, url, max_response_bytes)

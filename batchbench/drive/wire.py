@@ -35,6 +35,15 @@ BAD_CHUNK = "invalid JSON in streamed response chunk"
 TRUNCATED_STREAM = "streamed response ended before [DONE] and usage after {chunks} chunks"
 MISSING_USAGE = "response missing usage field"
 BAD_PROMPT_TOKENS = "usage.prompt_tokens missing or not an integer"
+# Token counts a server may report: integers in [0, 2^31).
+USAGE_LIMIT = 1 << 31
+OUT_OF_RANGE = "usage.{field} {value} out of range (an integer from 0 to 2147483647 expected)"
+CACHED_ABOVE_PROMPT = (
+    "usage.prompt_tokens_details.cached_tokens {cached} exceeds usage.prompt_tokens {prompt}"
+)
+SERVER_ERROR = "server error in response: {message}"
+STREAM_SERVER_ERROR = "server error in streamed response: {message}"
+NOT_AN_EVENT_STREAM = "streamed request answered with {content_type}, not an event stream: {head}"
 MISSING_MESSAGE = "response missing choices[0].message"
 MESSAGE_NOT_OBJECT = "choices[0].message is not an object"
 ROUTING_KEY_HEADER_ERROR = "failed to build X-SMG-Routing-Key header from user tag"
@@ -292,30 +301,73 @@ class Reply:
 
 
 def _usage_counts(usage) -> tuple[int, int, int | None]:
+    """(prompt, completion, cached) of a usage object; a count outside [0, 2^31), or
+    cached tokens above the prompt, is ``malformed_usage`` (a run's totals and its cache
+    percentages are sums and ratios of these)."""
     if not isinstance(usage, dict):
         raise ResponseError(MISSING_USAGE, ErrorKind.MISSING_USAGE)
     prompt = usage.get("prompt_tokens")
     if type(prompt) is not int:
-        raise ResponseError(BAD_PROMPT_TOKENS)
+        raise ResponseError(BAD_PROMPT_TOKENS, ErrorKind.MALFORMED_USAGE)
+    if not 0 <= prompt < USAGE_LIMIT:
+        raise _out_of_range("prompt_tokens", prompt)
     completion = usage.get("completion_tokens")
     if type(completion) is not int:
         completion = 0
+    elif not 0 <= completion < USAGE_LIMIT:
+        raise _out_of_range("completion_tokens", completion)
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     if type(cached) is not int:
         cached = None
+    elif not 0 <= cached < USAGE_LIMIT:
+        raise _out_of_range("prompt_tokens_details.cached_tokens", cached)
+    elif cached > prompt:
+        raise ResponseError(
+            CACHED_ABOVE_PROMPT.format(cached=cached, prompt=prompt), ErrorKind.MALFORMED_USAGE
+        )
     return prompt, completion, cached
+
+
+def _out_of_range(field: str, value: int) -> ResponseError:
+    return ResponseError(OUT_OF_RANGE.format(field=field, value=value), ErrorKind.MALFORMED_USAGE)
+
+
+def server_error_text(payload: bytes | str | dict | list | None) -> str:
+    """The message a server put in an error (``{"error":{"message":…}}``, ``{"error":
+    "…"}``, ``{"message":…}`` or plain text), cut at 500 characters."""
+    document = payload
+    if isinstance(payload, bytes | str):
+        try:
+            document = _LOADS(payload)
+        except orjson.JSONDecodeError:
+            document = payload.decode("utf-8", "replace") if isinstance(payload, bytes) else payload
+    if isinstance(document, dict):
+        inner = document.get("error", document)
+        if isinstance(inner, dict):
+            message = inner.get("message")
+            document = message if isinstance(message, str) else inner
+        else:
+            document = inner
+    if not isinstance(document, str):
+        document = _DUMPS(document).decode()
+    text = document.strip() or "(no message)"
+    return text[:ERROR_BODY_LIMIT] + "..." if len(text) > ERROR_BODY_LIMIT else text
 
 
 def parse_response(raw: bytes) -> Reply:
     """The reply and usage of a non-streamed 2xx body; ``ResponseError`` when it cannot be
-    used (not JSON, no usage, no integer prompt_tokens, no message object)."""
+    used (not JSON, an error object, no usage, counts out of range, no message object)."""
     try:
         document = _LOADS(raw)
     except orjson.JSONDecodeError as exc:
         raise ResponseError(f"invalid JSON in response body: {exc}") from None
     if not isinstance(document, dict):
         raise ResponseError("response body is not a JSON object")
+    if document.get("error") is not None:
+        raise ResponseError(
+            SERVER_ERROR.format(message=server_error_text(document)), ErrorKind.SERVER_ERROR
+        )
     if "usage" not in document or document["usage"] is None:
         raise ResponseError(MISSING_USAGE, ErrorKind.MISSING_USAGE)
     prompt, completion, cached = _usage_counts(document["usage"])
@@ -327,6 +379,10 @@ def parse_response(raw: bytes) -> Reply:
     message = choices[0]["message"]
     if not isinstance(message, dict):
         raise ResponseError(MESSAGE_NOT_OBJECT)
+    for key in ("content", "reasoning_content"):
+        value = message.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ResponseError(f"choices[0].message.{key} is not a string")
     return Reply(message, prompt, completion, cached, document["usage"])
 
 
@@ -340,14 +396,33 @@ class StreamAssembler(SseScanner):
     off (a truncated stream). Arrival times are those of the read that completed the line.
     """
 
-    __slots__ = ()
+    __slots__ = ("content_type",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.content_type: str | None = None  # of the response, when the transport said
+
+    def heard_type(self, content_type: str | None) -> None:
+        """The transport's word on the response's Content-Type."""
+        self.content_type = content_type
 
     def finish(self, sent: float) -> Reply:
-        """The assembled reply, with TTFT/ITL/TPOT measured from ``sent``."""
+        """The assembled reply, with TTFT/ITL/TPOT measured from ``sent``; an error the
+        server sent in the stream fails it even when usage followed."""
         self.flush()
+        if self.error is not None:
+            raise ResponseError(
+                STREAM_SERVER_ERROR.format(message=self.error or "(no message)"),
+                ErrorKind.SERVER_ERROR,
+            )
         chunks = self.chunks
         usage = self.usage
         if chunks == 0:
+            content_type = self.content_type
+            if content_type and not content_type.lower().startswith("text/event-stream"):
+                raise ResponseError(
+                    NOT_AN_EVENT_STREAM.format(content_type=content_type, head=self._head_text())
+                )
             if not self.done:
                 raise ResponseError(TRUNCATED_STREAM.format(chunks=0), ErrorKind.TRUNCATED_STREAM)
             raise ResponseError(NO_CHUNKS, ErrorKind.MISSING_USAGE)
@@ -369,6 +444,14 @@ class StreamAssembler(SseScanner):
             if completion >= 2:
                 reply.tpot = (times[-1] - times[0]) / (completion - 1)
         return reply
+
+    def _head_text(self) -> str:
+        """The stream's first bytes as text on one line (empty body: ``(empty)``)."""
+        head = self.head or b""
+        text = " ".join(head.decode("utf-8", "replace").split())
+        if not text:
+            return "(empty)"
+        return text + "..." if len(head) >= 256 else text
 
 
 # ---------------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from batchbench.secrets import redact
+
 
 class ErrorKind(StrEnum):
     """The kind of a failed attempt (or of a request that never got one)."""
@@ -34,6 +36,10 @@ class AttemptError:
     kind: ErrorKind
     message: str
     status: int | None = None  # HTTP status for http_status
+
+    def __post_init__(self) -> None:
+        # Every stored and printed error text passes here: a server may echo the key.
+        object.__setattr__(self, "message", redact(self.message))
 
     def as_dict(self) -> dict[str, object]:
         return {
