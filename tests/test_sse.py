@@ -40,6 +40,7 @@ class Oracle:
 
     def __init__(self) -> None:
         self.carry = b""
+        self.after_cr = False
         self.last = 0.0
         self.done = False
         self.chunks = 0
@@ -49,16 +50,22 @@ class Oracle:
         self.usage = None
 
     def feed(self, data: bytes, arrived: float) -> None:
+        """Byte by byte, as the SSE grammar reads: CR, LF and CRLF each end a line, at the
+        read that brought the CR or the lone LF."""
         self.last = arrived
-        data = self.carry + data
-        end = data.rfind(b"\n")
-        if end < 0:
-            self.carry = data
-            return
-        self.carry = data[end + 1 :]
-        for line in data[:end].split(b"\n"):
-            if line.startswith(b"data:"):
-                self.payload(line[5:].strip(), arrived)
+        line = bytearray(self.carry)
+        for byte in data:
+            if byte == 10 and self.after_cr:
+                self.after_cr = False
+                continue
+            self.after_cr = byte == 13
+            if byte in (10, 13):
+                if line.startswith(b"data:"):
+                    self.payload(bytes(line[5:]).strip(), arrived)
+                line.clear()
+            else:
+                line.append(byte)
+        self.carry = bytes(line)
 
     def flush(self) -> None:
         line, self.carry = self.carry, b""

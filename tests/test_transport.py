@@ -34,6 +34,8 @@ from batchbench.drive.transport import (
     ConnectError,
     DisconnectError,
     PlainHttpTransport,
+    RedirectError,
+    ResponseTooLargeError,
     make_transport,
 )
 from batchbench.results.failures import ErrorKind
@@ -1221,3 +1223,178 @@ def test_credentials_in_the_url_go_to_aiohttp():
             return type(make_transport("http://user:pw@127.0.0.1:9/v1", 1.0, 0, client))
 
     assert asyncio.run(scenario()) is AiohttpTransport
+
+
+# -- hostile responses: bounded memory, unusable redirects, tolerated duplicates ----------
+LIMIT = 4096  # --max-response-bytes of these tests
+
+
+def bounded(url: str, *, fallback=no_fallback) -> PlainHttpTransport:
+    return PlainHttpTransport(url, 2.0, 0, fallback, max_response_bytes=LIMIT)
+
+
+def gzipped(data: bytes) -> bytes:
+    return gzip.compress(data, compresslevel=9)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "sink"])
+@pytest.mark.parametrize(
+    ("writes", "detail"),
+    [
+        ((ok(b"x" * (LIMIT + 1)),), ": Content-Length 4097"),
+        ((head("200 OK", "Content-Length: 999999999999"),), ": Content-Length 999999999999"),
+        ((head("200 OK", CHUNKED), *[chunk(b"y" * 1000)] * 5), ""),
+        ((head("200 OK", "Connection: close") + b"z" * (LIMIT + 10),), ""),
+        ((ok(gzipped(b"\0" * (1 << 24)), "Content-Encoding: gzip"),), " after gzip decoding"),
+        ((b"HTTP/1.1 200 OK\r\nX-Pad: ", *[b"p" * 1000] * 5), " in its head"),
+    ],
+    ids=["length", "huge-length", "chunked", "until-close", "gzip-bomb", "head"],
+)
+def test_a_response_past_the_limit_fails_without_holding_it(run, writes, detail, streamed):
+    async def scenario():
+        async with RawServer(send(*writes, gap=0.01), send(ok(b"next"))) as server:
+            t = bounded(server.url())
+            sink = Collect() if streamed else None
+            with pytest.raises(ResponseTooLargeError) as info:
+                await t.send(BODY, HEADERS, sink)
+            after = await t.send(BODY, HEADERS, None)
+            await t.close()
+        return info.value, sink, after, server
+
+    error, sink, after, server = run(scenario())
+    assert str(error) == f"response larger than --max-response-bytes (4096 bytes){detail}"
+    assert sink is None or len(sink.data) <= LIMIT
+    assert after == (200, b"next", None) and server.connections == 2  # never reused
+
+
+def test_a_response_of_exactly_the_limit_is_whole(run):
+    body = b"q" * LIMIT
+    zipped = gzipped(body)
+
+    async def scenario():
+        async with RawServer(send(ok(body)), send(ok(zipped, "Content-Encoding: gzip"))) as server:
+            t = bounded(server.url())
+            replies = [await t.send(BODY, HEADERS, None) for _ in range(2)]
+            await t.close()
+        return replies
+
+    assert run(scenario()) == [(200, body, None)] * 2
+
+
+def test_the_content_type_of_a_streamed_answer_is_told_before_its_body(run):
+    heard: list = []
+
+    async def scenario():
+        async with RawServer(
+            send(ok(b"data: x\n\n", "Content-Type: text/event-stream")),
+            send(ok(b"<html>", "Content-Type: text/html; charset=utf-8")),
+            send(ok(b"plain")),
+        ) as server:
+            t = plain(server.url())
+            for _ in range(3):
+                sink = Collect()
+                await t.send(BODY, HEADERS, sink, lambda kind, sink=sink: heard.append(
+                    (kind, list(sink.parts))))  # fmt: skip
+            await t.close()
+
+    run(scenario())
+    assert heard == [("text/event-stream", []), ("text/html; charset=utf-8", []), (None, [])]
+
+
+def test_identical_duplicate_content_lengths_are_accepted_and_different_ones_refused(run):
+    async def scenario():
+        async with RawServer(
+            send(head("200 OK", "Content-Length: 5", "Content-Length: 5") + b"hello"),
+            send(head("200 OK", "Content-Length: 5", "X-A: b", "content-length:5") + b"he", b"llo"),
+            send(head("200 OK", "Content-Length: 5", "Content-Length: 6") + b"hello!"),
+            send(ok(b"next")),
+        ) as server:
+            t = plain(server.url())
+            first = await t.send(BODY, HEADERS, None)
+            sink = Collect()
+            second = await t.send(BODY, HEADERS, sink)
+            with pytest.raises(DisconnectError) as info:
+                await t.send(BODY, HEADERS, None)
+            after = await t.send(BODY, HEADERS, None)
+            await t.close()
+        return first, second, sink, info.value, after, server
+
+    first, second, sink, error, after, server = run(scenario())
+    assert first == (200, b"hello", None)
+    assert second == (200, b"", None) and sink.data == b"hello"
+    assert str(error) == "invalid HTTP response: Duplicate Content-Length"
+    assert after == (200, b"next", None)
+    assert server.connection_numbers == [1, 1, 1, 2]  # a deduplicated response keeps it
+
+
+@pytest.mark.parametrize(
+    ("location", "message"),
+    [
+        ("http://[::1", "invalid redirect (302 Found): Location 'http://[::1' is not a valid "
+         "URL: Invalid IPv6 URL"),
+        ("http://127.0.0.1:99999/x", "invalid redirect (302 Found): Location "
+         "'http://127.0.0.1:99999/x' is not a valid URL: Port out of range 0-65535"),
+        ("http://127.0.0.1:abc/x", "invalid redirect (302 Found): Location "
+         "'http://127.0.0.1:abc/x' is not a valid URL: Port could not be cast to integer "
+         "value as 'abc'"),
+        ("ftp://files.example/x", "redirect to ftp://files.example/x not followed: only "
+         "http:// and https:// are"),
+        ("https:///nohost", "invalid redirect (302 Found): Location 'https:///nohost' names "
+         "no host"),
+    ],
+    ids=["ipv6", "port-range", "port-text", "scheme", "no-host"],
+)  # fmt: skip
+def test_an_unusable_location_is_an_invalid_redirect(run, location, message):
+    async def scenario():
+        async with (
+            RawServer(
+                send(ok(b"moved", f"Location: {location}", status="302 Found")), send(ok(b"next"))
+            ) as server,
+            session() as client,
+        ):
+            t = plain(server.url(), fallback=lambda: AiohttpTransport(client, server.url()))
+            with pytest.raises(RedirectError) as info:
+                await t.send(BODY, HEADERS, None)
+            after = await t.send(BODY, HEADERS, None)
+            await t.close()
+        return info.value, after
+
+    error, after = run(scenario())
+    assert str(error) == message
+    assert after == (200, b"next", None)
+
+
+def test_redirect_loops_and_long_chains_name_their_hops(run):
+    async def scenario():
+        async with (
+            RawServer(
+                send(ok(b"", "Location: /a", status="307 Temporary Redirect")),
+                send(ok(b"", f"Location: {PATH}", status="307 Temporary Redirect")),
+            ) as loop_server,
+            session() as client,
+        ):
+            url = loop_server.url()
+            t = plain(url, fallback=lambda: AiohttpTransport(client, url))
+            with pytest.raises(RedirectError) as loop:
+                await t.send(BODY, HEADERS, None)
+            await t.close()
+
+        async def onwards(peer, request: bytes) -> bool:
+            hop = int(request.split(b" ")[1].rsplit(b"/", 1)[1] or b"0")
+            await peer.write(ok(b"", f"Location: /hop/{hop + 1}", status="308 Permanent Redirect"))
+            return True
+
+        async with RawServer(onwards) as chain_server, session() as client:
+            url = chain_server.url("/hop/0")
+            t = plain(url, fallback=lambda: AiohttpTransport(client, url))
+            with pytest.raises(RedirectError) as chain:
+                await t.send(BODY, HEADERS, None)
+            await t.close()
+        return loop.value, url, chain.value, chain_server, loop_server
+
+    loop, url, chain, chain_server, loop_server = run(scenario())
+    base = f"http://{HOST}:{loop_server.port}"
+    assert str(loop) == f"redirect loop after 2 hops: {base}{PATH} → {base}/a → {base}{PATH}"
+    origin = url.rsplit("/hop/", 1)[0]
+    assert str(chain) == f"too many redirects (more than 10): {url} → … → {origin}/hop/11"
+    assert len(chain_server.requests) == 11  # the first request and ten hops

@@ -23,6 +23,12 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from batchbench.drive.transport import (
+    DEFAULT_MAX_RESPONSE_BYTES,
+    ResponseTooLargeError,
+    read_limited,
+    too_large_text,
+)
 from batchbench.drive.wire import (
     MISSING_USAGE,
     NO_STREAM_USAGE,
@@ -160,7 +166,7 @@ class _Prober:
                 if not exc.retryable:
                     raise CalibrationError(f"calibration probe failed: {exc}") from None
                 error, wait = str(exc), exc.retry_after
-            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            except (aiohttp.ClientError, OSError, TimeoutError, ResponseTooLargeError) as exc:
                 error = str(exc) or type(exc).__name__
             if attempt < ATTEMPTS - 1:
                 await asyncio.sleep(min(max(wait or 0.0, BACKOFF_SECONDS * 2**attempt), 30.0))
@@ -170,11 +176,18 @@ class _Prober:
         async with self.session.post(self.url, data=body, headers=self.headers) as response:
             status = response.status
             if not 200 <= status < 300:
-                raise _Status(status, await response.read(), response.headers.get("Retry-After"))
+                raise _Status(
+                    status, await read_limited(response), response.headers.get("Retry-After")
+                )
             if not self.options.stream:
-                return parse_response(await response.read())
+                return parse_response(await read_limited(response))
             assembler = StreamAssembler()
+            assembler.heard_type(response.headers.get("Content-Type"))
+            size = 0
             async for data in response.content.iter_any():
+                size += len(data)
+                if size > DEFAULT_MAX_RESPONSE_BYTES:
+                    raise ResponseTooLargeError(too_large_text(DEFAULT_MAX_RESPONSE_BYTES))
                 assembler.feed(data, time.perf_counter())
             return assembler.finish(time.perf_counter())
 

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import orjson
 
+from batchbench.drive.transport import ResponseTooLargeError, read_limited
 from batchbench.errors import BatchbenchError
 
 Protocol = Literal["vllm", "llamacpp"]
@@ -49,7 +50,7 @@ class PromptOracle:
 
     async def _post(self, path: str, body: bytes) -> tuple[int, object]:
         async with self._session.post(self._root + path, data=body, headers=self._headers) as r:
-            raw = await r.read()
+            raw = await read_limited(r)
             try:
                 return r.status, orjson.loads(raw)
             except orjson.JSONDecodeError:
@@ -70,7 +71,7 @@ class PromptOracle:
             ):
                 self.protocol = "llamacpp"
                 return self.protocol
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        except (aiohttp.ClientError, OSError, TimeoutError, ResponseTooLargeError) as exc:
             detail = str(exc) or type(exc).__name__
             raise OracleError(
                 f"--prompt-oracle server: cannot reach {self._root}: {detail}"
@@ -101,7 +102,7 @@ class PromptOracle:
             if status != 200 or not _is_count(count):
                 raise OracleError(f"/tokenize answered {status}")
             return count  # type: ignore[return-value]
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        except (aiohttp.ClientError, OSError, TimeoutError, ResponseTooLargeError) as exc:
             raise OracleError(f"count request failed: {str(exc) or type(exc).__name__}") from None
         finally:
             self.queries += 1

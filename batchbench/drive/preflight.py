@@ -11,6 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import orjson
 
+from batchbench.drive.transport import ResponseTooLargeError, read_limited
 from batchbench.drive.wire import (
     BodyOptions,
     Conversation,
@@ -87,7 +88,7 @@ async def _list_models(
     timeout = aiohttp.ClientTimeout(total=PREFLIGHT_TIMEOUT_SECONDS)
     try:
         async with session.get(url, headers=headers, timeout=timeout) as response:
-            status, raw = response.status, await response.read()
+            status, raw = response.status, await read_limited(response)
     except TimeoutError:
         raise PreflightError(
             f"no answer from {url} within {PREFLIGHT_TIMEOUT_SECONDS:g}s; is the server "
@@ -99,6 +100,8 @@ async def _list_models(
             f"cannot reach {url}: {reason}; check --host and that the server is running "
             f"({SKIP_HINT})"
         ) from None
+    except ResponseTooLargeError:
+        return None  # no usable list: as a server that lists none
     _refused(status, raw, url, key_source)
     if status != 200:
         return None
@@ -129,7 +132,7 @@ async def _one_token(
     timeout = aiohttp.ClientTimeout(total=max(PREFLIGHT_TIMEOUT_SECONDS, 60.0))
     try:
         async with session.post(endpoint_url, data=body, headers=headers, timeout=timeout) as r:
-            status, raw = r.status, await r.read()
+            status, raw = r.status, await read_limited(r)
     except TimeoutError:
         raise PreflightError(
             f"a 1-token completion at {endpoint_url} got no answer in time ({SKIP_HINT})"
@@ -137,6 +140,11 @@ async def _one_token(
     except (aiohttp.ClientError, OSError) as exc:
         reason = str(exc) or type(exc).__name__
         raise PreflightError(f"cannot reach {endpoint_url}: {reason} ({SKIP_HINT})") from None
+    except ResponseTooLargeError as exc:  # it answers; the run's requests will tell more
+        notes.append(
+            f"warning: a 1-token completion at {endpoint_url} failed: {exc}; the run goes on"
+        )
+        return
     _refused(status, raw, endpoint_url, key_source)
     if 200 <= status < 300:
         return

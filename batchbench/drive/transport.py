@@ -55,6 +55,10 @@ MAX_REDIRECTS = 10
 # The most a response may hold, decoded (--max-response-bytes): far beyond any reply, and
 # a bound on what one connection can make the client allocate.
 DEFAULT_MAX_RESPONSE_BYTES = 64 << 20
+# Whole bodies being received, all connections together, may hold this many times the
+# limit: a server that sends every agent a huge body cannot multiply the bound by the
+# agents (replies arrive in a moment, so real traffic holds a small fraction of it).
+IN_FLIGHT_FACTOR = 2
 # A kept-alive connection that ends this soon after a request went out on it, with no byte
 # of an answer, was closed by the server before it read the request (a loopback or LAN
 # round trip): the request is sent again. Later, the server may have worked on it.
@@ -86,6 +90,13 @@ def too_large_text(limit: int, detail: str = "") -> str:
     return f"response larger than --max-response-bytes ({limit} bytes){detail}"
 
 
+def in_flight_text(limit: int) -> str:
+    return (
+        f"responses in flight larger than {IN_FLIGHT_FACTOR} × --max-response-bytes "
+        f"({IN_FLIGHT_FACTOR * limit} bytes) in all"
+    )
+
+
 class Transport(Protocol):
     async def send(
         self,
@@ -114,6 +125,7 @@ class AiohttpTransport:
         self.session = session
         self.url = url
         self.max_response_bytes = max_response_bytes
+        self.buffered = 0  # bytes of whole bodies being received, all requests together
 
     async def send(
         self,
@@ -157,18 +169,44 @@ class AiohttpTransport:
                 on_type(response.headers.get("Content-Type"))
             parts: list[bytes] = []
             size = 0
-            async for data in response.content.iter_any():
-                size += len(data)
-                if size > limit:
-                    raise ResponseTooLargeError(too_large_text(limit))
+            try:
+                async for data in response.content.iter_any():
+                    size += len(data)
+                    if size > limit:
+                        raise ResponseTooLargeError(too_large_text(limit))
+                    if whole:
+                        parts.append(data)
+                        self.buffered += len(data)
+                        if self.buffered > IN_FLIGHT_FACTOR * limit:
+                            raise ResponseTooLargeError(in_flight_text(limit))
+                    else:
+                        sink(data, clock())
+            finally:
                 if whole:
-                    parts.append(data)
-                else:
-                    sink(data, clock())
+                    self.buffered -= sum(map(len, parts))
             return status, b"".join(parts), response.headers.get("Retry-After"), location
 
     async def close(self) -> None:
         """The session belongs to the caller."""
+
+
+async def read_limited(
+    response: aiohttp.ClientResponse, limit: int = DEFAULT_MAX_RESPONSE_BYTES
+) -> bytes:
+    """An aiohttp response's whole body, or ``ResponseTooLargeError`` past ``limit`` bytes
+    (decoded): probes and scrapes read through this, so no server can make them hold
+    more."""
+    length = response.content_length
+    if length is not None and length > limit and "Content-Encoding" not in response.headers:
+        raise ResponseTooLargeError(too_large_text(limit, f": Content-Length {length}"))
+    parts: list[bytes] = []
+    size = 0
+    async for data in response.content.iter_any():
+        size += len(data)
+        if size > limit:
+            raise ResponseTooLargeError(too_large_text(limit))
+        parts.append(data)
+    return b"".join(parts)
 
 
 def redirect_target(current: str, status: int, location: str) -> str:
@@ -316,6 +354,7 @@ class _Connection(asyncio.Protocol):
         self.received = False  # a byte of the current response arrived
         self.limit = pool.max_response_bytes
         self.size = 0  # bytes of this response: its head as received, its body decoded
+        self.held = 0  # of its whole body, the bytes counted in the pool's ``buffered``
         self.length = -1  # its Content-Length, if it said one
         self.content_type: str | None = None
         self.on_type: TypeSink | None = None
@@ -342,9 +381,6 @@ class _Connection(asyncio.Protocol):
         if not self.headers_done:
             self.head_reads.append(data)
             self.size += len(data)
-            if self.size > self.limit:
-                self._fail(ResponseTooLargeError(too_large_text(self.limit, " in its head")))
-                return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError:
@@ -362,6 +398,9 @@ class _Connection(asyncio.Protocol):
             return
         except httptools.HttpParserUpgrade:
             self._fail(DisconnectError("invalid HTTP response: an unasked protocol upgrade"))
+            return
+        if not self.headers_done and self.size > self.limit:  # a head that never ends
+            self._fail(ResponseTooLargeError(too_large_text(self.limit, " in its head")))
             return
         self._deliver()
 
@@ -489,9 +528,18 @@ class _Connection(asyncio.Protocol):
                 return
         self.size += len(body)
         if self.size > self.limit:
+            del body  # the traceback keeps this frame: not the oversized piece
             detail = f" after {decoder.encoding} decoding" if decoder is not None else ""
             self.failure = ResponseTooLargeError(too_large_text(self.limit, detail))
             raise self.failure
+        if self.sink is None:  # held here until the response is complete
+            pool = self.pool
+            self.held += len(body)
+            pool.buffered += len(body)
+            if pool.buffered > IN_FLIGHT_FACTOR * self.limit:
+                del body
+                self.failure = ResponseTooLargeError(in_flight_text(self.limit))
+                raise self.failure
         self.chunks.append(body)  # a streamed body goes to the sink once the read is parsed
 
     def on_message_complete(self) -> None:
@@ -535,6 +583,10 @@ class _Connection(asyncio.Protocol):
         self.answered = False
 
     def _fail(self, exc: BaseException) -> None:
+        # What the response held goes now, not when a garbage collection finds the cycle
+        # the error makes (its traceback holds this connection, which held the error).
+        self.chunks = []
+        self.failure = None
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
@@ -585,6 +637,8 @@ class _Connection(asyncio.Protocol):
             expiry.cancel()
             self.waiter = None
             self.stream_sink = self.sink = self.on_type = None
+            self.pool.buffered -= self.held
+            self.held = 0
 
     def _expire(self) -> None:
         self._fail(TimeoutError())
@@ -619,6 +673,7 @@ class PlainHttpTransport:
         self.timeout_seconds = timeout_seconds
         self.limit = limit
         self.max_response_bytes = max_response_bytes
+        self.buffered = 0  # bytes of whole bodies being received, all connections together
         self._fallback_factory = fallback
         self._fallback: AiohttpTransport | None = None
         self.loop = asyncio.get_running_loop()

@@ -23,6 +23,7 @@ import aiohttp
 import orjson
 import yarl
 
+from batchbench.drive.transport import ResponseTooLargeError, read_limited
 from batchbench.errors import UsageError
 from batchbench.results.promsummary import Timeline
 
@@ -161,11 +162,17 @@ class ServerMetricsScraper:
                 if response.status != 200:
                     self._fail(f"HTTP {response.status} from {self.url}")
                     return False
-                body = await response.read()
+                body = await read_limited(response)
             received = time.perf_counter()
         except asyncio.CancelledError:
             raise
-        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
+        except (
+            TimeoutError,
+            aiohttp.ClientError,
+            OSError,
+            ValueError,
+            ResponseTooLargeError,
+        ) as exc:
             self._fail(f"{self.url}: {_describe(exc)}")
             return False
         return self.ingest((sent + received) / 2 - self.origin, body)
