@@ -39,6 +39,18 @@ cdef inline bint _json_space(char c) noexcept:
     return c == 32 or c == 9 or c == 10 or c == 13
 
 
+cdef inline bint _bare_cr(const char *buf, Py_ssize_t n) noexcept:
+    """True when a CR is not followed by LF (or ends the read, where the LF may follow)."""
+    cdef const char *hit = <const char *>memchr(buf, 13, n)
+    cdef Py_ssize_t at
+    while hit != NULL:
+        at = hit - buf
+        if at + 1 >= n or buf[at + 1] != 10:
+            return True
+        hit = <const char *>memchr(buf + at + 2, 13, n - at - 2) if at + 2 < n else NULL
+    return False
+
+
 cdef object _error_text(bytes payload):
     """The message of an error chunk (imported late: ``wire`` imports this module)."""
     from batchbench.drive.wire import server_error_text
@@ -111,7 +123,8 @@ cdef class SseScanner:
     become a template. Arrival times are those of the read that completed the line.
     """
 
-    cdef list _pending  # the reads of a line not yet ended (joined once: linear)
+    cdef bytes _carry  # the start of a line that has not ended
+    cdef list _pieces  # with the reads after it, while none of them ended the line
     cdef bint _skip_lf  # the last read ended in CR: a leading LF is that line's end
     cdef bint _error_event  # inside an ``event: error`` block
     cdef double _last_read
@@ -128,7 +141,8 @@ cdef class SseScanner:
     cdef readonly object head  # the stream's first bytes
 
     def __cinit__(self, *args, **kwargs):
-        self._pending = []
+        self._carry = _EMPTY
+        self._pieces = None
         self._skip_lf = False
         self._error_event = False
         self._last_read = 0.0
@@ -152,28 +166,40 @@ cdef class SseScanner:
         self._last_read = arrived
         if self.head is None:
             self.head = data[:HEAD_BYTES]
+        n = PyBytes_GET_SIZE(data)
         if self._skip_lf:
             self._skip_lf = False
-            if PyBytes_GET_SIZE(data) and PyBytes_AS_STRING(data)[0] == 10:
+            if n and PyBytes_AS_STRING(data)[0] == 10:
                 data = data[1:]
-        n = PyBytes_GET_SIZE(data)
+                n -= 1
         if n == 0:
             return
-        if memchr(PyBytes_AS_STRING(data), 13, n) != NULL:
-            # Every SSE line ending (CRLF, CR, LF) as LF. A read that ends in CR ends a
-            # line there; an LF opening the next read belongs to it.
-            if PyBytes_AS_STRING(data)[n - 1] == 13:
+        buf = PyBytes_AS_STRING(data)
+        if memchr(buf, 13, n) != NULL and _bare_cr(buf, n):
+            # A CR alone ends a line too (the SSE grammar): every ending becomes LF. A
+            # read that ends in CR ends a line there; an LF opening the next belongs to it.
+            if buf[n - 1] == 13:
                 self._skip_lf = True
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            buf = PyBytes_AS_STRING(data)
             n = PyBytes_GET_SIZE(data)
-        buf = PyBytes_AS_STRING(data)
         if memchr(buf, 10, n) == NULL:
-            self._pending.append(data)
+            # Part of a line that goes on: kept as a piece, joined once when the line
+            # ends (a carry copied on every read would cost the line's length squared).
+            if self._pieces is None:
+                self._pieces = [self._carry, data] if PyBytes_GET_SIZE(self._carry) else [data]
+                self._carry = _EMPTY
+            else:
+                self._pieces.append(data)
             return
-        if self._pending:
-            self._pending.append(data)
-            data = _EMPTY.join(self._pending)
-            del self._pending[:]
+        if self._pieces is not None:
+            self._pieces.append(data)
+            data = _EMPTY.join(self._pieces)
+            self._pieces = None
+            buf = PyBytes_AS_STRING(data)
+            n = PyBytes_GET_SIZE(data)
+        elif PyBytes_GET_SIZE(self._carry):
+            data = self._carry + data
             buf = PyBytes_AS_STRING(data)
             n = PyBytes_GET_SIZE(data)
         while start < n:
@@ -183,19 +209,24 @@ cdef class SseScanner:
             end = hit - buf
             self._line(data, start, end, arrived)
             start = end + 1
-        if start < n:
-            self._pending.append(PyBytes_FromStringAndSize(buf + start, n - start))
+        if start >= n:
+            self._carry = _EMPTY
+        else:
+            self._carry = PyBytes_FromStringAndSize(buf + start, n - start)
 
     def flush(self):
         """The stream ended: scan an unterminated last line (at the last read's time)."""
-        cdef bytes line = _EMPTY.join(self._pending)
-        del self._pending[:]
+        cdef bytes line = self._carry
+        if self._pieces is not None:
+            line = _EMPTY.join(self._pieces)
+            self._pieces = None
+        self._carry = _EMPTY
         self._line(line, 0, PyBytes_GET_SIZE(line), self._last_read)
 
     cdef int _line(self, bytes data, Py_ssize_t start, Py_ssize_t end, double arrived) except -1:
         cdef const char *buf = PyBytes_AS_STRING(data)
         if end - start < 5 or memcmp(buf + start, b"data:", 5) != 0:
-            if end == start:
+            if end == start or (end - start == 1 and buf[start] == 13):
                 self._error_event = False  # a blank line ends the event
             elif end - start >= 6 and memcmp(buf + start, b"event:", 6) == 0:
                 self._error_event = data[start + 6 : end].strip() == b"error"

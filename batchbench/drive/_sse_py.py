@@ -25,6 +25,11 @@ HEAD_BYTES = 256  # the stream's first bytes, kept to describe a body that is no
 LEARN_BUDGET = 4  # learnings without a hit in between before learning stops
 
 
+def _bare_cr(data: bytes) -> bool:
+    """True when a CR is not followed by LF (or ends the read, where the LF may follow)."""
+    return data.count(b"\r") != data.count(b"\r\n") or data[-1:] == b"\r"
+
+
 def _error_text(payload: bytes) -> str:
     """The message of an error chunk (imported late: ``wire`` imports this module)."""
     from batchbench.drive.wire import server_error_text
@@ -72,9 +77,10 @@ class SseScanner:
 
     __slots__ = (
         "_budget",
+        "_carry",
         "_error_event",
         "_last_read",
-        "_pending",
+        "_pieces",
         "_skip_lf",
         "_templates",
         "chunks",
@@ -89,7 +95,8 @@ class SseScanner:
     )
 
     def __init__(self) -> None:
-        self._pending: list[bytes] = []  # the reads of a line not yet ended
+        self._carry = b""  # the start of a line that has not ended
+        self._pieces: list[bytes] | None = None  # it and the reads after it, while none ended it
         self._skip_lf = False  # the last read ended in CR: a leading LF is that line's end
         self._error_event = False  # inside an ``event: error`` block
         self.error: str | None = None  # the server's error message, when it sent one
@@ -114,35 +121,39 @@ class SseScanner:
             self._skip_lf = False
             if data[:1] == b"\n":
                 data = data[1:]
-        if b"\r" in data:
-            data = self._line_feeds(data)
+        if b"\r" in data and _bare_cr(data):
+            # A CR alone ends a line too (the SSE grammar): every ending becomes LF. A
+            # read that ends in CR ends a line there; an LF opening the next belongs to it.
+            self._skip_lf = data[-1:] == b"\r"
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         end = data.rfind(b"\n")
         if end < 0:
+            # Part of a line that goes on: kept as a piece, joined once when the line
+            # ends (a carry copied on every read would cost the line's length squared).
             if data:
-                self._pending.append(data)  # joined once, when its line ends: linear
+                if self._pieces is None:
+                    self._pieces = [self._carry, data] if self._carry else [data]
+                    self._carry = b""
+                else:
+                    self._pieces.append(data)
             return
-        if self._pending:
-            self._pending.append(data)
-            data = b"".join(self._pending)
-            self._pending.clear()
+        if self._pieces is not None:
+            self._pieces.append(data)
+            data = b"".join(self._pieces)
+            self._pieces = None
             end = data.rfind(b"\n")
-        tail = data[end + 1 :]
-        if tail:
-            self._pending.append(tail)
+        elif self._carry:
+            data = self._carry + data
+            end = data.rfind(b"\n")
+        self._carry = data[end + 1 :]
         for line in data[:end].split(b"\n"):
             self._line(line, arrived)
 
-    def _line_feeds(self, data: bytes) -> bytes:
-        """Every SSE line ending (``\\r\\n``, ``\\r``, ``\\n``) as ``\\n``. A read that ends
-        in ``\\r`` ends a line there; a ``\\n`` opening the next read belongs to it."""
-        if data[-1:] == b"\r":
-            self._skip_lf = True
-        return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-
     def flush(self) -> None:
         """The stream ended: scan an unterminated last line (at the last read's time)."""
-        line = b"".join(self._pending)
-        self._pending.clear()
+        line = self._carry if self._pieces is None else b"".join(self._pieces)
+        self._carry = b""
+        self._pieces = None
         self._line(line, self._last_read)
 
     def _line(self, line: bytes, arrived: float) -> None:
@@ -152,7 +163,7 @@ class SseScanner:
                 self._server_error(payload)
             else:
                 self._payload(payload, arrived)
-        elif not line:
+        elif not line or line == b"\r":
             self._error_event = False  # a blank line ends the event
         elif line[:6] == b"event:":
             self._error_event = line[6:].strip() == b"error"

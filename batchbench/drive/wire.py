@@ -22,6 +22,7 @@ import orjson
 
 from batchbench.drive.sse import SseScanner
 from batchbench.results.failures import ErrorKind
+from batchbench.secrets import redact
 
 _DUMPS = orjson.dumps
 _LOADS = orjson.loads
@@ -201,6 +202,7 @@ def tool_message(call_id: str, content: str) -> bytes:
 
 
 _NORMALIZED_KEYS = ("reasoning_content", "name", "refusal")
+_REPLAYED_TEXT_KEYS = ("content", *_NORMALIZED_KEYS)
 
 
 _KEEP = object()
@@ -351,7 +353,7 @@ def server_error_text(payload: bytes | str | dict | list | None) -> str:
             document = inner
     if not isinstance(document, str):
         document = _DUMPS(document).decode()
-    text = document.strip() or "(no message)"
+    text = redact(document).strip() or "(no message)"
     return text[:ERROR_BODY_LIMIT] + "..." if len(text) > ERROR_BODY_LIMIT else text
 
 
@@ -379,7 +381,7 @@ def parse_response(raw: bytes) -> Reply:
     message = choices[0]["message"]
     if not isinstance(message, dict):
         raise ResponseError(MESSAGE_NOT_OBJECT)
-    for key in ("content", "reasoning_content"):
+    for key in _REPLAYED_TEXT_KEYS:  # what the next request replays must be text
         value = message.get(key)
         if value is not None and not isinstance(value, str):
             raise ResponseError(f"choices[0].message.{key} is not a string")
@@ -467,7 +469,7 @@ def status_text(status: int) -> str:
 
 def http_error_text(status: int, body: bytes) -> str:
     """``request failed (<status> <reason>) <body, trimmed, cut at 500 chars>``."""
-    text = body.decode("utf-8", errors="replace").strip()
+    text = redact(body.decode("utf-8", errors="replace")).strip()  # a server may echo the key
     if len(text) > ERROR_BODY_LIMIT:
         text = text[:ERROR_BODY_LIMIT] + "..."
     return f"request failed ({status_text(status)}) {text}"
@@ -551,4 +553,8 @@ def verbose_response(reply: Reply) -> str:
     message = dict(reply.message)
     if "content" in message:
         message["content"] = _cut(message["content"])
-    return _DUMPS({"choices": [{"message": message}], "usage": reply.usage}).decode()
+    try:
+        usage = _DUMPS(reply.usage).decode()
+    except TypeError:  # nested deeper than orjson writes: shown as what it is
+        usage = '"(nested too deeply to show)"'
+    return _DUMPS({"choices": [{"message": message}]}).decode()[:-1] + ',"usage":' + usage + "}"
