@@ -20,7 +20,8 @@ instead (``arrived`` is the ``perf_counter`` time of the read), and ``body`` is 
 
 Whatever the server sends, ``send`` ends in a response or in one of this module's
 exceptions (``ConnectError``, ``DisconnectError``, ``ResponseTooLargeError``,
-``RedirectError``) or ``TimeoutError``. A response may hold at most ``max_response_bytes``
+``RedirectError``), ``TimeoutError``, or (from aiohttp: TLS targets, redirect hops)
+``aiohttp.ClientError``. A response may hold at most ``max_response_bytes``
 (after decoding gzip or deflate, a streamed one included): a server cannot make the client
 hold more, whatever it sends (a huge Content-Length, a decompression bomb, an endless
 chunked body). Redirects are followed here, hop by hop, so that a malformed Location, a
