@@ -94,6 +94,7 @@ from batchbench.text.tokenizer import LoadedTokenizer, load_tokenizer
 NO_USAGE_ERRORS = (MISSING_USAGE, NO_STREAM_USAGE)
 SIM_METRICS = "sim"  # --server-metrics sim: the embedded simulator's /metrics
 EXIT_REQUESTS_FAILED = 3  # the run finished, but more requests failed than allowed
+EXIT_REQUESTS_LOST = 1  # the run finished, but a worker died with requests not recorded
 Failure = tuple[int, str, int, str]  # (agent, trajectory id, invocation, error)
 
 
@@ -957,6 +958,8 @@ def finish_run(
     exit_status = live.exit_status if live is not None else 0
     if exit_status == 0 and summary.verdict == "failed":
         exit_status = EXIT_REQUESTS_FAILED
+    if exit_status == 0 and summary.verdict == "incomplete":
+        exit_status = EXIT_REQUESTS_LOST
     failures = tuple(totals.failures)
     window, sections = _measured(config, engine, live, figures)
     result = RunResult(
