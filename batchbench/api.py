@@ -137,6 +137,7 @@ class RunResult:
     finished_by: str | None = None  # "duration" / "window" when a planned end stopped it
     shard_data: Any = None  # a shard's raw measurements (--shard, worker processes)
     merged_dry_run_lines: tuple[str, ...] = ()  # merged dry-run shards: their lines
+    lost_workers: tuple[str, ...] = ()  # --workers: each worker that died, and what it cost
 
     @property
     def dry_run(self) -> bool:
@@ -197,7 +198,7 @@ class _Steps:
     handle_signals: bool
     tune_gc: bool
     gate: StartGate | None = None  # awaited just before the clock starts
-    monitor: Any = None  # async (recorder, planned) -> None, run beside a live run
+    monitor: Any = None  # async (recorder, planned, setup) -> None, run beside a live run
 
 
 async def _run(
@@ -772,7 +773,8 @@ async def _drive(
     if progress is not None:
         background.append(asyncio.ensure_future(progress.refresh()))
     if steps is not None and steps.monitor is not None:
-        background.append(asyncio.ensure_future(steps.monitor(recorder, (trajectories, requests))))
+        watch = steps.monitor(recorder, (trajectories, requests), setup)
+        background.append(asyncio.ensure_future(watch))
 
     # A planned end lets requests in flight finish: up to one request timeout.
     planned_grace = float(config.request_timeout_secs) + 1.0
