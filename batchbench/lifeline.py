@@ -14,7 +14,6 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from typing import BinaryIO
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -36,14 +35,16 @@ def die_with_parent(signum: int, parent_pid: int | None = None) -> bool:
     return True
 
 
-def on_eof(stream: BinaryIO, callback: Callable[[], None]) -> threading.Thread:
-    """Call ``callback`` (on a daemon thread) once ``stream`` reaches end of file."""
+def on_eof(fd: int, callback: Callable[[], None]) -> threading.Thread:
+    """Call ``callback`` (on a daemon thread) once file descriptor ``fd`` reaches end of
+    file. Raw reads: a buffered stream's lock held by a blocked daemon thread would abort
+    the interpreter's shutdown."""
 
     def watch() -> None:
         try:
-            while stream.read(4096):
+            while os.read(fd, 4096):
                 pass
-        except (OSError, ValueError):
+        except OSError:
             pass
         callback()
 

@@ -344,7 +344,7 @@ def tie_to_parent(parent_pid: int) -> None:
     """End with the process that started this simulator: SIGTERM (a graceful stop once
     serving, the default action before) when it dies or when standard input ends."""
     die_with_parent(signal.SIGTERM, parent_pid)
-    on_eof(sys.stdin.buffer, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    on_eof(sys.stdin.fileno(), lambda: os.kill(os.getpid(), signal.SIGTERM))
 
 
 def run(argv: Sequence[str], prog: str = "batchbench sim") -> int:

@@ -33,7 +33,7 @@ from batchbench.scale.salvage import WorkerStart
 POLL_SECONDS = 0.1
 PROGRESS_SECONDS = 0.5
 START_MARGIN_SECONDS = 0.05  # the go message reaches every worker well within this
-STOP_MARGIN_SECONDS = 5.0  # after the grace period: for a worker to wrap up and say so
+STOP_MARGIN_SECONDS = 3.0  # after the grace period: for a worker to wrap up and say so
 SECOND_SIGNAL_SECONDS = 2.0  # after a second signal, for workers cancelling in flight
 DELIVERY_SECONDS = 120.0  # for a worker that finished its run to hand over its data
 EXIT_SECONDS = 2.0  # for a process whose pipe closed to report its exit code
