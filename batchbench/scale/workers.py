@@ -59,7 +59,8 @@ class _ChildOutput:
 
 def _child(config: RunConfig, conn: Connection, parent_pid: int) -> None:
     """A worker process: run its shard, send planned/ready/progress/stopping/done (or
-    error). It ends with its parent: a graceful stop (SIGTERM) when the parent dies."""
+    error). It ends with its parent: at once while it loads (nothing measured yet), with
+    a graceful stop (SIGTERM: its events files are completed) once it is ready."""
     os.setpgrp()  # Ctrl+C reaches the parent only; it passes signals on
     # Until the run's graceful stop is installed (before it reports ready), a signal must
     # not kill the worker half-started: the parent holds signals back until then. They
@@ -68,7 +69,7 @@ def _child(config: RunConfig, conn: Connection, parent_pid: int) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-    die_with_parent(signal.SIGTERM, parent_pid)
+    die_with_parent(signal.SIGKILL, parent_pid)
     from batchbench import api
 
     announced = asyncio.Event()  # its share is known to the parent before it says ready
@@ -76,6 +77,7 @@ def _child(config: RunConfig, conn: Connection, parent_pid: int) -> None:
     async def gate() -> None:
         if not config.dry_run:
             await announced.wait()
+        die_with_parent(signal.SIGTERM)  # its graceful stop is installed by now
         conn.send(("ready",))
         loop = asyncio.get_running_loop()
         message = await loop.run_in_executor(None, conn.recv)
