@@ -408,6 +408,7 @@ def test_a_dead_workers_files_become_its_shard_data(tmp_path):
         "scheduled_at_seconds": 0.0, "admitted_at_seconds": 0.0, "queue_wait_seconds": 0.0,
         "finished_at_seconds": 0.7, "runtime_seconds": 0.7, "completed": False,
         "requests": 1, "successful_requests": 0, "failed_requests": 1, "skipped_requests": 3,
+        "error": "boom",
     }  # fmt: skip
     agents.write_bytes(orjson.dumps(record) + b"\n")
     config = RunConfig.from_args([
@@ -437,6 +438,13 @@ def test_a_dead_workers_files_become_its_shard_data(tmp_path):
     assert live["server_cached_tokens"] == 128
     assert list(salvaged.data.array("latencies_ms")) == [500.0, 500.0]
     assert sorted(live["started_agents"]) == [1, 3, 5]
+    # Without request events, the finished trajectory's record still counts its requests.
+    only_records = dataclasses.replace(config, request_events_jsonl=None)
+    counted = salvage(only_records, (1, 2), WorkerStart((2, 8), setup), 1000.0, 2.0, 2)
+    assert (counted.recorded, counted.lost) == (1 + 3, 4)
+    scalars = counted.data.meta["live"]["totals"]["scalars"]
+    assert (scalars["failed_requests"], scalars["skipped_requests"]) == (1, 3)
+    assert counted.data.meta["live"]["totals"]["failures"] == [[3, "t3", 1, "boom"]]
     merged = merge(check_shards([salvaged.data], ["worker 1"], [1]))
     assert merged.planned == (2, 8)
     assert merged.live is not None and merged.live.recorder.totals.lost_requests == 1

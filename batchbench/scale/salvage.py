@@ -8,7 +8,8 @@ sends, so the merge treats it like any other: every recorded request lands in it
 (succeeded, failed, cancelled; a finished trajectory's skipped requests), and the rest of
 the worker's planned share is counted as ``lost``. What the files do not carry stays out:
 inter-token gaps and TPOT (so goodput limits on them are not applied to these requests),
-event-loop lag, the time series, client CPU, tool time.
+event-loop lag, the time series, client CPU, tool time. Without request events, the
+finished trajectories' records still give their requests' buckets and tokens.
 """
 
 from __future__ import annotations
@@ -133,6 +134,34 @@ def _replay(recorder: Recorder, events: Iterator[dict[str, Any]], framing_initia
     return settled
 
 
+def _count_from_records(recorder: Recorder, lifecycle: tuple[dict[str, Any], ...]) -> int:
+    """Without request events, the finished trajectories' own counts and tokens (no
+    latencies); the settled count."""
+    totals = recorder.totals
+    settled = 0
+    for event in lifecycle:
+        ok = int(event.get("successful_requests") or 0)
+        failed = int(event.get("failed_requests") or 0)
+        cancelled = int(event.get("cancelled_requests") or 0)
+        totals.successful_requests += ok
+        totals.failed_requests += failed
+        totals.cancelled_requests += cancelled
+        totals.attempts += ok + failed + cancelled  # its retries are not known
+        totals.total_input_tokens += int(event.get("input_tokens") or 0)
+        totals.total_output_tokens += int(event.get("output_tokens") or 0)
+        if event.get("error") is not None and failed:
+            totals.failures.append(
+                (
+                    int(event["agent_id"]),
+                    str(event.get("trajectory_id")),
+                    ok + failed,
+                    str(event["error"]),
+                )
+            )
+        settled += ok + failed + cancelled
+    return settled
+
+
 def _record(event: dict[str, Any]) -> TrajectoryRecord:
     admitted = float(event["admitted_at_seconds"])
     finished = float(event["finished_at_seconds"])
@@ -170,6 +199,8 @@ def salvage(
     records = [_record(event) for event in lifecycle]
     skipped = sum(int(event.get("skipped_requests") or 0) for event in lifecycle)
     recorder.totals.skipped_requests = skipped
+    if config.request_events_jsonl is None:  # only the trajectories' figures exist
+        settled = _count_from_records(recorder, lifecycle)
     recorder.started_agents.update(record.agent_id for record in records)
     planned_requests = int(start.planned[1])
     recorded = min(settled + skipped, planned_requests)

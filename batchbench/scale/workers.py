@@ -246,7 +246,7 @@ def _drive_workers(config: RunConfig, as_run: RunConfig, workers: int, out: Any)
         merged = True
         return result
     finally:
-        _stop_all(supervisor.states)
+        _stop_all(supervisor.states, config.dry_run)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         if merged or not _holds_events(folder):
@@ -387,16 +387,19 @@ def _account(
     return lost, salvaged.data
 
 
-def _stop_all(states: list[WorkerState]) -> None:
-    """Normally every worker has exited; after an error, stop the rest (gracefully, then
-    for good), and close the pipes."""
+def _stop_all(states: list[WorkerState], dry_run: bool) -> None:
+    """Normally every worker has exited; after an error, stop the rest (gracefully when
+    they have a graceful stop, else at once), and close the pipes."""
     for state in states:
         if state.process.is_alive():
-            state.process.terminate()  # a live worker's graceful stop
+            if state.ready and not dry_run:
+                state.process.terminate()  # a live worker's graceful stop
+            else:
+                state.process.kill()  # still loading (signals ignored), or a dry run
     deadline = time.monotonic() + 10.0
     for state in states:
         state.process.join(timeout=max(deadline - time.monotonic(), 0.1))
-        if state.process.is_alive():  # a dry run (no graceful stop), or stuck
+        if state.process.is_alive():  # stuck
             state.process.kill()
             state.process.join()
     for state in states:
