@@ -8,9 +8,10 @@ stuck one (stopped, or wedged in its delivery) cannot hold the parent.
 Signals: the first SIGINT/SIGTERM is passed on to every worker (its graceful stop); a
 worker still running its requests ``grace + STOP_MARGIN_SECONDS`` later is killed. The
 second is passed on too (the workers cancel what is in flight) and shortens that to
-``SECOND_SIGNAL_SECONDS``; a third kills what is left at once. Before the workers start
-their clocks, a second signal abandons the run (``KeyboardInterrupt``), as Ctrl+C does
-while one process loads.
+``SECOND_SIGNAL_SECONDS``; a third kills what is left at once. A worker still loading gets
+the signals once its graceful stop is installed (so even a double Ctrl+C while loading
+ends with a summary); a third signal before the clocks started abandons the run
+(``KeyboardInterrupt``).
 """
 
 from __future__ import annotations
@@ -112,8 +113,8 @@ class Supervisor:
         while self.handled < len(self.signals):
             signum = self.signals[self.handled]
             self.handled += 1
-            if not self.started and self.handled >= 2:
-                raise KeyboardInterrupt  # nothing was measured yet: abandon, as one process
+            if not self.started and self.handled >= 3:
+                raise KeyboardInterrupt  # still loading, and asked three times: abandon
             for state in self.states:
                 if state.ready:
                     self._send(state, signum)

@@ -256,14 +256,22 @@ def _drive_workers(config: RunConfig, as_run: RunConfig, workers: int, out: Any)
 
 
 def _spawn(configs: list[RunConfig]) -> list[WorkerState]:
-    """Start every worker with SIGINT/SIGTERM blocked: until a worker has left the
-    terminal's process group (its first act), a Ctrl+C meant for the parent stays pending
-    and is then discarded, instead of killing it half-started. The parent gets its own
-    signals when the mask is restored."""
+    """Start every worker with SIGINT/SIGTERM ignored and blocked (both survive the exec):
+    until a worker has left the terminal's process group (its first act), a Ctrl+C meant
+    for the parent cannot kill it half-started. The parent's own signals stay pending
+    while they are blocked and reach its handlers when the mask is restored."""
+    from multiprocessing import resource_tracker
+
+    # Started first: starting it unblocks SIGINT/SIGTERM, which would drop what arrives
+    # while they are ignored here.
+    resource_tracker.ensure_running()
     context = multiprocessing.get_context("spawn")
     states: list[WorkerState] = []
     blocked = {signal.SIGINT, signal.SIGTERM}
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {signum: signal.signal(signum, signal.SIG_IGN) for signum in blocked}
     try:
         for k, child_config in enumerate(configs):
             parent_end, child_end = context.Pipe()
@@ -277,6 +285,8 @@ def _spawn(configs: list[RunConfig]) -> list[WorkerState]:
                 child_end.close()
             states.append(WorkerState(k, process, parent_end))
     finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return states
 
