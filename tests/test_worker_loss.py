@@ -292,13 +292,15 @@ def test_a_stopped_worker_cannot_hold_the_parent_past_the_grace_period(sim_url, 
 
 
 @pytest.mark.native_pass_only
-def test_a_double_ctrl_c_to_the_process_group_exits_130_with_the_summary(sim_url, tmp_path):
+@pytest.mark.parametrize("when", ["while booting", "while running"])
+def test_a_double_ctrl_c_to_the_process_group_exits_130_with_the_summary(sim_url, tmp_path, when):
     """Two SIGINTs 0.5 s apart to the whole process group, as a terminal sends them: the
-    workers (their own groups) hear them from the parent only, and the run exits 130 with
-    its summary and outputs, never killed by the signal."""
+    workers hear them from the parent only (even while they boot, still in its group),
+    and the run exits 130 with its summary and outputs, never killed by the signal."""
     with running(run_args(sim_url, tmp_path), start_new_session=True) as process:
         worker_pids(process)
-        worker_events(tmp_path, "requests.1.jsonl", 2)
+        if when == "while running":
+            worker_events(tmp_path, "requests.1.jsonl", 2)
         os.killpg(process.pid, signal.SIGINT)
         time.sleep(0.5)
         if process.poll() is None:
@@ -315,6 +317,8 @@ def test_a_double_ctrl_c_to_the_process_group_exits_130_with_the_summary(sim_url
     assert document["interrupted_by"] == "SIGINT" and "lost_workers" not in document
     assert metrics["planned_tool_invocations"] == PLANNED == buckets(metrics)
     assert metrics["lost_requests"] == 0
+    if when == "while booting":  # each worker stopped as soon as its graceful stop was ready
+        assert (metrics["successful_requests"], metrics["skipped_requests"]) == (0, PLANNED)
     line = next(line for line in out.splitlines() if line.startswith("Requests by outcome:"))
     assert line.startswith(f"Requests by outcome: {PLANNED} planned = ") and "lost" not in line
 
