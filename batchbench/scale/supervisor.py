@@ -216,9 +216,10 @@ class Supervisor:
                 state.process.kill()  # closed its pipe but lingers: it is no worker any more
                 state.process.join(EXIT_SECONDS)
             elif state.closed is None:
-                # Exited: its last messages may still be on their way through the pipe.
+                # Exited: its last messages (its results: maybe large) are still being read
+                # from the pipe, whose end of file follows them.
                 state.exited = state.exited or now
-                if now - state.exited < EXIT_SECONDS:
+                if now - state.exited < DELIVERY_SECONDS:
                     continue
             self._dead(state, state.process.exitcode)
 
