@@ -59,8 +59,9 @@ class _ChildOutput:
 
 def _child(config: RunConfig, conn: Connection, parent_pid: int) -> None:
     """A worker process: run its shard, send planned/ready/progress/stopping/done (or
-    error). It ends with its parent: at once while it loads (nothing measured yet), with
-    a graceful stop (SIGTERM: its events files are completed) once it is ready."""
+    error). It ends with its parent, at once (SIGKILL): nobody would merge what it
+    measured, and it must not go on loading the server; the events files it wrote stay
+    in the hidden folder."""
     os.setpgrp()  # Ctrl+C reaches the parent only; it passes signals on
     # Until the run's graceful stop is installed (before it reports ready), a signal must
     # not kill the worker half-started: the parent holds signals back until then. They
@@ -77,7 +78,6 @@ def _child(config: RunConfig, conn: Connection, parent_pid: int) -> None:
     async def gate() -> None:
         if not config.dry_run:
             await announced.wait()
-        die_with_parent(signal.SIGTERM)  # its graceful stop is installed by now
         conn.send(("ready",))
         loop = asyncio.get_running_loop()
         message = await loop.run_in_executor(None, conn.recv)
