@@ -8,7 +8,9 @@ stuck one (stopped, or wedged in its delivery) cannot hold the parent.
 Signals: the first SIGINT/SIGTERM is passed on to every worker (its graceful stop); a
 worker still running its requests ``grace + STOP_MARGIN_SECONDS`` later is killed. The
 second is passed on too (the workers cancel what is in flight) and shortens that to
-``SECOND_SIGNAL_SECONDS``; a third kills what is left at once. A worker still loading gets
+``SECOND_SIGNAL_SECONDS``; a third kills what is left at once. A worker that has finished
+its run and is handing its results over gets ``DELIVERY_SECONDS`` for that (until a third
+signal). A worker still loading gets
 the signals once its graceful stop is installed (so even a double Ctrl+C while loading
 ends with a summary); a third signal before the clocks started abandons the run
 (``KeyboardInterrupt``).
@@ -58,6 +60,8 @@ class WorkerState:
     cause: str | None = None  # set once it is known dead: how it ended
     exitcode: int | None = None
     died_at: float | None = None  # Unix time it was found dead
+    deadline: float | None = None  # monotonic: killed if still running its requests then
+    deadline_reason: str = ""
     exited: float | None = None  # monotonic time its exit code was first seen
 
     @property
@@ -89,8 +93,6 @@ class Supervisor:
         self.handled = 0
         self.started = False
         self.start_time: float | None = None  # Unix time the workers' clocks started
-        self.deadline: float | None = None  # monotonic: stop running workers by then
-        self.deadline_reason = ""
         self.warnings: set[str] = set()
         self.writing = False  # after the workers: signals only count
 
@@ -118,19 +120,20 @@ class Supervisor:
             for state in self.states:
                 if state.ready:
                     self._send(state, signum)
-            now = time.monotonic()
-            if self.handled == 1:
-                self._set_deadline(now + self.config.grace_seconds + STOP_MARGIN_SECONDS,
-                                   "did not stop within the grace period")  # fmt: skip
-            elif self.handled == 2:
-                self._set_deadline(now + SECOND_SIGNAL_SECONDS,
-                                   "did not stop after a second signal")  # fmt: skip
-            else:
-                self._set_deadline(now, "was still running at a third signal")
+                    self._set_deadline(state, self.handled)
 
-    def _set_deadline(self, when: float, reason: str) -> None:
-        if self.deadline is None or when < self.deadline:
-            self.deadline, self.deadline_reason = when, reason
+    def _set_deadline(self, state: WorkerState, signals: int) -> None:
+        """A worker that got its ``signals``-th signal now must stop running by then."""
+        now = time.monotonic()
+        if signals == 1:
+            when = now + self.config.grace_seconds + STOP_MARGIN_SECONDS
+            reason = "did not stop within the grace period"
+        elif signals == 2:
+            when, reason = now + SECOND_SIGNAL_SECONDS, "did not stop after a second signal"
+        else:
+            when, reason = now, "was still running at a third signal"
+        if state.deadline is None or when < state.deadline:
+            state.deadline, state.deadline_reason = when, reason
 
     @staticmethod
     def _send(state: WorkerState, signum: int) -> None:
@@ -186,8 +189,9 @@ class Supervisor:
             state.start = WorkerStart(tuple(message[1]), message[2])  # type: ignore[arg-type]
         elif kind == "ready":
             state.ready = True
-            for signum in self.signals[: self.handled]:  # what came while it got ready
-                self._send(state, signum)
+            for count, signum in enumerate(self.signals[: self.handled], start=1):
+                self._send(state, signum)  # what came while it got ready: from now on
+                self._set_deadline(state, count)
         elif kind == "progress":
             state.counts = message[1]
             state.peak_active = max(state.peak_active, int(message[1][3]))
@@ -243,14 +247,14 @@ class Supervisor:
         for state in self.states:
             if state.settled or not state.ready:
                 continue
-            overdue = self.deadline is not None and now >= self.deadline
-            if state.stopping is not None and self.handled < 2:
+            overdue = state.deadline is not None and now >= state.deadline
+            if state.stopping is not None and self.handled < 3:  # handing its results over
                 overdue = now >= state.stopping + DELIVERY_SECONDS
             if not overdue:
                 continue
             state.process.kill()
             state.process.join(EXIT_SECONDS)
-            reason = self.deadline_reason or "did not hand over its results"
+            reason = state.deadline_reason or "did not hand over its results"
             self._dead(state, state.process.exitcode, f"{reason} (killed with SIGKILL)")
 
     def _maybe_start(self) -> None:

@@ -249,7 +249,7 @@ def _drive_workers(config: RunConfig, as_run: RunConfig, workers: int, out: Any)
         _stop_all(supervisor.states, config.dry_run)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        if merged or not _holds_events(folder):
+        if merged or config.dry_run or not _holds_events(folder):
             shutil.rmtree(folder, ignore_errors=True)
         else:  # never lose what the workers wrote: the run ended before it was merged
             out.warning(f"warning: the workers' events files are kept in {folder}")
