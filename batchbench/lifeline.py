@@ -9,7 +9,6 @@ the parent holds: the kernel closes it when the parent exits, however it exits.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 import threading
@@ -25,7 +24,7 @@ def die_with_parent(signum: int, parent_pid: int | None = None) -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)  # the process's own symbols: libc's prctl
         if libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0) != 0:
             return False
     except (OSError, AttributeError):
