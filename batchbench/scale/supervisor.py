@@ -137,7 +137,9 @@ class Supervisor:
 
     @staticmethod
     def _send(state: WorkerState, signum: int) -> None:
-        if state.settled or state.process.pid is None:
+        """Pass a signal on to a worker still running its requests (one that has finished
+        its run has nothing left to stop)."""
+        if state.settled or state.stopping is not None or state.process.pid is None:
             return
         with contextlib.suppress(ProcessLookupError):
             os.kill(state.process.pid, signum)
