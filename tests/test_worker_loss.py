@@ -352,6 +352,24 @@ def test_the_simulator_and_workers_end_when_the_parent_is_killed(tmp_path, worke
             wait_for(lambda pid=pid: gone(pid), 5, f"worker {pid} to exit")
 
 
+@pytest.mark.native_pass_only
+def test_the_simulator_ends_at_the_end_of_its_stdin_pipe():
+    """The tie that works without prctl: with ``--parent-pid``, the end of the simulator's
+    standard input (the parent's end of the pipe closed) stops it gracefully."""
+    command = [sys.executable, "-m", "batchbench", "sim", "--port", "0", "--speed", "0",
+               "--parent-pid", str(os.getpid())]  # fmt: skip
+    sim = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert sim.stdout is not None and sim.stdin is not None
+        assert sim.stdout.readline().startswith("batchbench sim listening on http://")
+        sim.stdin.close()
+        assert sim.wait(timeout=10) == 0
+    finally:
+        if sim.poll() is None:
+            sim.kill()
+            sim.wait()
+
+
 # -- units: the dead worker's account ---------------------------------------------------
 
 

@@ -328,13 +328,13 @@ async def serve(server: SimServer, host: str, port: int) -> None:
             await site.start()
         except OSError as exc:
             raise BatchbenchError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # before anyone learns where we listen
+            loop.add_signal_handler(sig, stop.set)
         bound = runner.addresses[0]
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
         print(f"batchbench sim listening on http://{shown}:{bound[1]}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
         await runner.cleanup()
