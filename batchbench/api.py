@@ -94,6 +94,7 @@ from batchbench.text.tokenizer import LoadedTokenizer, load_tokenizer
 NO_USAGE_ERRORS = (MISSING_USAGE, NO_STREAM_USAGE)
 SIM_METRICS = "sim"  # --server-metrics sim: the embedded simulator's /metrics
 EXIT_REQUESTS_FAILED = 3  # the run finished, but more requests failed than allowed
+EXIT_REQUESTS_LOST = 1  # the run finished, but a worker died with requests not recorded
 Failure = tuple[int, str, int, str]  # (agent, trajectory id, invocation, error)
 
 
@@ -136,6 +137,7 @@ class RunResult:
     finished_by: str | None = None  # "duration" / "window" when a planned end stopped it
     shard_data: Any = None  # a shard's raw measurements (--shard, worker processes)
     merged_dry_run_lines: tuple[str, ...] = ()  # merged dry-run shards: their lines
+    lost_workers: tuple[str, ...] = ()  # --workers: each worker that died, and what it cost
 
     @property
     def dry_run(self) -> bool:
@@ -196,7 +198,7 @@ class _Steps:
     handle_signals: bool
     tune_gc: bool
     gate: StartGate | None = None  # awaited just before the clock starts
-    monitor: Any = None  # async (recorder, planned) -> None, run beside a live run
+    monitor: Any = None  # async (recorder, planned, setup) -> None, run beside a live run
 
 
 async def _run(
@@ -772,7 +774,8 @@ async def _drive(
     if progress is not None:
         background.append(asyncio.ensure_future(progress.refresh()))
     if steps is not None and steps.monitor is not None:
-        background.append(asyncio.ensure_future(steps.monitor(recorder, (trajectories, requests))))
+        watch = steps.monitor(recorder, (trajectories, requests), setup)
+        background.append(asyncio.ensure_future(watch))
 
     # A planned end lets requests in flight finish: up to one request timeout.
     planned_grace = float(config.request_timeout_secs) + 1.0
@@ -958,6 +961,8 @@ def finish_run(
     exit_status = live.exit_status if live is not None else 0
     if exit_status == 0 and summary.verdict == "failed":
         exit_status = EXIT_REQUESTS_FAILED
+    if exit_status == 0 and summary.verdict == "incomplete":
+        exit_status = EXIT_REQUESTS_LOST
     failures = tuple(totals.failures)
     window, sections = _measured(config, engine, live, figures)
     result = RunResult(

@@ -45,6 +45,7 @@ from batchbench.results.report import (
     EXTRA_CSV_COLUMNS,
     FIDELITY_CSV_COLUMNS,
     LIVE_CSV_COLUMNS,
+    LOSS_CSV_COLUMNS,
     OUTCOME_CSV_COLUMNS,
 )
 from batchbench.text.tokenizer import load_tokenizer
@@ -1221,6 +1222,7 @@ def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
         *LIVE_CSV_COLUMNS,
         *FIDELITY_CSV_COLUMNS,
         *OUTCOME_CSV_COLUMNS,
+        *LOSS_CSV_COLUMNS,
     ]
     assert header[: len(fixed)] == fixed
     # Then the measured window: 14 columns, and per metric mean/min/max/std + 5 percentiles.

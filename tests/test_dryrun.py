@@ -16,6 +16,7 @@ from batchbench.results.report import (
     EXTRA_CSV_COLUMNS,
     FIDELITY_CSV_COLUMNS,
     LIVE_CSV_COLUMNS,
+    LOSS_CSV_COLUMNS,
     OUTCOME_CSV_COLUMNS,
 )
 
@@ -163,7 +164,10 @@ def test_events_and_csv_in_dry_run(capsys, tmp_path):
     assert header[:51] == list(CSV_COLUMNS)
     assert header[51:61] == list(EXTRA_CSV_COLUMNS)
     assert header[61:] == (
-        list(LIVE_CSV_COLUMNS) + list(FIDELITY_CSV_COLUMNS) + list(OUTCOME_CSV_COLUMNS)
+        list(LIVE_CSV_COLUMNS)
+        + list(FIDELITY_CSV_COLUMNS)
+        + list(OUTCOME_CSV_COLUMNS)
+        + list(LOSS_CSV_COLUMNS)
     )
     values = dict(zip(header, row, strict=True))
     assert values["workload_mode"] == "trajectory_replay"

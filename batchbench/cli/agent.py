@@ -86,9 +86,18 @@ def main(argv: Sequence[str] | None = None, prog: str = "batchbench-agent") -> i
         result = run(config, output=ConsoleOutput())
     except OutputError as exc:
         render(exc.result)
+        lost_worker_lines(exc.result)
         raise
     render(result)
+    lost_worker_lines(result)
     return result.exit_status
+
+
+def lost_worker_lines(result: RunResult) -> None:
+    """One ``Error:`` line per worker that died: the outputs are written, but incomplete."""
+    sys.stdout.flush()
+    for line in result.lost_workers:
+        print(f"Error: {line}", file=sys.stderr)
 
 
 def run_console(argv: Sequence[str] | None, prog: str) -> int:
@@ -113,4 +122,8 @@ def run_console(argv: Sequence[str] | None, prog: str) -> int:
 
 
 def console_main() -> None:
-    sys.exit(run_console(None, "batchbench-agent"))
+    try:
+        status = run_console(None, "batchbench-agent")
+    except KeyboardInterrupt:  # in the last instants (an error line being printed)
+        status = 130
+    sys.exit(status)

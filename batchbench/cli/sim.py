@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from batchbench.cli.argtypes import (
     suggestion,
 )
 from batchbench.errors import BatchbenchError
+from batchbench.lifeline import die_with_parent, on_eof
 from batchbench.sim.faults import Fault, FaultPlan
 from batchbench.sim.overheads import measure_overheads
 from batchbench.sim.server import SimConfig, SimServer
@@ -75,6 +77,14 @@ def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
         default=DEFAULT_BUILTIN,
         help="tokenizer.json path, a directory holding one, a hub id or a built-in name "
         "(default %(default)s)",
+    )
+    server.add_argument(
+        "--parent-pid",
+        type=int_at_least(1),
+        default=None,
+        help="end when process PID ends: at the end of standard input (a pipe that PID "
+        "holds) and, on Linux, at PID's death even by kill -9 (batchbench-agent --sim "
+        "passes its own)",
     )
     server.add_argument(
         "--tokenizer-download",
@@ -318,21 +328,30 @@ async def serve(server: SimServer, host: str, port: int) -> None:
             await site.start()
         except OSError as exc:
             raise BatchbenchError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # before anyone learns where we listen
+            loop.add_signal_handler(sig, stop.set)
         bound = runner.addresses[0]
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
         print(f"batchbench sim listening on http://{shown}:{bound[1]}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
         await runner.cleanup()
 
 
+def tie_to_parent(parent_pid: int) -> None:
+    """End with the process that started this simulator: SIGTERM (a graceful stop once
+    serving, the default action before) when it dies or when standard input ends."""
+    die_with_parent(signal.SIGTERM, parent_pid)
+    on_eof(sys.stdin.fileno(), lambda: os.kill(os.getpid(), signal.SIGTERM))
+
+
 def run(argv: Sequence[str], prog: str = "batchbench sim") -> int:
     parser = build_parser(prog)
     args = parser.parse_args(list(argv))
+    if args.parent_pid is not None:
+        tie_to_parent(args.parent_pid)
     try:
         loaded = load_tokenizer(args.tokenizer_model, args.tokenizer_download or None)
         config = config_from_args(args)

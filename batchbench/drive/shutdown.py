@@ -41,6 +41,7 @@ class Shutdown:
         self._sleepers: set[asyncio.Future] = set()
         self._grace_timer: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
+        self._previous: dict[int, object] = {}
 
     def request(self, signal_name: str) -> None:
         """A signal arrived: the first stops admission, a later one ends the grace period."""
@@ -100,11 +101,18 @@ class Shutdown:
     def install(self) -> None:
         """Route SIGINT and SIGTERM to ``request`` (Unix event loops)."""
         for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.getsignal(sig)
             self._loop.add_signal_handler(sig, self.request, sig.name)
 
     def uninstall(self) -> None:
+        """Put back the handlers found at ``install`` (the event loop would leave the
+        defaults: a worker process, which ignores signals outside its run, would then die
+        of a late SIGTERM or raise KeyboardInterrupt at a late SIGINT)."""
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._loop.remove_signal_handler(sig)
+            previous = self._previous.pop(sig, None)
+            if previous is not None:
+                signal.signal(sig, previous)  # type: ignore[arg-type]
 
 
 def _wake(waiter: asyncio.Future) -> None:

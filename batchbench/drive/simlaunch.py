@@ -3,12 +3,16 @@
 The child binds port 0 and prints its URL; the parent reads it, waits for ``/health``,
 runs the benchmark against it and stops it afterwards, on errors and on Ctrl+C too. The
 child runs in its own session, so a terminal's Ctrl+C reaches only the benchmark, which
-then finishes its outputs before it stops the simulator.
+then finishes its outputs before it stops the simulator. A parent that dies without
+stopping it (``kill -9``) still takes it along: the child gets ``--parent-pid`` and ends
+at the parent's death (Linux) and when its standard input, a pipe only the parent holds,
+reaches end of file (``batchbench.lifeline``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import subprocess
 import sys
@@ -64,8 +68,8 @@ class SimProcess:
         if self._stopped.is_set():
             raise SimError("the simulator was stopped before it started")
         process = subprocess.Popen(
-            self.command,
-            stdin=subprocess.DEVNULL,
+            [*self.command, "--parent-pid", str(os.getpid())],
+            stdin=subprocess.PIPE,  # never written: its end of file tells the child we ended
             stdout=subprocess.PIPE,
             text=True,
             start_new_session=True,
@@ -116,6 +120,9 @@ class SimProcess:
 
 def _terminate(process: subprocess.Popen) -> None:
     """Terminate, wait, and kill when it will not go."""
+    if process.stdin is not None:
+        with contextlib.suppress(OSError):
+            process.stdin.close()
     if process.poll() is None:
         process.terminate()
         try:

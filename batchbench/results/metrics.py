@@ -53,6 +53,7 @@ class RunTotals:
     live_block_fallbacks: int = 0
     cancelled_requests: int = 0  # cut short by a shutdown (in flight or waiting to retry)
     skipped_requests: int = 0  # planned but never sent
+    lost_requests: int = 0  # a dead worker's share that no file recorded (--workers)
     attempts: int = 0  # HTTP attempts of every sent request
     retry_waits_capped: int = 0  # Retry-After waits shortened to --max-retry-wait
     # Sent again on a new connection: the server closed the kept-alive one under them.

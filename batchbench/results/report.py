@@ -24,6 +24,7 @@ from batchbench.results.summary import (
     EXTRA_CSV_COLUMNS,
     FIDELITY_CSV_COLUMNS,
     LIVE_CSV_COLUMNS,
+    LOSS_CSV_COLUMNS,
     OUTCOME_CSV_COLUMNS,
     LiveFigures,
     RunSetup,
@@ -37,6 +38,7 @@ __all__ = [
     "EXTRA_CSV_COLUMNS",
     "FIDELITY_CSV_COLUMNS",
     "LIVE_CSV_COLUMNS",
+    "LOSS_CSV_COLUMNS",
     "OUTCOME_CSV_COLUMNS",
     "banner_lines",
     "csv_row",
@@ -259,7 +261,8 @@ def summary_lines(
         lines.append(
             f"Requests by outcome: {s.planned_tool_invocations} planned = "
             f"{s.successful_requests} succeeded + {s.failed_requests} failed + "
-            f"{s.cancelled_requests} cancelled + {s.skipped_requests} skipped; "
+            f"{s.cancelled_requests} cancelled + {s.skipped_requests} skipped"
+            f"{f' + {s.lost_requests} lost' if s.lost_requests else ''}; "
             f"{s.attempts} attempts ({s.retries} retries)"
         )
     lines += [
@@ -353,7 +356,14 @@ def error_lines(summary: Summary) -> list[str]:
 
 
 def verdict_lines(summary: Summary) -> list[str]:
-    """The last line of a run whose failures exceed --max-failure-rate (exit status 3)."""
+    """The last line of a run whose failures exceed --max-failure-rate (exit status 3), or
+    that lost requests with a worker (exit status 1)."""
+    if summary.verdict == "incomplete":
+        return [
+            f"Result: INCOMPLETE: {summary.lost_requests} of "
+            f"{summary.planned_tool_invocations} planned requests were lost with a worker "
+            "(not recorded); exit status 1"
+        ]
     if summary.verdict != "failed":
         return []
     sent = summary.successful_requests + summary.failed_requests

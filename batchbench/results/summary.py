@@ -95,8 +95,15 @@ OUTCOME_CSV_COLUMNS = (
     "cancelled_requests", "skipped_requests", "attempts", "retries", "retry_waits_capped",
     "failure_rate", "max_failure_rate", "verdict",
 )  # fmt: skip
+# Added later, so after every earlier column: a lost worker's unrecorded share.
+LOSS_CSV_COLUMNS = ("lost_requests",)
 ALL_CSV_COLUMNS = (
-    CSV_COLUMNS + EXTRA_CSV_COLUMNS + LIVE_CSV_COLUMNS + FIDELITY_CSV_COLUMNS + OUTCOME_CSV_COLUMNS
+    CSV_COLUMNS
+    + EXTRA_CSV_COLUMNS
+    + LIVE_CSV_COLUMNS
+    + FIDELITY_CSV_COLUMNS
+    + OUTCOME_CSV_COLUMNS
+    + LOSS_CSV_COLUMNS
 )
 JSON_ONLY_METRICS = ("errors_by_kind", "resent_requests")
 
@@ -202,7 +209,10 @@ class Summary:
     retry_waits_capped: int
     failure_rate: float
     max_failure_rate: float
-    verdict: str  # "ok", "failed" (failures beyond --max-failure-rate) or "interrupted"
+    # "ok", "failed" (failures beyond --max-failure-rate), "incomplete" (requests lost with
+    # a worker) or "interrupted"
+    verdict: str
+    lost_requests: int
     errors_by_kind: dict[str, dict[str, object]]  # JSON only: failed attempts by kind
     resent_requests: int  # JSON only: resent after the server closed a kept-alive connection
 
@@ -214,13 +224,17 @@ class Summary:
 assert tuple(f.name for f in dataclasses.fields(Summary)) == ALL_CSV_COLUMNS + JSON_ONLY_METRICS
 
 
-def verdict_of(failed: int, succeeded: int, max_failure_rate: float, interrupted: bool):
+def verdict_of(
+    failed: int, succeeded: int, max_failure_rate: float, interrupted: bool, lost: int = 0
+):
     """(failure rate, verdict): the share of sent requests that failed, and "failed" when it
-    is above the allowed rate."""
+    is above the allowed rate; "incomplete" when requests were lost with a worker."""
     sent = failed + succeeded
     failure_rate = failed / sent if sent else 0.0
     if interrupted:
         return failure_rate, "interrupted"
+    if lost:
+        return failure_rate, "incomplete"
     if failed and failure_rate > max_failure_rate:
         return failure_rate, "failed"
     return failure_rate, "ok"
@@ -263,7 +277,11 @@ def build_summary(
     output = fidelity.output if fidelity is not None else None
     calibration = setup.calibration or {}
     failure_rate, verdict = verdict_of(
-        totals.failed_requests, totals.successful_requests, config.max_failure_rate, interrupted
+        totals.failed_requests,
+        totals.successful_requests,
+        config.max_failure_rate,
+        interrupted,
+        totals.lost_requests,
     )
     sent = totals.successful_requests + totals.failed_requests + totals.cancelled_requests
     return Summary(
@@ -372,6 +390,7 @@ def build_summary(
         failure_rate=failure_rate,
         max_failure_rate=config.max_failure_rate,
         verdict=verdict,
+        lost_requests=totals.lost_requests,
         errors_by_kind=totals.errors.as_dict(),
         resent_requests=totals.resent_requests,
     )

@@ -6,10 +6,8 @@ processes on one machine); both end with outputs identical in form to a single r
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import heapq
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -90,9 +88,11 @@ def finish_merged(
     outputs: dict[str, str | None],
     request_events: Sequence[str | None],
     out: Any = None,
+    sections: dict[str, Any] | None = None,
 ):
     """The merged run's result, with every output ``outputs`` names written (events files
-    first: the summary then lists them). ``request_events``: each shard's events file."""
+    first: the summary then lists them). ``request_events``: each shard's events file;
+    ``sections``: more results JSON sections (a lost worker's account)."""
     from batchbench.api import finish_run, write_outputs
 
     paths = {name: outputs.get(name) for name in OUTPUT_FIELDS}
@@ -118,6 +118,8 @@ def finish_merged(
     )
     if merged.dry_run_lines:
         result = dataclasses.replace(result, merged_dry_run_lines=merged.dry_run_lines)
+    if sections:
+        result = dataclasses.replace(result, sections={**(result.sections or {}), **sections})
     shard = config.shard_spec()
     if shard is not None:  # workers of one shard: the shard's raw data, for the next merge
         data = snapshot(
@@ -135,10 +137,3 @@ def finish_merged(
             data.meta["dry_run_lines"] = list(merged.dry_run_lines)
         result = dataclasses.replace(result, shard_data=data)
     return write_outputs(result, out)
-
-
-def remove_quietly(paths: Sequence[str | None]) -> None:
-    for path in paths:
-        if path:
-            with contextlib.suppress(OSError):
-                os.unlink(path)

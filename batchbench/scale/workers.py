@@ -9,7 +9,13 @@ it is ready, and starts its clock at the common time the parent sends. Workers r
 progress twice a second (one global progress bar) and hand their raw measurements back
 through their pipe; the parent merges them exactly (``merge``) and writes the outputs a
 single process would. Workers run in their own process group: Ctrl+C reaches the parent,
-which passes each SIGINT/SIGTERM on once, so the grace period works as in one process.
+which passes SIGINT/SIGTERM on (``supervisor``), so the grace period works as in one
+process.
+
+A worker that dies (any signal, a crash) costs only what it had not written down: the
+others run on to the end, so none of their planned requests is lost as well, and the
+parent then merges the dead worker's request events and lifecycle records (``salvage``),
+counts the rest of its share as ``lost``, names it and its cause, and exits 1.
 """
 
 from __future__ import annotations
@@ -26,15 +32,16 @@ import threading
 import time
 import traceback
 from dataclasses import replace
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any
 
 from batchbench.config import RunConfig
+from batchbench.drive.shutdown import EXIT_STATUS
 from batchbench.errors import BatchbenchError, UsageError
+from batchbench.lifeline import die_with_parent
+from batchbench.scale.loss import LostWorker
 from batchbench.scale.partition import Shard
-
-PROGRESS_SECONDS = 0.5
-START_MARGIN_SECONDS = 0.05  # the go message reaches every worker well within this
+from batchbench.scale.supervisor import PROGRESS_SECONDS, Supervisor, WorkerState
 
 
 class _ChildOutput:
@@ -50,16 +57,27 @@ class _ChildOutput:
         self._conn.send(("warning", text))
 
 
-def _child(config: RunConfig, conn: Connection) -> None:
-    """A worker process: run its shard, send ready/progress/done (or error)."""
-    os.setpgrp()  # Ctrl+C reaches the parent only; it passes signals on once
+def _child(config: RunConfig, conn: Connection, parent_pid: int) -> None:
+    """A worker process: run its shard, send planned/ready/progress/stopping/done (or
+    error). It ends with its parent, at once (SIGKILL): nobody would merge what it
+    measured, and it must not go on loading the server; the events files it wrote stay
+    in the hidden folder."""
+    os.setpgrp()  # Ctrl+C reaches the parent only; it passes signals on
     # Until the run's graceful stop is installed (before it reports ready), a signal must
-    # not kill the worker half-started: the parent holds signals back until then.
+    # not kill the worker half-started: the parent holds signals back until then. They
+    # were blocked while this process started (see ``_spawn``): ignored, then unblocked,
+    # a Ctrl+C that reached it while it was still in the terminal's group is dropped.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    die_with_parent(signal.SIGKILL, parent_pid)
     from batchbench import api
 
+    announced = asyncio.Event()  # its share is known to the parent before it says ready
+
     async def gate() -> None:
+        if not config.dry_run:
+            await announced.wait()
         conn.send(("ready",))
         loop = asyncio.get_running_loop()
         message = await loop.run_in_executor(None, conn.recv)
@@ -68,11 +86,18 @@ def _child(config: RunConfig, conn: Connection) -> None:
         if delay > 0:
             await asyncio.sleep(delay)
 
-    async def monitor(recorder, planned) -> None:
-        conn.send(("planned", planned))
-        while True:
-            await asyncio.sleep(PROGRESS_SECONDS)
-            conn.send(("progress", _counts(recorder)))
+    async def monitor(recorder, planned, setup) -> None:
+        from dataclasses import asdict
+
+        conn.send(("planned", planned, asdict(setup)))
+        announced.set()
+        try:
+            while True:
+                await asyncio.sleep(PROGRESS_SECONDS)
+                conn.send(("progress", _counts(recorder)))
+        except asyncio.CancelledError:
+            conn.send(("stopping",))  # the run is over: its results follow
+            raise
 
     try:
         with api.event_loop_runner() as runner:
@@ -88,15 +113,22 @@ def _child(config: RunConfig, conn: Connection) -> None:
                 )
             )
         conn.send(("done", result.shard_data, result.config.model))
+    except (BrokenPipeError, EOFError):
+        pass  # the parent is gone: nobody to tell
     except UsageError as exc:
-        conn.send(("error", "usage", str(exc)))
+        _tell(conn, ("error", "usage", str(exc)))
     except BatchbenchError as exc:
-        conn.send(("error", "runtime", str(exc)))
+        _tell(conn, ("error", "runtime", str(exc)))
     except BaseException as exc:  # a bug: the parent prints it in one line, the trace here
         traceback.print_exc()
-        conn.send(("error", "runtime", f"agent worker task failed: {exc!r}"))
+        _tell(conn, ("error", "runtime", f"agent worker task failed: {exc!r}"))
     finally:
         conn.close()
+
+
+def _tell(conn: Connection, message: tuple) -> None:
+    with contextlib.suppress(OSError):  # the parent is gone
+        conn.send(message)
 
 
 def _counts(recorder) -> tuple[int, int, int, int, int]:
@@ -197,54 +229,199 @@ def run_workers(config: RunConfig, output: Any = None):
 
 def _drive_workers(config: RunConfig, as_run: RunConfig, workers: int, out: Any):
     """``config``: what the workers share; ``as_run``: the run as the user asked for it."""
-    from batchbench.scale.combine import finish_merged, remove_quietly
-    from batchbench.scale.merge import check_shards, merge
-
     target_dir = os.path.dirname(os.path.abspath(config.results_json or "results")) or "."
     folder = tempfile.mkdtemp(prefix=".batchbench-workers-", dir=_writable(target_dir))
     configs = worker_configs(config, workers, folder)
-    context = multiprocessing.get_context("spawn")
-    processes = []
-    conns: list[Connection] = []
+    supervisor = Supervisor(config, [], out)
+    merged = False
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, supervisor.on_signal)
     try:
-        for child_config in configs:
-            parent_end, child_end = context.Pipe()
-            process = context.Process(
-                target=_child, args=(child_config, child_end), name="batchbench-worker"
-            )
-            process.start()
-            child_end.close()
-            processes.append(process)
-            conns.append(parent_end)
-        shards = _supervise(config, processes, conns, out)
-        expected = [shard_of(c).index for c in configs]
-        merged = merge(check_shards(shards, [f"worker {k}" for k in range(workers)], expected))
-        merged = replace(merged, config=as_run)
-        outputs = {
-            "results_json": config.results_json,
-            "results_csv": config.results_csv,
-            "agent_events_jsonl": config.agent_events_jsonl,
-            "request_events_jsonl": config.request_events_jsonl,
-            "server_metrics_jsonl": config.server_metrics_jsonl,
-            "report_html": config.report_html,
-        }
-        request_events = [c.request_events_jsonl for c in configs]
-        result = finish_merged(merged, outputs, request_events, out)
-        remove_quietly([c.agent_events_jsonl for c in configs] + request_events)
+        supervisor.states = _spawn(configs)
+        _watch(config, supervisor)
+        supervisor.writing = True
+        result = _finish(config, as_run, configs, supervisor, out)
+        merged = True
         return result
     finally:
-        for process in processes:  # normally all exited; after an error, stop the rest
-            if process.is_alive():
-                process.terminate()  # a live worker's graceful stop
-        deadline = time.monotonic() + 10.0
-        for process in processes:
-            process.join(timeout=max(deadline - time.monotonic(), 0.1))
-            if process.is_alive():  # a dry run (no graceful stop), or stuck
-                process.kill()
-                process.join()
-        for conn in conns:
-            conn.close()
-        shutil.rmtree(folder, ignore_errors=True)
+        _stop_all(supervisor.states, config.dry_run)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if merged or config.dry_run or not _holds_events(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+        else:  # never lose what the workers wrote: the run ended before it was merged
+            out.warning(f"warning: the workers' events files are kept in {folder}")
+
+
+def _spawn(configs: list[RunConfig]) -> list[WorkerState]:
+    """Start every worker with SIGINT/SIGTERM ignored and blocked (both survive the exec):
+    until a worker has left the terminal's process group (its first act), a Ctrl+C meant
+    for the parent cannot kill it half-started. The parent's own signals stay pending
+    while they are blocked and reach its handlers when the mask is restored."""
+    from multiprocessing import resource_tracker
+
+    # Started first: starting it unblocks SIGINT/SIGTERM, which would drop what arrives
+    # while they are ignored here.
+    resource_tracker.ensure_running()
+    context = multiprocessing.get_context("spawn")
+    states: list[WorkerState] = []
+    blocked = {signal.SIGINT, signal.SIGTERM}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {signum: signal.signal(signum, signal.SIG_IGN) for signum in blocked}
+    try:
+        for k, child_config in enumerate(configs):
+            parent_end, child_end = context.Pipe()
+            process = context.Process(
+                target=_child, args=(child_config, child_end, os.getpid()),
+                name="batchbench-worker",
+            )  # fmt: skip
+            try:
+                process.start()
+            finally:
+                child_end.close()
+            states.append(WorkerState(k, process, parent_end))
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    return states
+
+
+def _watch(config: RunConfig, supervisor: Supervisor) -> None:
+    """Run the supervisor with the global progress bar (on a terminal)."""
+    from batchbench.results.progress import Progress, progress_wanted
+
+    show = config.progress and progress_wanted(False) and not config.dry_run
+    view = _ProgressView()
+    bar: list[Any] = []
+
+    def draw(states: list[WorkerState]) -> None:
+        if not show or any(state.start is None for state in states):
+            return
+        if not bar:
+            trajectories = sum(state.start.planned[0] for state in states if state.start)
+            requests = sum(state.start.planned[1] for state in states if state.start)
+            bar.append(Progress(trajectories, requests, view))
+        _update(view, bar[0], [state.counts for state in states if state.counts])
+        bar[0].draw()
+
+    try:
+        supervisor.run(draw)
+    finally:
+        if bar:
+            _update(view, bar[0], [s.counts for s in supervisor.states if s.counts])
+            bar[0].close()
+
+
+def _finish(
+    config: RunConfig,
+    as_run: RunConfig,
+    configs: list[RunConfig],
+    supervisor: Supervisor,
+    out: Any,
+):
+    """Merge what every worker measured (a dead one's from its files) and write it all."""
+    from batchbench.scale.combine import finish_merged
+    from batchbench.scale.merge import check_shards, merge
+
+    states = supervisor.states
+    workers = len(states)
+    shards = []
+    lost: list[LostWorker] = []
+    for state, child_config in zip(states, configs, strict=True):
+        if state.result is not None:
+            shards.append(state.result)
+            continue
+        lost_worker, data = _account(config, child_config, state, supervisor, workers)
+        lost.append(lost_worker)
+        shards.append(data)
+    expected = [shard_of(c).index for c in configs]
+    merged = merge(check_shards(shards, [f"worker {k}" for k in range(workers)], expected))
+    merged = replace(merged, config=as_run)
+    if supervisor.signal_name and merged.live is not None and not merged.live.interrupted_by:
+        # Every worker that stopped for the signal died of it: the run was still interrupted.
+        merged.live.interrupted_by = supervisor.signal_name
+        merged.live.exit_status = EXIT_STATUS.get(supervisor.signal_name, 130)
+    outputs = {
+        "results_json": config.results_json,
+        "results_csv": config.results_csv,
+        "agent_events_jsonl": config.agent_events_jsonl,
+        "request_events_jsonl": config.request_events_jsonl,
+        "server_metrics_jsonl": config.server_metrics_jsonl,
+        "report_html": config.report_html,
+    }
+    request_events = [c.request_events_jsonl for c in configs]
+    sections = {"lost_workers": [w.as_dict() for w in lost]} if lost else None
+    result = finish_merged(merged, outputs, request_events, out, sections)
+    return replace(result, lost_workers=tuple(w.text() for w in lost))
+
+
+def _account(
+    config: RunConfig,
+    child_config: RunConfig,
+    state: WorkerState,
+    supervisor: Supervisor,
+    workers: int,
+) -> tuple[LostWorker, Any]:
+    """A dead worker: its raw data rebuilt from its files, and what it cost."""
+    from batchbench.scale.salvage import salvage
+
+    if config.dry_run or state.start is None or supervisor.start_time is None:
+        raise BatchbenchError(f"worker {state.index} (of {workers}) {state.cause}")
+    origin = supervisor.start_time
+    died = state.died_at if state.died_at is not None else time.time()
+    shard = shard_of(child_config)
+    salvaged = salvage(
+        child_config,
+        (shard.index, shard.count),
+        state.start,
+        origin,
+        max(died - origin, 0.0),
+        state.peak_active,
+    )
+    lost = LostWorker(
+        index=state.index,
+        workers=workers,
+        pid=state.process.pid,
+        cause=state.cause or "vanished",
+        exitcode=state.exitcode,
+        planned_requests=int(state.start.planned[1]),
+        recorded_requests=salvaged.recorded,
+        lost_requests=salvaged.lost,
+        events_file=child_config.request_events_jsonl is not None,
+    )
+    return lost, salvaged.data
+
+
+def _stop_all(states: list[WorkerState], dry_run: bool) -> None:
+    """Normally every worker has exited; after an error, stop the rest (gracefully when
+    they have a graceful stop, else at once), and close the pipes."""
+    for state in states:
+        if state.process.is_alive():
+            if state.ready and not dry_run:
+                state.process.terminate()  # a live worker's graceful stop
+            else:
+                state.process.kill()  # still loading (signals ignored), or a dry run
+    deadline = time.monotonic() + 10.0
+    for state in states:
+        state.process.join(timeout=max(deadline - time.monotonic(), 0.1))
+        if state.process.is_alive():  # stuck
+            state.process.kill()
+            state.process.join()
+    for state in states:
+        state.conn.close()
+
+
+def _holds_events(folder: str) -> bool:
+    """Whether a worker wrote anything into the events folder."""
+    try:
+        return any(entry.stat().st_size > 0 for entry in os.scandir(folder))
+    except OSError:
+        return False
 
 
 def shard_of(config: RunConfig) -> Shard:
@@ -257,117 +434,13 @@ def _writable(folder: str) -> str | None:
     return folder if os.access(folder, os.W_OK) else None
 
 
-def _supervise(config: RunConfig, processes, conns: list[Connection], out: Any) -> list:
-    """Wait for every worker: pass on the banner, start them together, draw progress,
-    forward signals; their raw results in worker order."""
-    from batchbench.results.progress import Progress, progress_wanted
-
-    n = len(processes)
-    ready: set[int] = set()
-    planned: dict[int, tuple[int, int]] = {}
-    counts: dict[int, tuple[int, ...]] = {}
-    results: dict[int, Any] = {}
-    warnings: set[str] = set()
-    started = False
-    progress = None
-    view = _ProgressView()
-    show = config.progress and progress_wanted(False) and not config.dry_run
-    forwarded: list[int] = []
-
-    def send(k: int, signum: int) -> None:
-        process = processes[k]
-        if process.is_alive() and process.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signum)
-
-    def forward(signum, _frame) -> None:
-        """A worker takes signals once it is ready (its graceful stop is installed by
-        then); one that is not ready yet gets them when it is. A dry run has no graceful
-        stop: it ends at once, as one process does."""
-        forwarded.append(signum)
-        if config.dry_run:
-            raise KeyboardInterrupt
-        for k in ready:
-            send(k, signum)
-
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            previous[signum] = signal.signal(signum, forward)
-    try:
-        open_conns = dict(enumerate(conns))
-        while len(results) < n:
-            waitables: list[Any] = list(open_conns.values())
-            waitables += [p.sentinel for k, p in enumerate(processes) if k not in results]
-            for item in wait(waitables, timeout=PROGRESS_SECONDS):
-                k = next((i for i, c in open_conns.items() if c is item), None)
-                if k is None:
-                    continue
-                try:
-                    message = item.recv()
-                except EOFError:
-                    del open_conns[k]
-                    continue
-                kind = message[0]
-                if kind == "lines" and k == 0:
-                    out.lines(message[1])
-                elif kind == "warning" and message[1] not in warnings:
-                    warnings.add(message[1])
-                    out.warning(message[1])
-                elif kind == "ready":
-                    ready.add(k)
-                    for signum in forwarded:  # what arrived while it was getting ready
-                        send(k, signum)
-                elif kind == "planned":
-                    planned[k] = message[1]
-                elif kind == "progress":
-                    counts[k] = message[1]
-                elif kind == "done":
-                    results[k] = message[1]
-                elif kind == "error":
-                    if message[1] == "usage":
-                        raise UsageError(message[2])
-                    raise BatchbenchError(f"worker {k}: {message[2]}")
-            for k, process in enumerate(processes):
-                if k not in results and not process.is_alive() and k not in open_conns:
-                    raise BatchbenchError(
-                        f"worker {k} exited with status {process.exitcode} before its results"
-                    )
-            if not started and len(ready) == n:
-                start = time.time() + START_MARGIN_SECONDS
-                if config.start_at is not None:
-                    if config.start_at < time.time():
-                        out.warning(
-                            f"warning: --start-at was {time.time() - config.start_at:.1f} s "
-                            "ago; starting now"
-                        )
-                    start = max(start, config.start_at)
-                for conn in conns:
-                    conn.send(("go", start))
-                started = True
-            if show and len(planned) == n:
-                if progress is None:
-                    trajectories = sum(p[0] for p in planned.values())
-                    requests = sum(p[1] for p in planned.values())
-                    progress = Progress(trajectories, requests, view)
-                _update(view, progress, counts)
-                progress.draw()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        if progress is not None:
-            _update(view, progress, counts)
-            progress.close()
-    return [results[k] for k in range(n)]
-
-
-def _update(view: _ProgressView, progress, counts: dict[int, tuple[int, ...]]) -> None:
-    settled = sum(c[0] for c in counts.values())
-    failed = sum(c[1] for c in counts.values())
+def _update(view: _ProgressView, progress, counts: list[tuple[int, ...]]) -> None:
+    settled = sum(c[0] for c in counts)
+    failed = sum(c[1] for c in counts)
     totals = view.totals
     totals.successful_requests = settled - failed
     totals.failed_requests = failed
     totals.cancelled_requests = 0
-    totals.total_output_tokens = sum(c[2] for c in counts.values())
-    view.agents = range(sum(c[3] for c in counts.values()))
-    progress.trajectories_finished(sum(c[4] for c in counts.values()))
+    totals.total_output_tokens = sum(c[2] for c in counts)
+    view.agents = range(sum(c[3] for c in counts))
+    progress.trajectories_finished(sum(c[4] for c in counts))
