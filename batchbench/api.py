@@ -107,12 +107,14 @@ class RunOutput(Protocol):
         """One warning line for standard error."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class RunResult:
     """Everything one run measured, by name.
 
     ``summary`` holds every summary figure (the CSV columns and the results JSON's
-    ``metrics`` keys); the rest is what the console and the JSON show beyond it.
+    ``metrics`` keys); the rest is what the console and the JSON show beyond it. Its repr
+    is short: asyncio's runner builds the repr of the task that returned it (3.8 s for
+    100,000 dry-run trajectories when it spelled out every record).
     """
 
     config: RunConfig  # as run: with --sim, the simulator's URL as host
@@ -140,6 +142,12 @@ class RunResult:
     @property
     def dry_run(self) -> bool:
         return self.config.dry_run
+
+    def __repr__(self) -> str:
+        return (
+            f"RunResult(exit_status={self.exit_status}, dry_run={self.dry_run}, "
+            f"trajectories={len(self.engine.records)}, written={self.written!r})"
+        )
 
 
 class OutputError(BatchbenchError):

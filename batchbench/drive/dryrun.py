@@ -19,6 +19,10 @@ class DryRunLoop:
     order, so slot inheritance (and so every dry-run line) is the same on every run.
     """
 
+    # Agents running at once (``run_closed_loop``): enough to keep the generation pool
+    # busy; the rest of a large initial wave waits its turn instead of holding a task.
+    start_window = 1024
+
     def __init__(self, factory: ContentFactory, workload: Workload, pool: Executor) -> None:
         self.factory = factory
         self.workload = workload
@@ -27,10 +31,13 @@ class DryRunLoop:
         self._blocks = BlockTexts(factory.synth) if workload.blocks is not None else None
 
     async def prepare(self, agent: int):
+        """Generate the first request's text; only a block trajectory keeps what it made
+        (its block cache), since nothing is sent: a million texts need not be held."""
         loop = asyncio.get_running_loop()
         if self.workload.has_blocks(agent):
             return await loop.run_in_executor(self.pool, self._first_blocks, agent)
-        return await loop.run_in_executor(self.pool, self.factory.initial_prompt, agent)
+        await loop.run_in_executor(self.pool, self.factory.initial_prompt, agent)
+        return None
 
     def _first_blocks(self, agent: int) -> TrajectoryBlocks:
         """The first request's blocks, live ones generated from their seeds (a dry run has
@@ -68,7 +75,8 @@ class DryRunLoop:
         self._last_finish = finished
         state = prepared if isinstance(prepared, TrajectoryBlocks) else None
         try:
-            await loop.run_in_executor(self.pool, self._materialize_rest, agent, state)
+            if len(self.workload.turns(agent)) > 1:  # one request: nothing more to make
+                await loop.run_in_executor(self.pool, self._materialize_rest, agent, state)
             if previous is not None:
                 await previous
         finally:
