@@ -17,7 +17,7 @@ import secrets
 import shlex
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -121,7 +121,7 @@ class RunResult:
     setup: RunSetup
     summary: Summary
     failures: tuple[Failure, ...]  # one per failed agent, with its last error
-    lifecycle: tuple[dict[str, Any], ...]  # the lifecycle records, in finish order
+    lifecycle: Sequence[dict[str, Any]]  # the lifecycle records, in finish order
     ranks: tuple[RankFigures, ...]  # per DP rank with perfect routing (live runs)
     fidelity: FidelityFigures | None  # live runs
     client_health: ClientHealth | None  # live runs
@@ -611,12 +611,11 @@ async def _run_loaded(
     counter = None
     if workload.blocks is not None and config.prompt_correction and template_name is not None:
         counter = TemplateCounter(load_chat_template(template_name, loaded), loaded)
-    lifecycle: list[dict[str, Any]] = []
     events = LifecycleWriter(
         config.agent_events_jsonl,
         config.dp_ranks,
         workload.trajectory_ids,
-        lifecycle,
+        True,
         workload.recorded_start_after_ms,
         workload.request_offsets,
     )
@@ -641,13 +640,15 @@ async def _run_loaded(
         started = live.recorder.started_agents
         ids = share.agents if share is not None else range(len(workload))
         never = sum(len(workload.turns(a)) for a in ids if a not in started)
-    result = finish_run(config, setup, counts, never, workload, engine, live, tuple(lifecycle))
+    lifecycle = events.log
+    assert lifecycle is not None
+    result = finish_run(config, setup, counts, never, workload, engine, live, lifecycle)
     shard = config.shard_spec()
     if shard is not None:
         from batchbench.scale.snapshot import snapshot
 
         data = snapshot(config, setup, (shard.index, shard.count), counts, engine, live,
-                        tuple(lifecycle), wall_origin)  # fmt: skip
+                        lifecycle, wall_origin)  # fmt: skip
         if config.dry_run:  # the lines need the workload, which a merge may not have
             data.meta["dry_run_lines"] = list(dry_run_lines(workload, engine))
         result = replace(result, shard_data=data)
@@ -929,7 +930,7 @@ def finish_run(
     workload: Workload | None,
     engine: EngineResult,
     live: LiveRun | None,
-    lifecycle: tuple[dict[str, Any], ...],
+    lifecycle: Sequence[dict[str, Any]],
 ) -> RunResult:
     """The result of a finished run (or of merged shards): ``planned`` is (trajectories,
     requests) the run owned; ``never_started_requests`` the requests of trajectories that

@@ -12,6 +12,11 @@ from batchbench.text.blocks import BlockTexts
 from batchbench.text.content import ContentFactory
 
 
+# Texts up to this many tokens are generated without the pool: a few microseconds of
+# synthesis against tens for the round trip through a worker thread.
+INLINE_TOKENS = 2048
+
+
 class DryRunLoop:
     """Generates each trajectory's texts off the event loop; unconstructable content fails the run.
 
@@ -32,11 +37,16 @@ class DryRunLoop:
 
     async def prepare(self, agent: int):
         """Generate the first request's text; only a block trajectory keeps what it made
-        (its block cache), since nothing is sent: a million texts need not be held."""
+        (its block cache), since nothing is sent: a million texts need not be held. A
+        short text is made on the loop's thread: handing it to the pool costs more."""
         loop = asyncio.get_running_loop()
         if self.workload.has_blocks(agent):
             return await loop.run_in_executor(self.pool, self._first_blocks, agent)
-        await loop.run_in_executor(self.pool, self.factory.initial_prompt, agent)
+        first = self.workload.request_offsets[agent]
+        if self.workload.input_content_tokens[first] <= INLINE_TOKENS:
+            self.factory.initial_prompt(agent)
+        else:
+            await loop.run_in_executor(self.pool, self.factory.initial_prompt, agent)
         return None
 
     def _first_blocks(self, agent: int) -> TrajectoryBlocks:
