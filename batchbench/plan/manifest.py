@@ -52,6 +52,7 @@ import numpy as np
 import orjson
 
 from batchbench.errors import ManifestError
+from batchbench.plan import dupkeys
 
 SUPPORTED_SCHEMA_VERSIONS = (1, 2)
 HASH_CHUNK_BYTES = 64 * 1024
@@ -367,26 +368,22 @@ class _Builder:
             if _is_blank_text(line):
                 return  # a line of non-ASCII Unicode whitespace only
             raise ManifestError(_json_cause(line, exc)) from None
-        if type(obj) is not dict:
-            raise ManifestError(f"a trajectory plan must be a JSON object, found {_describe(obj)}")
-        version = self._schema_version(obj)
-        ident, requests, start = self._trajectory_fields(obj, version)
-        if not ident.strip(_WHITESPACE):
-            raise ManifestError("trajectory_id must not be empty")
-        if version == 1 and start is not None:
-            raise ManifestError("start_after_ms requires schema_version 2")
-        if not requests:
-            raise ManifestError("requests must contain at least one request")
         mark = len(self.prompt)
-        rows = None
-        if not (version == 1 and self.fast and self._add_requests_fast(requests)):
-            self._truncate(mark)
-            rows = _checked_requests(requests, version)
-        if ident in self.seen or number > _I32_MAX:
-            self._truncate(mark)
+        repeats_checked = False
+        try:
+            ident, requests, start, version, rows, keys = self._checked_line(obj)
+            if line.count(b":") != keys and dupkeys.may_repeat(line, obj, keys):
+                repeats_checked = True
+                dupkeys.check(line)
             if ident in self.seen:
                 raise ManifestError(f"duplicate trajectory_id {_quote(ident)}")
-            raise ManifestError(f"line number {number} exceeds the supported {_I32_MAX} lines")
+            if number > _I32_MAX:
+                raise ManifestError(f"line number {number} exceeds the supported {_I32_MAX} lines")
+        except ManifestError:
+            self._truncate(mark)
+            if not repeats_checked:
+                dupkeys.check(line)  # a repeated key explains a line before its values do
+            raise
         if rows is not None:
             self._append_requests(rows, version, mark)
         self.seen.add(ident)
@@ -397,6 +394,41 @@ class _Builder:
         self.versions.append(version)
         self.has_start_offsets = self.has_start_offsets or start is not None
         self.schema_version = max(self.schema_version, version)
+
+    def _checked_line(
+        self, obj: Any
+    ) -> tuple[str, list[Any], int | None, int, list[dict[str, Any]] | None, int]:
+        """Validate a parsed line (a v1 line on the fast path is appended already).
+
+        Returns the id, requests, start offset, version, the checked requests (None when
+        the fast path appended them) and the number of distinct keys of every object."""
+        if type(obj) is not dict:
+            raise ManifestError(f"a trajectory plan must be a JSON object, found {_describe(obj)}")
+        version = self._schema_version(obj)
+        ident, requests, start = self._trajectory_fields(obj, version)
+        if not ident.strip(_WHITESPACE):
+            raise ManifestError("trajectory_id must not be empty")
+        if version == 1 and start is not None:
+            raise ManifestError("start_after_ms requires schema_version 2")
+        if not requests:
+            raise ManifestError("requests must contain at least one request")
+        keys = len(obj)
+        metadata = obj.get("metadata")
+        if type(metadata) in (dict, list):
+            keys += dupkeys.keys_in(metadata)
+        mark = len(self.prompt)
+        rows = None
+        request_keys = self._add_requests_fast(requests) if version == 1 and self.fast else -1
+        if request_keys < 0:
+            self._truncate(mark)
+            rows = _checked_requests(requests, version)
+            request_keys = 0
+            for request in requests:  # objects, and blocks lists of objects, once checked
+                request_keys += len(request)
+                blocks = request.get("blocks")
+                if blocks:
+                    request_keys += sum(map(len, blocks))
+        return ident, requests, start, version, rows, keys + request_keys
 
     @staticmethod
     def _schema_version(obj: dict[str, Any]) -> int:
@@ -431,23 +463,26 @@ class _Builder:
                 raise ManifestError(f"missing required field {key}")
         return obj["trajectory_id"], obj["requests"], obj.get("start_after_ms")
 
-    def _add_requests_fast(self, requests: list[Any]) -> bool:
-        """Append a plain, valid v1 request list; False (maybe half-appended) otherwise."""
+    def _add_requests_fast(self, requests: list[Any]) -> int:
+        """Append a plain, valid v1 request list and return the keys of its objects; -1
+        (maybe half-appended) when it is not one."""
         add_prompt = self.prompt.append
         add_output = self.output.append
         add_delay = self.delay.append
         add_reset = self.reset.append
         needed = -1  # the smallest prompt the next appended request may have
+        keys = 0
         for request in requests:
             if type(request) is not dict:
-                return False
+                return -1
             prompt = request.get("prompt_tokens")
             output = request.get("output_tokens")
             if type(prompt) is not int or type(output) is not int:
-                return False
+                return -1
             if not (0 < prompt <= _U32_MAX and 0 < output <= _U32_MAX):
-                return False
+                return -1
             size = len(request)
+            keys += size
             if size == 2:
                 reset = False
                 delay = 0
@@ -455,20 +490,20 @@ class _Builder:
                 reset = request.get("reset_before", False)
                 delay = request.get("delay_after_ms", 0)
                 if type(reset) is not bool or type(delay) is not int or not 0 <= delay <= _I64_MAX:
-                    return False
+                    return -1
                 if size != 2 + ("reset_before" in request) + ("delay_after_ms" in request):
-                    return False
+                    return -1
             if reset:
                 if needed < 0:
-                    return False
+                    return -1
             elif prompt < needed:
-                return False
+                return -1
             needed = prompt + output
             add_prompt(prompt)
             add_output(output)
             add_delay(delay)
             add_reset(reset)
-        return True
+        return keys
 
     def _append_requests(self, rows: list[dict[str, Any]], version: int, mark: int) -> None:
         """Store the checked requests of one trajectory (and, in v2, their blocks)."""
