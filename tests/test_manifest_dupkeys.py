@@ -1,6 +1,8 @@
 """A key written twice in one object is refused at every level, by the parser, by
 ``batchbench validate`` and by a run (orjson alone would keep the last value)."""
 
+# ruff: noqa: UP031 - %-formatting keeps the JSON braces of these lines readable
+
 from __future__ import annotations
 
 import pytest
@@ -104,15 +106,18 @@ def test_a_run_refuses_a_repeated_key(tmp_path, capsys):
     path.write_text(V1 % REQ + "\n" + CASES[0][0] + "\n")
     argv = ["--agent-plans-jsonl", str(path), "--tokenizer-model", "deepseek-v3", "--dry-run"]
     assert run(["agent", *argv]) == 1
-    out, err = capsys.readouterr()
-    assert err == f"Error: invalid trajectory plan at {path}:2: {CASES[0][1]}\n"
+    assert capsys.readouterr().err == (
+        f"Error: invalid trajectory plan at {path}:2: {CASES[0][1]}\n"
+    )
 
 
 KEYS = st.sampled_from(["a", "b", "c:", "d"])
 VALUES = st.recursive(
     st.integers(0, 9) | st.sampled_from(["x", "y:z", ""]),
-    lambda inner: st.lists(inner, max_size=3)
-    | st.lists(st.tuples(KEYS, inner), max_size=4).map(lambda pairs: ("obj", pairs)),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.lists(st.tuples(KEYS, inner), max_size=4).map(lambda pairs: ("obj", pairs))
+    ),
     max_leaves=12,
 )
 

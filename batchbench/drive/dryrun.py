@@ -11,7 +11,6 @@ from batchbench.results.lifecycle import Outcome
 from batchbench.text.blocks import BlockTexts
 from batchbench.text.content import ContentFactory
 
-
 # Texts up to this many tokens are generated without the pool: a few microseconds of
 # synthesis against tens for the round trip through a worker thread.
 INLINE_TOKENS = 2048

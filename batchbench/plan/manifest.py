@@ -371,7 +371,7 @@ class _Builder:
         mark = len(self.prompt)
         repeats_checked = False
         try:
-            ident, requests, start, version, rows, keys = self._checked_line(obj)
+            ident, start, version, rows, keys = self._checked_line(obj)
             if line.count(b":") != keys and dupkeys.may_repeat(line, obj, keys):
                 repeats_checked = True
                 dupkeys.check(line)
@@ -397,11 +397,11 @@ class _Builder:
 
     def _checked_line(
         self, obj: Any
-    ) -> tuple[str, list[Any], int | None, int, list[dict[str, Any]] | None, int]:
+    ) -> tuple[str, int | None, int, list[dict[str, Any]] | None, int]:
         """Validate a parsed line (a v1 line on the fast path is appended already).
 
-        Returns the id, requests, start offset, version, the checked requests (None when
-        the fast path appended them) and the number of distinct keys of every object."""
+        Returns the id, start offset, version, the checked requests (None when the fast
+        path appended them) and the number of distinct keys of every object."""
         if type(obj) is not dict:
             raise ManifestError(f"a trajectory plan must be a JSON object, found {_describe(obj)}")
         version = self._schema_version(obj)
@@ -428,7 +428,7 @@ class _Builder:
                 blocks = request.get("blocks")
                 if blocks:
                     request_keys += sum(map(len, blocks))
-        return ident, requests, start, version, rows, keys + request_keys
+        return ident, start, version, rows, keys + request_keys
 
     @staticmethod
     def _schema_version(obj: dict[str, Any]) -> int:

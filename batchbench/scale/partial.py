@@ -158,7 +158,7 @@ def load(path: str) -> ShardData:
         raise BatchbenchError(f"{path}: is a directory, not a shard file") from None
     except PermissionError as exc:
         raise BatchbenchError(f"{path}: {exc.strerror or exc}") from None
-    except Exception as exc:  # noqa: BLE001 - whatever a damaged file's bytes make numpy raise
+    except Exception as exc:  # whatever a damaged file's bytes make numpy or zipfile raise
         raise BatchbenchError(f"{path}: damaged shard data ({_reason(exc)})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise BatchbenchError(
