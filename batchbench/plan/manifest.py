@@ -7,7 +7,8 @@ seeds plus a few bytes per request and per block, instead of one Python object e
 
 Validation order within a line, so that the first error reported is deterministic:
 
-1. JSON syntax and UTF-8, then "the line is an object";
+1. JSON syntax and UTF-8, then no repeated key in any object (``dupkeys``), then "the
+   line is an object";
 2. ``schema_version`` (present, an integer, supported) — the version decides the schema;
 3. trajectory-level fields in document order (unknown fields, types), then missing ones;
 4. ``trajectory_id`` not blank, ``start_after_ms`` in v1, ``requests`` not empty;
