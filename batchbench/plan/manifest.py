@@ -423,12 +423,9 @@ class _Builder:
         if request_keys < 0:
             self._truncate(mark)
             rows = _checked_requests(requests, version)
-            request_keys = 0
-            for request in requests:  # objects, and blocks lists of objects, once checked
-                request_keys += len(request)
-                blocks = request.get("blocks")
-                if blocks:
-                    request_keys += sum(map(len, blocks))
+            request_keys = sum(map(len, requests))  # objects, once checked
+            if version == 2 and "blocks" in rows[0]:  # then every request has a block list
+                request_keys += sum(len(block) for r in requests for block in r["blocks"])
         return ident, start, version, rows, keys + request_keys
 
     @staticmethod
@@ -472,7 +469,6 @@ class _Builder:
         add_delay = self.delay.append
         add_reset = self.reset.append
         needed = -1  # the smallest prompt the next appended request may have
-        keys = 0
         for request in requests:
             if type(request) is not dict:
                 return -1
@@ -483,7 +479,6 @@ class _Builder:
             if not (0 < prompt <= _U32_MAX and 0 < output <= _U32_MAX):
                 return -1
             size = len(request)
-            keys += size
             if size == 2:
                 reset = False
                 delay = 0
@@ -504,7 +499,7 @@ class _Builder:
             add_output(output)
             add_delay(delay)
             add_reset(reset)
-        return keys
+        return sum(map(len, requests))
 
     def _append_requests(self, rows: list[dict[str, Any]], version: int, mark: int) -> None:
         """Store the checked requests of one trajectory (and, in v2, their blocks)."""
