@@ -32,8 +32,12 @@ _Path = tuple[str | int, ...]
 
 def keys_in(value: Any) -> int:
     """Keys of every object in a parsed JSON value (the distinct keys orjson kept)."""
-    if type(value) is dict and not any(type(v) in (dict, list) for v in value.values()):
-        return len(value)  # the common case: a flat object
+    if type(value) is dict:  # the common case, a flat object, without a generator
+        for inner in value.values():
+            if type(inner) is dict or type(inner) is list:
+                break
+        else:
+            return len(value)
     count = 0
     pending = [value]
     while pending:

@@ -372,7 +372,31 @@ class _Builder:
         mark = len(self.prompt)
         repeats_checked = False
         try:
-            ident, start, version, rows, keys = self._checked_line(obj)
+            if type(obj) is not dict:
+                raise ManifestError(
+                    f"a trajectory plan must be a JSON object, found {_describe(obj)}"
+                )
+            version = self._schema_version(obj)
+            ident, requests, start = self._trajectory_fields(obj, version)
+            if not ident.strip(_WHITESPACE):
+                raise ManifestError("trajectory_id must not be empty")
+            if version == 1 and start is not None:
+                raise ManifestError("start_after_ms requires schema_version 2")
+            if not requests:
+                raise ManifestError("requests must contain at least one request")
+            rows = None
+            keys = self._add_requests_fast(requests) if version == 1 and self.fast else -1
+            if keys < 0:
+                self._truncate(mark)
+                rows = _checked_requests(requests, version)
+                keys = sum(map(len, requests))  # objects, once checked
+                if version == 2 and "blocks" in rows[0]:  # then every request has blocks
+                    keys += sum(len(block) for r in requests for block in r["blocks"])
+            # Repeated keys: the distinct keys of every object against the line's colons.
+            keys += len(obj)
+            metadata = obj.get("metadata")
+            if type(metadata) is dict or type(metadata) is list:
+                keys += dupkeys.keys_in(metadata)
             if line.count(b":") != keys and dupkeys.may_repeat(line, obj, keys):
                 repeats_checked = True
                 dupkeys.check(line)
@@ -395,38 +419,6 @@ class _Builder:
         self.versions.append(version)
         self.has_start_offsets = self.has_start_offsets or start is not None
         self.schema_version = max(self.schema_version, version)
-
-    def _checked_line(
-        self, obj: Any
-    ) -> tuple[str, int | None, int, list[dict[str, Any]] | None, int]:
-        """Validate a parsed line (a v1 line on the fast path is appended already).
-
-        Returns the id, start offset, version, the checked requests (None when the fast
-        path appended them) and the number of distinct keys of every object."""
-        if type(obj) is not dict:
-            raise ManifestError(f"a trajectory plan must be a JSON object, found {_describe(obj)}")
-        version = self._schema_version(obj)
-        ident, requests, start = self._trajectory_fields(obj, version)
-        if not ident.strip(_WHITESPACE):
-            raise ManifestError("trajectory_id must not be empty")
-        if version == 1 and start is not None:
-            raise ManifestError("start_after_ms requires schema_version 2")
-        if not requests:
-            raise ManifestError("requests must contain at least one request")
-        keys = len(obj)
-        metadata = obj.get("metadata")
-        if type(metadata) in (dict, list):
-            keys += dupkeys.keys_in(metadata)
-        mark = len(self.prompt)
-        rows = None
-        request_keys = self._add_requests_fast(requests) if version == 1 and self.fast else -1
-        if request_keys < 0:
-            self._truncate(mark)
-            rows = _checked_requests(requests, version)
-            request_keys = sum(map(len, requests))  # objects, once checked
-            if version == 2 and "blocks" in rows[0]:  # then every request has a block list
-                request_keys += sum(len(block) for r in requests for block in r["blocks"])
-        return ident, start, version, rows, keys + request_keys
 
     @staticmethod
     def _schema_version(obj: dict[str, Any]) -> int:
@@ -468,15 +460,18 @@ class _Builder:
         add_output = self.output.append
         add_delay = self.delay.append
         add_reset = self.reset.append
+        # Locals: a global or builtin lookup per request and field is a few % of a parse.
+        dict_, int_, bool_, u32_max, i64_max = dict, int, bool, _U32_MAX, _I64_MAX
         needed = -1  # the smallest prompt the next appended request may have
+        optional = 0  # keys beyond prompt_tokens and output_tokens
         for request in requests:
-            if type(request) is not dict:
+            if type(request) is not dict_:
                 return -1
             prompt = request.get("prompt_tokens")
             output = request.get("output_tokens")
-            if type(prompt) is not int or type(output) is not int:
+            if type(prompt) is not int_ or type(output) is not int_:
                 return -1
-            if not (0 < prompt <= _U32_MAX and 0 < output <= _U32_MAX):
+            if not (0 < prompt <= u32_max and 0 < output <= u32_max):
                 return -1
             size = len(request)
             if size == 2:
@@ -485,10 +480,11 @@ class _Builder:
             else:
                 reset = request.get("reset_before", False)
                 delay = request.get("delay_after_ms", 0)
-                if type(reset) is not bool or type(delay) is not int or not 0 <= delay <= _I64_MAX:
+                if type(reset) is not bool_ or type(delay) is not int_ or not 0 <= delay <= i64_max:
                     return -1
                 if size != 2 + ("reset_before" in request) + ("delay_after_ms" in request):
                     return -1
+                optional += size - 2
             if reset:
                 if needed < 0:
                     return -1
@@ -499,7 +495,7 @@ class _Builder:
             add_output(output)
             add_delay(delay)
             add_reset(reset)
-        return sum(map(len, requests))
+        return 2 * len(requests) + optional
 
     def _append_requests(self, rows: list[dict[str, Any]], version: int, mark: int) -> None:
         """Store the checked requests of one trajectory (and, in v2, their blocks)."""
