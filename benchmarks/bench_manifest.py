@@ -6,15 +6,22 @@ Generates realistic growing-prompt trajectories (occasional compaction resets, t
 latencies, metadata) into a temp file, parses it three times (median), and measures with
 tracemalloc the memory the returned ``Manifest`` keeps once the parse's temporaries are gone.
 The fast-path / full-validator ratio is measured side by side because absolute times drift.
+
+``--baseline OLD.py`` times another version of ``batchbench/plan/manifest.py`` (for example
+``git show REF:batchbench/plan/manifest.py > OLD.py``) against this tree's, alternating
+run by run on the same bytes, and prints the ratio of the medians: the cost of a change
+to the loader, measured side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import os
 import random
 import statistics
+import sys
 import tempfile
 import time
 import tracemalloc
@@ -79,6 +86,35 @@ def time_parse(path: str, fast: bool) -> tuple[float, Manifest]:
     return statistics.median(seconds), result
 
 
+def compare(path: str, baseline: str, runs: int) -> list[tuple[str, str]]:
+    """Rows for this tree's parser against the module at ``baseline``, runs alternating."""
+    spec = importlib.util.spec_from_file_location("baseline_manifest", baseline)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load {baseline}")
+    old = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = old  # dataclasses look their module up while it loads
+    spec.loader.exec_module(old)
+    with open(path, "rb") as handle:
+        data = handle.read()
+    rows = []
+    for fast in (True, False):
+        seconds: dict[str, list[float]] = {"baseline": [], "this tree": []}
+        for _ in range(runs):
+            for name, module in (("baseline", old), ("this tree", manifest_module)):
+                gc.collect()
+                start = time.perf_counter()
+                module._parse(data, path, "", fast=fast)
+                seconds[name].append(time.perf_counter() - start)
+        base, new = (statistics.median(seconds[name]) for name in ("baseline", "this tree"))
+        label = "fast path" if fast else "full validator"
+        rows += [
+            (f"{label}, baseline (median of {runs})", f"{base:.3f} s"),
+            (f"{label}, this tree (median of {runs})", f"{new:.3f} s"),
+            (f"{label}, this tree / baseline", f"{new / base:.3f}"),
+        ]
+    return rows
+
+
 def held_bytes(path: str) -> tuple[int, int]:
     """(bytes still allocated by the loaded Manifest, peak bytes during the parse)."""
     gc.collect()
@@ -98,10 +134,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trajectories", type=int, default=10_000)
     parser.add_argument("--requests-per-trajectory", type=int, default=100)
+    parser.add_argument("--baseline", metavar="OLD.py", help="another manifest.py to compare")
+    parser.add_argument("--runs", type=int, default=7, help="alternating runs of --baseline")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "manifest.jsonl")
         size = write_manifest(path, args.trajectories, args.requests_per_trajectory)
+        if args.baseline:
+            rows = compare(path, args.baseline, args.runs)
+            width = max(len(name) for name, _ in rows)
+            for name, value in rows:
+                print(f"{name:<{width}}  {value}")
+            return
         fast_s, loaded = time_parse(path, fast=True)
         n = loaded.n_requests
         checked_s, _ = time_parse(path, fast=False)

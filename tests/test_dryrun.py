@@ -260,3 +260,37 @@ def test_unconstructable_content_fails_the_run(tmp_path):
     message = str(caught.value)
     assert message.startswith('failed to generate initial prompt for trajectory "short-agent"')
     assert "failed to generate synthetic text with exactly 246 tokens after 256 attempts" in message
+
+
+def test_ten_thousand_one_request_trajectories_all_admitted_at_zero(capsys, tmp_path):
+    """The shape of benchmarks/bench_dryrun.py (10^6 there): every trajectory in its own
+    slot at t = 0, one exact line each, every lifecycle record written."""
+    n = 10_000
+    manifest = tmp_path / "many.jsonl"
+    line = '{"schema_version":1,"trajectory_id":"t%05d","requests":[{"prompt_tokens":%d,"output_tokens":16}]}\n'
+    manifest.write_text("".join(line % (i, 64 + i % 64) for i in range(n)))
+    events = tmp_path / "agents.jsonl"
+    argv = ["--agent-plans-jsonl", str(manifest), "--tokenizer-model", "deepseek-v3",
+            "--dry-run", "--seed", "7", "--agent-events-jsonl", str(events)]  # fmt: skip
+    lines, err = run(capsys, argv)
+    assert err == ""
+    dry = [line for line in lines if line.startswith("[DRY-RUN]")]
+    assert dry == [
+        f"[DRY-RUN] agent={i} invocation=1 input_content_tokens={64 + i % 64} output_tokens=16 "
+        f"environment_tokens=0 tool_call_latency_ms=0 trajectory_id=t{i:05d} routing_slot={i} "
+        f"admitted_at_ms=0 target_prompt_tokens={64 + i % 64} reset_before=false"
+        for i in range(n)
+    ]
+    assert f"Agents: {n} completed / {n} total" in lines
+    assert any(
+        re.fullmatch(
+            rf"Rolling admission: {n} maximum active; last admission at 0\.00s; "
+            r"final drain \d+\.\d\ds",
+            line,
+        )
+        for line in lines
+    )
+    records = [orjson.loads(line) for line in events.read_bytes().splitlines()]
+    assert sorted(r["agent_id"] for r in records) == list(range(n))
+    assert all(r["routing_slot"] == r["agent_id"] and r["completed"] for r in records)
+    assert all(r["admitted_at_seconds"] == 0.0 for r in records)

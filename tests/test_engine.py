@@ -106,3 +106,44 @@ def test_a_failing_preparation_aborts_the_run():
 
     with pytest.raises(RuntimeError, match="cannot build text"):
         asyncio.run(run_closed_loop(3, 2, Failing()))
+
+
+class WindowedBody(ScriptedBody):
+    """A body that asks for a start window and records how many of its agents run at once."""
+
+    start_window = 3
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.running = 0
+        self.most = 0
+
+    async def run(self, agent: int, slot: int, prepared) -> bool:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            return await super().run(agent, slot, prepared)
+        finally:
+            self.running -= 1
+
+
+def test_a_start_window_bounds_the_agents_run_at_once_but_all_are_admitted_at_zero():
+    body = WindowedBody(run_s={a: 0.002 * (a % 3) for a in range(10)})
+    result = asyncio.run(run_closed_loop(10, None, body))
+    assert body.most == 3
+    assert body.started == [(a, a) for a in range(10)]  # slot s holds plan s, started in order
+    assert result.max_active_agents == 10
+    assert sorted(r.agent_id for r in result.records) == list(range(10))
+    assert {(r.routing_slot, r.admitted_at, r.scheduled_at) for r in result.records} == {
+        (a, 0.0, 0.0) for a in range(10)
+    }
+    assert [r.finish_sequence for r in result.records] == list(range(10))
+
+
+def test_many_instant_agents_are_collected_in_linear_time():
+    """20,000 agents at t = 0 (asyncio.wait over every task each turn took minutes)."""
+    body = ScriptedBody()
+    started = time.perf_counter()
+    result = asyncio.run(run_closed_loop(20_000, None, body))
+    assert len(result.records) == 20_000 and all(r.completed for r in result.records)
+    assert time.perf_counter() - started < 20.0

@@ -66,7 +66,7 @@ class ClosedLoopAdmission:
     out in FIFO order.
     """
 
-    __slots__ = ("_effective_max", "_initial", "_n_plans", "_queue", "_slots")
+    __slots__ = ("_effective_max", "_n_plans", "_queue", "_slots")
 
     def __init__(self, n_plans: int, max_active: int | None) -> None:
         if n_plans < 0:
@@ -77,7 +77,11 @@ class ClosedLoopAdmission:
         self._queue = FifoRing.range(n_plans)
         self._slots = SlotAllocator()
         acquire, pop = self._slots.acquire, self._queue.pop
-        self._initial = [(acquire(), pop()) for _ in range(self._effective_max)]
+        # A fresh allocator hands out 0, 1, ... and the ring pops 0, 1, ...: the initial
+        # wave is slot s for plan s, kept as its size (a million pairs would be 100 MB).
+        for expected in range(self._effective_max):
+            if (acquire(), pop()) != (expected, expected):
+                raise AssertionError("the initial wave must be slot s for plan s")
 
     @property
     def n_plans(self) -> int:
@@ -101,7 +105,7 @@ class ClosedLoopAdmission:
 
     def initial(self) -> list[tuple[int, int]]:
         """``(slot, plan)`` for the plans admitted at t = 0: slots 0 .. k-1, plans 0 .. k-1."""
-        return list(self._initial)
+        return [(slot, slot) for slot in range(self._effective_max)]
 
     def on_finish(self, slot: int) -> int | None:
         """The agent in ``slot`` finished: the next queued plan takes the slot, or None.

@@ -11,6 +11,10 @@ from batchbench.results.lifecycle import Outcome
 from batchbench.text.blocks import BlockTexts
 from batchbench.text.content import ContentFactory
 
+# Texts up to this many tokens are generated without the pool: a few microseconds of
+# synthesis against tens for the round trip through a worker thread.
+INLINE_TOKENS = 2048
+
 
 class DryRunLoop:
     """Generates each trajectory's texts off the event loop; unconstructable content fails the run.
@@ -18,6 +22,10 @@ class DryRunLoop:
     Completion is instant, and agents that complete at the same instant finish in admission
     order, so slot inheritance (and so every dry-run line) is the same on every run.
     """
+
+    # Agents running at once (``run_closed_loop``): enough to keep the generation pool
+    # busy; the rest of a large initial wave waits its turn instead of holding a task.
+    start_window = 1024
 
     def __init__(self, factory: ContentFactory, workload: Workload, pool: Executor) -> None:
         self.factory = factory
@@ -27,10 +35,18 @@ class DryRunLoop:
         self._blocks = BlockTexts(factory.synth) if workload.blocks is not None else None
 
     async def prepare(self, agent: int):
+        """Generate the first request's text; only a block trajectory keeps what it made
+        (its block cache), since nothing is sent: a million texts need not be held. A
+        short text is made on the loop's thread: handing it to the pool costs more."""
         loop = asyncio.get_running_loop()
         if self.workload.has_blocks(agent):
             return await loop.run_in_executor(self.pool, self._first_blocks, agent)
-        return await loop.run_in_executor(self.pool, self.factory.initial_prompt, agent)
+        first = self.workload.request_offsets[agent]
+        if self.workload.input_content_tokens[first] <= INLINE_TOKENS:
+            self.factory.initial_prompt(agent)
+        else:
+            await loop.run_in_executor(self.pool, self.factory.initial_prompt, agent)
+        return None
 
     def _first_blocks(self, agent: int) -> TrajectoryBlocks:
         """The first request's blocks, live ones generated from their seeds (a dry run has
@@ -68,7 +84,8 @@ class DryRunLoop:
         self._last_finish = finished
         state = prepared if isinstance(prepared, TrajectoryBlocks) else None
         try:
-            await loop.run_in_executor(self.pool, self._materialize_rest, agent, state)
+            if len(self.workload.turns(agent)) > 1:  # one request: nothing more to make
+                await loop.run_in_executor(self.pool, self._materialize_rest, agent, state)
             if previous is not None:
                 await previous
         finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
@@ -19,6 +20,9 @@ from batchbench.drive.shutdown import Shutdown
 from batchbench.results.lifecycle import EngineResult, Outcome, TrajectoryRecord
 
 OPEN_LOOP_LOOKAHEAD = 256
+# First requests prepared at once before the clock starts (each may take a generation
+# worker; more in flight only hold memory).
+PREPARE_CONCURRENCY = 256
 
 
 class AgentLoop(Protocol):
@@ -115,6 +119,22 @@ class _ShutdownWatch:
                 waiter.cancel()
 
 
+async def prepare_in_order(
+    agents: AgentLoop, plans: Sequence[int], limit: int = PREPARE_CONCURRENCY
+) -> list[Any]:
+    """Every plan's first request, in plan order, with at most ``limit`` preparations in
+    flight: a million plans admitted at t = 0 do not become a million pending tasks."""
+    prepared: list[Any] = [None] * len(plans)
+    queue = iter(enumerate(plans))
+
+    async def worker() -> None:
+        for index, agent in queue:
+            prepared[index] = await agents.prepare(agent)
+
+    await asyncio.gather(*(worker() for _ in range(min(limit, len(plans)))))
+    return prepared
+
+
 async def run_closed_loop(
     n_plans: int,
     max_active: int | None,
@@ -128,20 +148,45 @@ async def run_closed_loop(
     ``start_delays`` (the ramp-up), slot s's first plan at ``start_delays[s]``; a freed slot
     goes to the next plan. After a shutdown stops admission no plan is admitted (nor a
     ramped start begun), and the agents still running are cancelled when the shutdown says
-    so."""
+    so.
+
+    An agent loop whose agents finish without waiting on anything outside the process (the
+    dry run) may set ``start_window``: at most that many of the plans admitted at t = 0 run
+    at once, the others starting, still admitted at 0, as running ones finish. Finished
+    agents are collected by a callback, so the loop costs the same per agent however many
+    run at once."""
     admission = ClosedLoopAdmission(n_plans, max_active)
     result = EngineResult(max_active_agents=admission.effective_max)
-    initial = admission.initial()
-    prepared = await asyncio.gather(*(agents.prepare(agent) for _slot, agent in initial))
+    first = range(admission.effective_max)  # slot s holds plan s
+    prepared = await prepare_in_order(agents, first)
     if gate is not None:
         await gate()
     clock = _Clock()
     clock.start()
     _announce_clock(agents, clock)
     finish_order = itertools.count()
+    loop = asyncio.get_running_loop()
 
     tasks: set[asyncio.Task] = set()
     waiting: set[asyncio.Task] = set()  # replacements and ramped starts not admitted yet
+    ready: deque[asyncio.Task] = deque()  # finished, not collected yet, in finish order
+    fired: list[asyncio.Future] = []  # shutdown waiters that completed since the last turn
+    wake: list[asyncio.Future] = []  # the collector's pending wake-up, when it sleeps
+
+    def wake_up() -> None:
+        if wake and not wake[0].done():
+            wake[0].set_result(None)
+
+    def finished_task(task: asyncio.Task) -> None:
+        ready.append(task)
+        wake_up()
+
+    def spawn(coroutine: Awaitable[TrajectoryRecord | None], admitted: bool) -> None:
+        task = asyncio.ensure_future(coroutine)
+        tasks.add(task)
+        if not admitted:
+            waiting.add(task)
+        task.add_done_callback(finished_task)
 
     async def ramped_start(
         slot: int, agent: int, content: Any, at: float
@@ -163,22 +208,26 @@ async def run_closed_loop(
         result.last_agent_admitted_at = max(result.last_agent_admitted_at, record.admitted_at)
         return await _run_trajectory(agents, record, content, clock, finish_order, shutdown)
 
-    if _stopped(shutdown):  # stopped while waiting at the gate: start nothing
-        initial, prepared = [], []
-    for (slot, agent), content in zip(initial, prepared, strict=True):
-        at = start_delays[slot] if start_delays is not None else 0.0
-        if at > 0:
-            task = asyncio.ensure_future(ramped_start(slot, agent, content, at))
-            waiting.add(task)
-            tasks.add(task)
-            continue
-        record = TrajectoryRecord(agent, slot, 0.0, 0.0)
-        tasks.add(
-            asyncio.ensure_future(
-                _run_trajectory(agents, record, content, clock, finish_order, shutdown)
-            )
-        )
-    last_admission: asyncio.Future = asyncio.get_running_loop().create_future()
+    def start_at_zero(slot: int) -> None:
+        record = TrajectoryRecord(slot, slot, 0.0, 0.0)
+        content, prepared[slot] = prepared[slot], None  # the agent holds it from now on
+        spawn(_run_trajectory(agents, record, content, clock, finish_order, shutdown), True)
+
+    unstarted = iter(())  # plans admitted at t = 0 that wait for room in the start window
+    if not _stopped(shutdown):  # stopped while waiting at the gate: start nothing
+        window = getattr(agents, "start_window", None)
+        if start_delays is None and window is not None:
+            unstarted = iter(first)
+            for slot in itertools.islice(unstarted, window):
+                start_at_zero(slot)
+        else:
+            for slot in first:
+                at = start_delays[slot] if start_delays is not None else 0.0
+                if at > 0:
+                    spawn(ramped_start(slot, slot, prepared[slot], at), False)
+                else:
+                    start_at_zero(slot)
+    last_admission: asyncio.Future = loop.create_future()
     last_admission.set_result(None)
 
     async def admit_replacement(
@@ -203,14 +252,18 @@ async def run_closed_loop(
         return await _run_trajectory(agents, record, content, clock, finish_order, shutdown)
 
     watch = _ShutdownWatch(shutdown)
+    for waiter in watch.pending():
+        waiter.add_done_callback(lambda waiter: (fired.append(waiter), wake_up()))
     try:
         while tasks:
-            done, _ = await asyncio.wait(
-                tasks | watch.pending(), return_when=asyncio.FIRST_COMPLETED
-            )
-            watch.react(done, waiting, tasks)
-            finished = done & tasks
-            tasks -= finished
+            if not ready and not fired:
+                wake[:] = [loop.create_future()]
+                await wake[0]
+                wake.clear()
+            watch.react(set(fired), waiting, tasks)
+            fired.clear()
+            finished = [ready.popleft() for _ in range(len(ready))]
+            tasks.difference_update(finished)
             for record in _in_finish_order(finished):
                 record.finished_at = clock.now()
                 result.records.append(record)
@@ -220,13 +273,15 @@ async def run_closed_loop(
                     continue
                 following = admission.on_finish(record.routing_slot)
                 if following is not None:
-                    mine = asyncio.get_running_loop().create_future()
-                    task = asyncio.ensure_future(
-                        admit_replacement(record.routing_slot, following, last_admission, mine)
+                    mine = loop.create_future()
+                    spawn(
+                        admit_replacement(record.routing_slot, following, last_admission, mine),
+                        False,
                     )
-                    tasks.add(task)
-                    waiting.add(task)
                     last_admission = mine
+            if not _stopped(shutdown):
+                for slot in itertools.islice(unstarted, len(finished)):
+                    start_at_zero(slot)
     except BaseException:
         await _cancel_all(tasks)
         raise
@@ -236,9 +291,9 @@ async def run_closed_loop(
     return result
 
 
-def _in_finish_order(done: set[asyncio.Task]) -> list[TrajectoryRecord]:
-    """Results of tasks that finished in one loop turn, in finish order (not set order);
-    trajectories that were never admitted (None) are left out."""
+def _in_finish_order(done: list[asyncio.Task]) -> list[TrajectoryRecord]:
+    """Results of tasks collected in one turn, in finish order; trajectories that were
+    never admitted (None) are left out."""
     records = [record for record in (task.result() for task in done) if record is not None]
     return sorted(records, key=lambda record: record.finish_sequence)
 

@@ -7,7 +7,8 @@ seeds plus a few bytes per request and per block, instead of one Python object e
 
 Validation order within a line, so that the first error reported is deterministic:
 
-1. JSON syntax and UTF-8, then "the line is an object";
+1. JSON syntax and UTF-8, then no repeated key in any object (``dupkeys``), then "the
+   line is an object";
 2. ``schema_version`` (present, an integer, supported) — the version decides the schema;
 3. trajectory-level fields in document order (unknown fields, types), then missing ones;
 4. ``trajectory_id`` not blank, ``start_after_ms`` in v1, ``requests`` not empty;
@@ -52,6 +53,7 @@ import numpy as np
 import orjson
 
 from batchbench.errors import ManifestError
+from batchbench.plan import dupkeys
 
 SUPPORTED_SCHEMA_VERSIONS = (1, 2)
 HASH_CHUNK_BYTES = 64 * 1024
@@ -367,26 +369,46 @@ class _Builder:
             if _is_blank_text(line):
                 return  # a line of non-ASCII Unicode whitespace only
             raise ManifestError(_json_cause(line, exc)) from None
-        if type(obj) is not dict:
-            raise ManifestError(f"a trajectory plan must be a JSON object, found {_describe(obj)}")
-        version = self._schema_version(obj)
-        ident, requests, start = self._trajectory_fields(obj, version)
-        if not ident.strip(_WHITESPACE):
-            raise ManifestError("trajectory_id must not be empty")
-        if version == 1 and start is not None:
-            raise ManifestError("start_after_ms requires schema_version 2")
-        if not requests:
-            raise ManifestError("requests must contain at least one request")
         mark = len(self.prompt)
-        rows = None
-        if not (version == 1 and self.fast and self._add_requests_fast(requests)):
-            self._truncate(mark)
-            rows = _checked_requests(requests, version)
-        if ident in self.seen or number > _I32_MAX:
-            self._truncate(mark)
+        repeats_checked = False
+        try:
+            if type(obj) is not dict:
+                raise ManifestError(
+                    f"a trajectory plan must be a JSON object, found {_describe(obj)}"
+                )
+            version = self._schema_version(obj)
+            ident, requests, start = self._trajectory_fields(obj, version)
+            if not ident.strip(_WHITESPACE):
+                raise ManifestError("trajectory_id must not be empty")
+            if version == 1 and start is not None:
+                raise ManifestError("start_after_ms requires schema_version 2")
+            if not requests:
+                raise ManifestError("requests must contain at least one request")
+            rows = None
+            keys = self._add_requests_fast(requests) if version == 1 and self.fast else -1
+            if keys < 0:
+                self._truncate(mark)
+                rows = _checked_requests(requests, version)
+                keys = sum(map(len, requests))  # objects, once checked
+                if version == 2 and "blocks" in rows[0]:  # then every request has blocks
+                    keys += sum(len(block) for r in requests for block in r["blocks"])
+            # Repeated keys: the distinct keys of every object against the line's colons.
+            keys += len(obj)
+            metadata = obj.get("metadata")
+            if type(metadata) is dict or type(metadata) is list:
+                keys += dupkeys.keys_in(metadata)
+            if line.count(b":") != keys and dupkeys.may_repeat(line, obj, keys):
+                repeats_checked = True
+                dupkeys.check(line)
             if ident in self.seen:
                 raise ManifestError(f"duplicate trajectory_id {_quote(ident)}")
-            raise ManifestError(f"line number {number} exceeds the supported {_I32_MAX} lines")
+            if number > _I32_MAX:
+                raise ManifestError(f"line number {number} exceeds the supported {_I32_MAX} lines")
+        except ManifestError:
+            self._truncate(mark)
+            if not repeats_checked:
+                dupkeys.check(line)  # a repeated key explains a line before its values do
+            raise
         if rows is not None:
             self._append_requests(rows, version, mark)
         self.seen.add(ident)
@@ -431,22 +453,26 @@ class _Builder:
                 raise ManifestError(f"missing required field {key}")
         return obj["trajectory_id"], obj["requests"], obj.get("start_after_ms")
 
-    def _add_requests_fast(self, requests: list[Any]) -> bool:
-        """Append a plain, valid v1 request list; False (maybe half-appended) otherwise."""
+    def _add_requests_fast(self, requests: list[Any]) -> int:
+        """Append a plain, valid v1 request list and return the keys of its objects; -1
+        (maybe half-appended) when it is not one."""
         add_prompt = self.prompt.append
         add_output = self.output.append
         add_delay = self.delay.append
         add_reset = self.reset.append
+        # Locals: a global or builtin lookup per request and field is a few % of a parse.
+        dict_, int_, bool_, u32_max, i64_max = dict, int, bool, _U32_MAX, _I64_MAX
         needed = -1  # the smallest prompt the next appended request may have
+        optional = 0  # keys beyond prompt_tokens and output_tokens
         for request in requests:
-            if type(request) is not dict:
-                return False
+            if type(request) is not dict_:
+                return -1
             prompt = request.get("prompt_tokens")
             output = request.get("output_tokens")
-            if type(prompt) is not int or type(output) is not int:
-                return False
-            if not (0 < prompt <= _U32_MAX and 0 < output <= _U32_MAX):
-                return False
+            if type(prompt) is not int_ or type(output) is not int_:
+                return -1
+            if not (0 < prompt <= u32_max and 0 < output <= u32_max):
+                return -1
             size = len(request)
             if size == 2:
                 reset = False
@@ -454,21 +480,22 @@ class _Builder:
             else:
                 reset = request.get("reset_before", False)
                 delay = request.get("delay_after_ms", 0)
-                if type(reset) is not bool or type(delay) is not int or not 0 <= delay <= _I64_MAX:
-                    return False
+                if type(reset) is not bool_ or type(delay) is not int_ or not 0 <= delay <= i64_max:
+                    return -1
                 if size != 2 + ("reset_before" in request) + ("delay_after_ms" in request):
-                    return False
+                    return -1
+                optional += size - 2
             if reset:
                 if needed < 0:
-                    return False
+                    return -1
             elif prompt < needed:
-                return False
+                return -1
             needed = prompt + output
             add_prompt(prompt)
             add_output(output)
             add_delay(delay)
             add_reset(reset)
-        return True
+        return 2 * len(requests) + optional
 
     def _append_requests(self, rows: list[dict[str, Any]], version: int, mark: int) -> None:
         """Store the checked requests of one trajectory (and, in v2, their blocks)."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
 
 import orjson
 
@@ -78,15 +79,15 @@ class JsonlFile:
 
 class LifecycleWriter:
     """One compact record per admitted trajectory, in finish order: to a file when a path is
-    given, and to ``collected`` when a list is given. Live runs append their per-trajectory
-    figures after the admission fields."""
+    given, and kept for ``log`` when ``collect`` is true. Live runs append their
+    per-trajectory figures after the admission fields."""
 
     def __init__(
         self,
         path: str | None,
         dp_ranks: int | None,
         trajectory_ids,
-        collected: list[dict[str, Any]] | None = None,
+        collect: bool = False,
         recorded_starts=None,
         request_offsets=None,
     ) -> None:
@@ -98,10 +99,17 @@ class LifecycleWriter:
         self.path = path
         self._dp_ranks = dp_ranks
         self._ids = trajectory_ids
-        self._collected = collected
+        self.log = LifecycleLog(self) if collect else None
 
     def write(self, record: TrajectoryRecord, extra: dict[str, Any] | None = None) -> None:
         """Append one record and flush it."""
+        if self._file is not None:
+            self._file.write_now(self.event(record, extra))
+        if self.log is not None:
+            self.log.append(record, extra)
+
+    def event(self, record: TrajectoryRecord, extra: dict[str, Any] | None) -> dict[str, Any]:
+        """The lifecycle record of one trajectory, as written."""
         slot = record.routing_slot
         event: dict[str, Any] = {
             "agent_id": record.agent_id,
@@ -124,11 +132,45 @@ class LifecycleWriter:
             event["interrupted"] = True
         if extra:
             event.update(extra)
-        if self._file is not None:
-            self._file.write_now(event)
-        if self._collected is not None:
-            self._collected.append(event)
+        return event
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
+
+
+class LifecycleLog(Sequence[dict[str, Any]]):
+    """The lifecycle records of a run, in finish order, each built when it is read from
+    the trajectory's admission record and live figures: a dry run of a million
+    trajectories kept a million dicts (300 MB) that nothing might read."""
+
+    def __init__(self, writer: LifecycleWriter) -> None:
+        self._writer = writer
+        self._records: list[TrajectoryRecord] = []
+        self._extras: list[dict[str, Any] | None] = []
+
+    def append(self, record: TrajectoryRecord, extra: dict[str, Any] | None) -> None:
+        self._records.append(record)  # the engine changes no record once it is collected
+        self._extras.append(extra)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return self._writer.event(self._records[index], self._extras[index])
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        event = self._writer.event
+        for record, extra in zip(self._records, self._extras, strict=True):
+            yield event(record, extra)
+
+    def __repr__(self) -> str:
+        return f"LifecycleLog({len(self)} records)"

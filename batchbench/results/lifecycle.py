@@ -14,7 +14,7 @@ class Outcome(IntEnum):
     INTERRUPTED = 2  # cut short by Ctrl+C or SIGTERM: neither completed nor a failure
 
 
-@dataclass
+@dataclass(slots=True)
 class TrajectoryRecord:
     """One admitted trajectory's lifecycle on the benchmark clock (seconds)."""
 

@@ -134,24 +134,92 @@ def save(data: ShardData, path: str) -> None:
         raise BatchbenchError(f"failed to write {path}: {exc.strerror or exc}") from None
 
 
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
 def load(path: str) -> ShardData:
-    """Read a shard's raw data; one-line errors for a missing or foreign file."""
+    """Read a shard's raw data; one-line errors for a missing, foreign or damaged file."""
     try:
+        with open(path, "rb") as handle:
+            start = handle.read(len(_ZIP_MAGIC))
+        if start != _ZIP_MAGIC:  # numpy would take it for a pickle
+            raise BatchbenchError(f"{path}: damaged shard data (not a zip archive)")
         with np.load(path, allow_pickle=False) as archive:
             names = list(archive.files)
             if "meta" not in names:
                 raise BatchbenchError(f"{path}: not a batchbench shard file (no meta)")
             meta = orjson.loads(archive["meta"].tobytes())
             arrays = {name: archive[name] for name in names if name != "meta"}
+    except BatchbenchError:
+        raise
     except FileNotFoundError:
         raise BatchbenchError(f"{path}: no such file (the shard's raw data)") from None
-    except OSError as exc:
+    except IsADirectoryError:
+        raise BatchbenchError(f"{path}: is a directory, not a shard file") from None
+    except PermissionError as exc:
         raise BatchbenchError(f"{path}: {exc.strerror or exc}") from None
-    except (ValueError, orjson.JSONDecodeError) as exc:
-        raise BatchbenchError(f"{path}: not a batchbench shard file ({exc})") from None
+    except Exception as exc:  # whatever a damaged file's bytes make numpy or zipfile raise
+        raise BatchbenchError(f"{path}: damaged shard data ({_reason(exc)})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise BatchbenchError(
             f"{path}: shard format {meta.get('format') if isinstance(meta, dict) else '?'} "
             f"is not {FORMAT} (written by another batchbench version)"
         )
+    problem = array_problem(arrays, live=bool(meta.get("live")))
+    if problem is not None:
+        raise BatchbenchError(f"{path}: damaged shard data ({problem})")
     return ShardData(meta, arrays)
+
+
+def _reason(exc: Exception) -> str:
+    """The library's one-line reason, or the exception's kind when it gives none."""
+    text = " ".join(str(exc).split())
+    return text if text else type(exc).__name__
+
+
+def expected_arrays() -> dict[str, np.dtype]:
+    """Every array a live shard writes, with its dtype: what ``capture`` makes of an empty
+    recorder, so the check follows the recorder's columns."""
+    from batchbench.results.recording import Recorder
+
+    return {name: value.dtype for name, value in capture({}, Recorder()).arrays.items()}
+
+
+# Arrays that are columns of one table: every array of a group has one length.
+_TABLES = ("samples.", "series.")
+
+
+def array_problem(arrays: dict[str, np.ndarray], live: bool) -> str | None:
+    """What is wrong with a shard's arrays (None: nothing): a missing array (a live
+    shard has them all), another dtype or shape, columns of one table of different
+    lengths, or request rows whose streamed gaps lie outside the gap samples."""
+    expected = expected_arrays()
+    for name, dtype in expected.items():
+        value = arrays.get(name)
+        if value is None:
+            if live:
+                return f"no array {name}"
+            continue
+        if value.dtype != dtype:
+            return f"{name} is {value.dtype}, expected {dtype}"
+        if value.ndim != 1:
+            return f"{name} has {value.ndim} dimensions, expected 1"
+    for prefix in _TABLES:
+        columns = [
+            (name, len(arrays[name]))
+            for name in expected
+            if name.startswith(prefix) and name in arrays
+        ]
+        for name, size in columns[1:]:
+            if size != columns[0][1]:
+                return (
+                    f"{name} has {size} values but {columns[0][0]} has {columns[0][1]}: "
+                    "columns of one table differ in length"
+                )
+    first, count = arrays.get("samples.gap_first"), arrays.get("samples.gap_count")
+    gaps = arrays.get("stream.itl_ms")
+    if first is not None and count is not None and gaps is not None and len(first):
+        ends = first.astype(np.int64) + count.astype(np.int64)
+        if bool((first < 0).any() or (count < 0).any() or (ends > len(gaps)).any()):
+            return f"samples.gap_first/gap_count point outside the {len(gaps)} stream.itl_ms values"
+    return None

@@ -25,6 +25,7 @@ class ShardAgents:
         self._slot = share.global_slot
         # The engine announces its clock to loops that want it; pass that on.
         self.clock_started = getattr(agents, "clock_started", None)
+        self.start_window = getattr(agents, "start_window", None)
 
     async def prepare(self, local: int) -> Any:
         return await self._agents.prepare(self._ids[local])

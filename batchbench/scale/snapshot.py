@@ -8,6 +8,7 @@ manifest, the tokenizer or the server.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from batchbench.config import RunConfig
@@ -123,7 +124,7 @@ def snapshot(
     planned: tuple[int, int],
     engine: EngineResult,
     live: Any | None,
-    lifecycle: tuple[dict[str, Any], ...],
+    lifecycle: Sequence[dict[str, Any]],
     wall_origin: float,
 ) -> ShardData:
     """A finished shard as ``ShardData``. ``planned``: (trajectories, requests) it owned."""
