@@ -37,7 +37,7 @@ import select
 import socket
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from typing import Protocol
 from urllib.parse import urljoin, urlsplit
@@ -60,6 +60,7 @@ DEFAULT_MAX_RESPONSE_BYTES = 64 << 20
 # limit: a server that sends every agent a huge body cannot multiply the bound by the
 # agents (replies arrive in a moment, so real traffic holds a small fraction of it).
 IN_FLIGHT_FACTOR = 2
+DECODE_STEP = 1 << 20  # gzip/deflate output is taken this much at a time
 # A kept-alive connection that ends this soon after a request went out on it, with no byte
 # of an answer, was closed by the server before it read the request (a loopback or LAN
 # round trip): the request is sent again. Later, the server may have worked on it.
@@ -305,17 +306,22 @@ class _Decoder:
         wrapped = len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0
         self._inner = zlib.decompressobj(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
 
-    def decode(self, data: bytes, room: int) -> bytes:
-        """The decoded bytes of ``data``, at most ``room + 1`` of them: one more than the
-        room says the body is too large, without inflating the rest of a bomb."""
+    def steps(self, data: bytes) -> Iterator[bytes]:
+        """The decoded bytes of ``data`` in pieces of at most ``DECODE_STEP``: a bomb is
+        inflated only as far as the caller takes it."""
         if self._inner is None:
             data = self._head + data
             if len(data) < 2:
                 self._head = data
-                return b""
+                return
             self._head = b""
             self._choose(data)
-        return self._inner.decompress(data, room + 1)
+        inner = self._inner
+        while data:
+            piece = inner.decompress(data, DECODE_STEP)
+            data = inner.unconsumed_tail
+            if piece:
+                yield piece
 
     def flush(self) -> bytes:
         if self._inner is None:
@@ -360,6 +366,7 @@ class _Connection(asyncio.Protocol):
         self.content_type: str | None = None
         self.on_type: TypeSink | None = None
         self.head_reads: list[bytes] = []  # this exchange's reads until its head was parsed
+        self.deduplicating = False  # a repeated Content-Length: the head is being gathered
 
     # -- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -382,6 +389,9 @@ class _Connection(asyncio.Protocol):
         if not self.headers_done:
             self.head_reads.append(data)
             self.size += len(data)
+            if self.deduplicating:
+                self._gather_head()
+                return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError:
@@ -393,7 +403,9 @@ class _Connection(asyncio.Protocol):
             self._fail(failure)
             return
         except httptools.HttpParserError as exc:
-            if str(exc) == "Duplicate Content-Length" and self._refeed_deduplicated():
+            if str(exc) == "Duplicate Content-Length":
+                self.deduplicating = True  # parsed again once the whole head is here
+                self._gather_head()
                 return
             self._fail(DisconnectError(f"invalid HTTP response: {exc}"))
             return
@@ -404,6 +416,15 @@ class _Connection(asyncio.Protocol):
             self._fail(ResponseTooLargeError(too_large_text(self.limit, " in its head")))
             return
         self._deliver()
+
+    def _gather_head(self) -> None:
+        """Reads of a head with a repeated Content-Length, until the head is complete."""
+        if b"\r\n\r\n" in b"".join(self.head_reads):
+            self.deduplicating = False
+            if not self._refeed_deduplicated():
+                self._fail(DisconnectError("invalid HTTP response: Duplicate Content-Length"))
+        elif self.size > self.limit:
+            self._fail(ResponseTooLargeError(too_large_text(self.limit, " in its head")))
 
     def _refeed_deduplicated(self) -> bool:
         """A head that repeats one Content-Length value (RFC 9110 allows it; llhttp does
@@ -451,6 +472,15 @@ class _Connection(asyncio.Protocol):
             except BaseException as exc:
                 self._fail(exc)
                 return
+            # What the sink holds as a line not ended yet counts in the pool's budget:
+            # a stream of one endless line is held whole, like a body.
+            end = data.rfind(b"\n")
+            if end < 0:
+                end = data.rfind(b"\r")
+            # ``held`` counted the line waiting before this read, and this read.
+            waiting = len(data) - end - 1 if end >= 0 else self.held
+            self.pool.buffered += waiting - self.held
+            self.held = waiting
         if self.answered:
             waiter = self.waiter
             if waiter is not None and not waiter.done():
@@ -517,30 +547,37 @@ class _Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         decoder = self.decoder
-        if decoder is not None:
-            try:
-                body = decoder.decode(body, self.limit - self.size)
-            except zlib.error as exc:
-                self.failure = DisconnectError(
-                    f"Can not decode content-encoding: {decoder.encoding}: {exc}"
-                )
-                raise
-            if not body:
-                return
+        if decoder is None:
+            self._take(body)
+            return
+        try:
+            for piece in decoder.steps(body):
+                self._take(piece)
+        except zlib.error as exc:
+            self.failure = DisconnectError(
+                f"Can not decode content-encoding: {decoder.encoding}: {exc}"
+            )
+            raise
+
+    def _take(self, body: bytes) -> None:
+        """One decoded piece of the body, within the response's limit and (kept whole) the
+        pool's budget."""
         self.size += len(body)
         if self.size > self.limit:
             del body  # the traceback keeps this frame: not the oversized piece
+            decoder = self.decoder
             detail = f" after {decoder.encoding} decoding" if decoder is not None else ""
             self.failure = ResponseTooLargeError(too_large_text(self.limit, detail))
             raise self.failure
-        if self.sink is None:  # held here until the response is complete
-            pool = self.pool
-            self.held += len(body)
-            pool.buffered += len(body)
-            if pool.buffered > IN_FLIGHT_FACTOR * self.limit:
-                del body
-                self.failure = ResponseTooLargeError(in_flight_text(self.limit))
-                raise self.failure
+        # Held until the response is complete (kept whole) or the read is delivered (a
+        # sink, which then says what it still holds).
+        pool = self.pool
+        self.held += len(body)
+        pool.buffered += len(body)
+        if pool.buffered > IN_FLIGHT_FACTOR * self.limit:
+            del body
+            self.failure = ResponseTooLargeError(in_flight_text(self.limit))
+            raise self.failure
         self.chunks.append(body)  # a streamed body goes to the sink once the read is parsed
 
     def on_message_complete(self) -> None:
@@ -624,6 +661,7 @@ class _Connection(asyncio.Protocol):
         time) the wait ends in TimeoutError and the connection is closed."""
         self._reset_response()
         self.head_reads = []
+        self.deduplicating = False
         self.received = False
         self.stream_sink = sink
         self.on_type = on_type
