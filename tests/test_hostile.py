@@ -108,7 +108,19 @@ TOO_MUCH_IN_FLIGHT = "responses in flight larger than "
 MIB = 1 << 20
 RSS_TARGET_MB = 400
 STREAMED_RSS_TARGET_MB = 600
-AGENT = "from batchbench.cli.agent import console_main; console_main()"  # batchbench-agent
+# batchbench-agent, writing its own peak RSS (VmHWM) where HOSTILE_HWM_FILE says when it
+# exits. Not the rusage of wait4: a child started by vfork/exec inherits its parent's peak
+# there (pytest's own, over a gigabyte late in a full run).
+AGENT = """
+import os
+from batchbench.cli.agent import console_main
+try:
+    console_main()
+finally:
+    if os.environ.get("HOSTILE_HWM_FILE"):
+        with open("/proc/self/status") as status, open(os.environ["HOSTILE_HWM_FILE"], "w") as out:
+            out.write(next(line for line in status if line.startswith("VmHWM:")).split()[1])
+"""
 
 
 # ---------------------------------------------------------------------------------------
@@ -218,6 +230,9 @@ def run_agent(
         p for p in (str(REPO), environment.get("PYTHONPATH")) if p
     )
     environment.update(env or {})
+    hwm = tmp_path / "hwm.txt"
+    hwm.unlink(missing_ok=True)
+    environment["HOSTILE_HWM_FILE"] = str(hwm)
     stdout, stderr = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     command = [sys.executable, "-c", AGENT]
     started = time.perf_counter()
@@ -247,7 +262,7 @@ def run_agent(
         out=stdout.read_text(errors="replace"),
         err=stderr.read_text(errors="replace"),
         seconds=time.perf_counter() - started,
-        maxrss_mb=usage_.ru_maxrss / 1024,
+        maxrss_mb=int(hwm.read_text()) / 1024 if hwm.exists() else usage_.ru_maxrss / 1024,
         killed=killed[0] if killed else None,
         files=files,
     )
