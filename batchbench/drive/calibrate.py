@@ -23,12 +23,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from batchbench.drive.transport import (
-    DEFAULT_MAX_RESPONSE_BYTES,
-    ResponseTooLargeError,
-    read_limited,
-    too_large_text,
-)
+from batchbench.drive.transport import ResponseTooLargeError, limited_reads, read_limited
 from batchbench.drive.wire import (
     MISSING_USAGE,
     NO_STREAM_USAGE,
@@ -183,11 +178,7 @@ class _Prober:
                 return parse_response(await read_limited(response))
             assembler = StreamAssembler()
             assembler.heard_type(response.headers.get("Content-Type"))
-            size = 0
-            async for data in response.content.iter_any():
-                size += len(data)
-                if size > DEFAULT_MAX_RESPONSE_BYTES:
-                    raise ResponseTooLargeError(too_large_text(DEFAULT_MAX_RESPONSE_BYTES))
+            async for data in limited_reads(response):
                 assembler.feed(data, time.perf_counter())
             return assembler.finish(time.perf_counter())
 

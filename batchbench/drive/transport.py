@@ -37,7 +37,7 @@ import select
 import socket
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from http import HTTPStatus
 from typing import Protocol
 from urllib.parse import urljoin, urlsplit
@@ -161,30 +161,23 @@ class AiohttpTransport:
             method, url, data=body, headers=headers, allow_redirects=False
         ) as response:
             status = response.status
-            length = response.content_length
-            if length is not None and length > limit and "Content-Encoding" not in response.headers:
-                raise ResponseTooLargeError(too_large_text(limit, f": Content-Length {length}"))
             location = response.headers.get("Location") if status in REDIRECT_STATUSES else None
-            clock = time.perf_counter
-            whole = sink is None or not 200 <= status < 300
-            if not whole and on_type is not None:
-                on_type(response.headers.get("Content-Type"))
+            reads = limited_reads(response, limit)
             parts: list[bytes] = []
-            size = 0
-            try:
-                async for data in response.content.iter_any():
-                    size += len(data)
-                    if size > limit:
-                        raise ResponseTooLargeError(too_large_text(limit))
-                    if whole:
+            if sink is not None and 200 <= status < 300:
+                if on_type is not None:
+                    on_type(response.headers.get("Content-Type"))
+                clock = time.perf_counter
+                async for data in reads:
+                    sink(data, clock())
+            else:
+                try:
+                    async for data in reads:
                         parts.append(data)
                         self.buffered += len(data)
                         if self.buffered > IN_FLIGHT_FACTOR * limit:
                             raise ResponseTooLargeError(in_flight_text(limit))
-                    else:
-                        sink(data, clock())
-            finally:
-                if whole:
+                finally:
                     self.buffered -= sum(map(len, parts))
             return status, b"".join(parts), response.headers.get("Retry-After"), location
 
@@ -192,23 +185,28 @@ class AiohttpTransport:
         """The session belongs to the caller."""
 
 
-async def read_limited(
+async def limited_reads(
     response: aiohttp.ClientResponse, limit: int = DEFAULT_MAX_RESPONSE_BYTES
-) -> bytes:
-    """An aiohttp response's whole body, or ``ResponseTooLargeError`` past ``limit`` bytes
-    (decoded): probes and scrapes read through this, so no server can make them hold
-    more."""
+) -> AsyncIterator[bytes]:
+    """An aiohttp response's reads (decoded), ending in ``ResponseTooLargeError`` past
+    ``limit`` bytes (at once when its Content-Length says so)."""
     length = response.content_length
     if length is not None and length > limit and "Content-Encoding" not in response.headers:
         raise ResponseTooLargeError(too_large_text(limit, f": Content-Length {length}"))
-    parts: list[bytes] = []
     size = 0
     async for data in response.content.iter_any():
         size += len(data)
         if size > limit:
             raise ResponseTooLargeError(too_large_text(limit))
-        parts.append(data)
-    return b"".join(parts)
+        yield data
+
+
+async def read_limited(
+    response: aiohttp.ClientResponse, limit: int = DEFAULT_MAX_RESPONSE_BYTES
+) -> bytes:
+    """An aiohttp response's whole body within ``limit``: probes and scrapes read through
+    this, so no server can make them hold more."""
+    return b"".join([data async for data in limited_reads(response, limit)])
 
 
 def redirect_target(current: str, status: int, location: str) -> str:

@@ -553,8 +553,9 @@ def verbose_response(reply: Reply) -> str:
     message = dict(reply.message)
     if "content" in message:
         message["content"] = _cut(message["content"])
+    document = {"choices": [{"message": message}], "usage": reply.usage}
     try:
-        usage = _DUMPS(reply.usage).decode()
-    except TypeError:  # nested deeper than orjson writes: shown as what it is
-        usage = '"(nested too deeply to show)"'
-    return _DUMPS({"choices": [{"message": message}]}).decode()[:-1] + ',"usage":' + usage + "}"
+        return _DUMPS(document).decode()
+    except TypeError:  # usage nested deeper than orjson writes: shown as what it is
+        document["usage"] = "(nested too deeply to show)"
+        return _DUMPS(document).decode()
