@@ -85,11 +85,11 @@ from batchbench.scale.partition import (
     ramp_up_seconds,
 )
 from batchbench.scale.share import ShardAgents, global_record, global_result
-from batchbench.text.chat_templates import load_chat_template
+from batchbench.text.chat_templates import BuiltinTemplate, load_chat_template
 from batchbench.text.content import ContentFactory
-from batchbench.text.framing import ContentContext, Framing, ReplyAccounting, content_contexts
+from batchbench.text.framing import Framing, ReplyAccounting
 from batchbench.text.synth import Synthesizer
-from batchbench.text.tokenizer import LoadedTokenizer, load_tokenizer
+from batchbench.text.tokenizer import LoadedTokenizer, load_tokenizer, with_markers
 
 NO_USAGE_ERRORS = (MISSING_USAGE, NO_STREAM_USAGE)
 SIM_METRICS = "sim"  # --server-metrics sim: the embedded simulator's /metrics
@@ -384,25 +384,31 @@ def sim_chat_template(config: RunConfig) -> str:
     return "chatml"
 
 
-def reply_context_template(
+def reply_accounting(
     config: RunConfig, loaded: LoadedTokenizer, warn
-) -> tuple[str | None, dict[str, ContentContext] | None]:
-    """The server's chat template when the client can know it, and the template text around
-    each part of a message in it (None when unknown: replies are counted on their own)."""
+) -> tuple[str | None, ReplyAccounting]:
+    """The server's chat template when the client can know it, and the accounting that
+    counts replies in it (with no known template, replies are counted on their own)."""
     spec = sim_chat_template(config) if config.sim else config.chat_template
     if spec is None:
         if not template_beside(loaded):
-            return None, None
+            return None, ReplyAccounting.build(loaded)
         spec = "tokenizer"
     try:
-        template = load_chat_template(spec, loaded)
-        contexts = content_contexts(template, tool_call_id(0, 1))
+        template = load_chat_template(spec, loaded, warn)
+        # A built-in's markers are added tokens of every model of its family.
+        counting = (
+            with_markers(loaded.tokenizer, template.markers)
+            if isinstance(template, BuiltinTemplate)
+            else None
+        )
+        accounting = ReplyAccounting.build(loaded, template, tool_call_id(0, 1), tokenizer=counting)
     except BatchbenchError as exc:
         if config.chat_template is None and not config.sim:
             warn(f"warning: {exc}; replies are counted without their template")
-            return None, None
+            return None, ReplyAccounting.build(loaded)
         raise UsageError(f"--chat-template {spec}: {exc}") from None
-    return spec, contexts
+    return spec, accounting
 
 
 def template_beside(loaded: LoadedTokenizer) -> bool:
@@ -569,8 +575,7 @@ async def _run_loaded(
 ) -> RunResult:
     loaded = await steps.call(load_tokenizer, config.tokenizer, config.tokenizer_download or None)
     synth = await steps.call(Synthesizer.prepare, loaded)
-    template_name, contexts = reply_context_template(config, loaded, out.warning)
-    replies = ReplyAccounting.build(loaded, contexts)
+    template_name, replies = reply_accounting(config, loaded, out.warning)
     calibration = None
     if config.calibrate:
         calibration = await calibrate_target(config, synth, replies)
@@ -843,6 +848,7 @@ async def _drive(
             ),
             replies if config.prompt_correction else None,
             prompt_counter=counter,
+            keep_reasoning=config.replay_reasoning == "keep",
         )
         if config.prompt_oracle == "server":
             oracle = PromptOracle(

@@ -34,7 +34,7 @@ from batchbench.secrets import remember
 
 DEFAULT_ENDPOINT = "/v1/chat/completions"
 SIM_DEFAULT_TOKENIZER = "deepseek-v3"
-SIM_TEMPLATES = ("chatml", "gemma", "llama3", "tokenizer")  # what the simulator renders
+SIM_TEMPLATES = ("chatml", "gemma", "llama3", "qwen3", "tokenizer")  # what the simulator renders
 
 # (label, option names of the fixed size, log-normal option prefixes, default fixed size)
 SIZE_FAMILIES = (
@@ -174,7 +174,7 @@ def check_flag_combinations(
     if sim and chat_template is not None:
         if chat_template not in SIM_TEMPLATES:
             raise UsageError(
-                "with --sim, --chat-template must be chatml, gemma, llama3 or tokenizer "
+                "with --sim, --chat-template must be chatml, gemma, llama3, qwen3 or tokenizer "
                 "(the simulator's templates)"
             )
         if "--chat-template" in str(dict(sim_only).get("--sim-args") or ""):
@@ -291,6 +291,7 @@ class RunConfig:
     replay_turn_overhead_tokens: int | None = None
     calibrate: bool = False
     prompt_correction: bool = True
+    replay_reasoning: str = "keep"  # "keep": the reply's reasoning_content is sent back
     prompt_oracle: str = "none"
     content_salt: str | None = None  # None: a random salt per run
     chat_template: str | None = None
@@ -726,6 +727,7 @@ class RunConfig:
             "replay-turn-overhead-tokens": self.replay_turn_overhead_tokens,
             "calibrate": self.calibrate,
             "no-prompt-correction": not self.prompt_correction,
+            "replay-reasoning": self.replay_reasoning,
             "prompt-oracle": self.prompt_oracle,
             "content-salt": self.content_salt,
             "chat-template": self.chat_template,

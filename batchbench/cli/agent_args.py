@@ -134,7 +134,7 @@ def add_chat_template_flag(group) -> None:
         "--chat-template",
         metavar="TEMPLATE",
         help="the chat template the server renders with, used to count the model's replies "
-        "as the next prompt will render them: chatml, gemma, llama3 (the simulator's "
+        "as the next prompt will render them: chatml, gemma, llama3, qwen3 (the simulator's "
         "built-ins), `tokenizer` (the chat_template.jinja or tokenizer_config.json beside the "
         "tokenizer file), or a .jinja file (default: the template beside the tokenizer when "
         "there is one; with --sim, the simulator's: a built-in name or tokenizer given here "
@@ -157,6 +157,16 @@ def add_fidelity_flags(group) -> None:
         action="store_false",
         help="send the plan's sizes unchanged: no reply accounting and no correction from "
         "usage.prompt_tokens (for comparison; the fidelity lines still measure the drift)",
+    )
+    group.add_argument(
+        "--replay-reasoning",
+        choices=("keep", "drop"),
+        default="keep",
+        help="keep: a reply's reasoning_content is sent back with it in the next request, "
+        "as agents that keep their thinking do, and counted as the server's template "
+        "renders it (many templates render it only after the last user message, some never); "
+        "drop: it is left out of the history, as OpenAI-style clients do (default: "
+        "%(default)s)",
     )
     group.add_argument(
         "--prompt-oracle",
@@ -789,6 +799,7 @@ def config_from_namespace(args: argparse.Namespace) -> RunConfig:
         replay_turn_overhead_tokens=args.replay_turn_overhead_tokens,
         calibrate=args.calibrate,
         prompt_correction=args.prompt_correction,
+        replay_reasoning=args.replay_reasoning,
         prompt_oracle=args.prompt_oracle,
         content_salt=args.content_salt,
         chat_template=args.chat_template,

@@ -12,14 +12,13 @@ from batchbench.api import (
     calibrate_target,
     check_target,
     event_loop_runner,
-    reply_context_template,
+    reply_accounting,
     start_sim,
 )
 from batchbench.cli.agent_args import add_chat_template_flag, add_target_flags
 from batchbench.cli.argtypes import CommandParser, positive_finite
 from batchbench.config import RunConfig, api_key_from
 from batchbench.errors import BatchbenchError, UsageError
-from batchbench.text.framing import ReplyAccounting
 from batchbench.text.synth import Synthesizer
 from batchbench.text.tokenizer import load_tokenizer
 
@@ -132,10 +131,9 @@ def _calibrate(config: RunConfig, as_json: bool) -> int:
         url = config.endpoint_url
         loaded = load_tokenizer(config.tokenizer)
         synth = Synthesizer.prepare(loaded)
-        template, contexts = reply_context_template(
+        template, replies = reply_accounting(
             config, loaded, lambda text: print(text, file=sys.stderr)
         )
-        replies = ReplyAccounting.build(loaded, contexts)
         with event_loop_runner() as runner:
             calibration = runner.run(calibrate_target(config, synth, replies))
     finally:

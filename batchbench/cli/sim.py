@@ -98,7 +98,9 @@ def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
         help="prompt template: chatml (content as sent, tool calls without ids), gemma "
         "(Gemma-3 style: content trimmed, tool calls not rendered, tool results as user "
         "turns), llama3 (Llama-3 style: content trimmed, tool calls and tool results "
-        "rendered with their call ids) - all three counted per message, fast on long "
+        "rendered with their call ids), qwen3 (Qwen3 style: content trimmed, reasoning in "
+        "<think> blocks, tool calls as <tool_call> JSON after a newline an empty text goes "
+        "without, tool results as user turns) - all four counted per message, fast on long "
         "histories - or tokenizer: the model's own template (chat_template.jinja or "
         "tokenizer_config.json beside the tokenizer file) via jinja2, whole prompt each "
         "request, tool-call arguments parsed into objects as vLLM does (default %(default)s)",
@@ -111,6 +113,17 @@ def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
         "real model's they need not re-encode to completion_tokens (some start with "
         "whitespace or end with a newline); exact: synthetic text that re-encodes to exactly "
         "completion_tokens, trim-stable (default %(default)s)",
+    )
+    server.add_argument(
+        "--reasoning-share",
+        type=_share,
+        default=0.0,
+        metavar="FRACTION",
+        help="share of replies that think first, as a reasoning model behind a reasoning "
+        "parser does: part of the reply's completion tokens come as reasoning_content "
+        "(streamed as reasoning_content deltas before the content), and one in four of "
+        "those replies is all reasoning with empty content; which replies think is seeded "
+        "by the request (default %(default)s)",
     )
     server.add_argument(
         "--model",
@@ -309,6 +322,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         dp_ranks=args.dp_ranks,
         chat_template=args.chat_template,
         reply_text=args.reply_text,
+        reasoning_share=args.reasoning_share,
         default_max_tokens=args.default_max_tokens,
         max_model_len=args.max_model_len,
         stream_chunk_tokens=args.stream_chunk_tokens,
@@ -347,6 +361,20 @@ def tie_to_parent(parent_pid: int) -> None:
     on_eof(sys.stdin.fileno(), lambda: os.kill(os.getpid(), signal.SIGTERM))
 
 
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 1")
+    return value
+
+
+def _warn(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
 def run(argv: Sequence[str], prog: str = "batchbench sim") -> int:
     parser = build_parser(prog)
     args = parser.parse_args(list(argv))
@@ -364,7 +392,9 @@ def run(argv: Sequence[str], prog: str = "batchbench sim") -> int:
                 f"--replay-turn-overhead-tokens {turn}"
             )
             return 0
-        server = SimServer(config, loaded)
+        # Embedded (--sim), the client names a template problem itself.
+        warn = None if args.parent_pid is not None else _warn
+        server = SimServer(config, loaded, warn)
     except BatchbenchError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 1

@@ -27,6 +27,7 @@ from batchbench.drive.shutdown import abandon
 from batchbench.drive.wire import (
     body_fields,
     normalized_assistant,
+    without_reasoning,
 )
 from batchbench.errors import BatchbenchError
 from batchbench.results.lifecycle import Outcome
@@ -237,13 +238,14 @@ class BlockTurns:
                     framing.observe(state.shape(request), residual, overhead)
             state.previous = (residual, overhead)
 
-            content = reply.message.get("content")
-            reasoning = reply.message.get("reasoning_content")
+            message = reply.message if fidelity.keep_reasoning else without_reasoning(reply.message)
+            content = message.get("content")
+            reasoning = message.get("reasoning_content")
             rendered = None
             if correct:
                 content, reasoning = trimmed(content), trimmed(reasoning)
                 rendered = fidelity.replies.count(content, reasoning)
-            state.keep_reply(normalized_assistant(reply.message, content, reasoning), rendered or 0)
+            state.keep_reply(normalized_assistant(message, content, reasoning), rendered or 0)
             event(reply, started, elapsed, attempts, "ok", errors, rendered)
             if turn == last or shutdown.stopped:
                 building = None

@@ -55,6 +55,7 @@ from batchbench.drive.wire import (
     valid_header_value,
     verbose_request,
     verbose_response,
+    without_reasoning,
 )
 from batchbench.errors import BatchbenchError
 from batchbench.plan.workload import Workload
@@ -165,6 +166,7 @@ class Fidelity:
     oracle: PromptOracle | None = None
     # Counts a block request in the server's chat template, when the client knows it.
     prompt_counter: Callable[[list, list], int] | None = None
+    keep_reasoning: bool = True  # replay the reply's reasoning_content (--replay-reasoning)
 
     @property
     def correct(self) -> bool:
@@ -420,15 +422,16 @@ class HttpAgentLoop(BlockTurns):
             )  # fmt: skip
             recorder.request_done(figures, served, completion)
 
-            content = reply.message.get("content")
-            reasoning = reply.message.get("reasoning_content")
+            message = reply.message if fidelity.keep_reasoning else without_reasoning(reply.message)
+            content = message.get("content")
+            reasoning = message.get("reasoning_content")
             counting = None
             if appends and correct:
                 content, reasoning = trimmed(content), trimmed(reasoning)
                 counting = self._rendered(content, reasoning)
 
             async def next_turn(
-                turn=turn, served=served, reply=reply, content=content, reasoning=reasoning,
+                turn=turn, served=served, message=message, content=content, reasoning=reasoning,
                 counting=counting,
                 following_reset=following_reset, reset_pending=reset_pending,
                 next_planned=next_planned, env_pending=env_pending, env_planned=env_planned,
@@ -455,9 +458,9 @@ class HttpAgentLoop(BlockTurns):
                     env_pending, env_planned, factory.environment, agent, turn, sizing.tokens
                 )
                 assistant = (
-                    assistant_with_tool_call(reply.message, call, content, reasoning)
+                    assistant_with_tool_call(message, call, content, reasoning)
                     if correct
-                    else assistant_with_tool_call(reply.message, call)
+                    else assistant_with_tool_call(message, call)
                 )
                 seconds = None
                 if fidelity.oracle is not None:

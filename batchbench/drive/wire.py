@@ -225,6 +225,13 @@ def normalized_assistant(message: dict, content=_KEEP, reasoning=_KEEP) -> dict:
     return normalized
 
 
+def without_reasoning(message: dict) -> dict:
+    """The reply without its ``reasoning_content`` (``--replay-reasoning drop``)."""
+    if "reasoning_content" not in message:
+        return message
+    return {key: value for key, value in message.items() if key != "reasoning_content"}
+
+
 def assistant_with_tool_call(message: dict, call_id: str, content=_KEEP, reasoning=_KEEP) -> bytes:
     """The normalized reply (see ``normalized_assistant``) carrying the synthetic
     ``environment`` tool call."""

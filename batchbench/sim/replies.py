@@ -75,6 +75,24 @@ def plan_output(
     return OutputPlan(tokens, cap, seed)
 
 
+# Streams that decide whether and how long a reply thinks; THINKING salts its text's seed.
+_THINKS, _ALL_THOUGHT, _THOUGHT = 0x7111, 0xA11, 0x7406
+THINKING = 0x7E1C
+
+
+def reasoning_tokens(output: OutputPlan, share: float) -> int:
+    """How many of the reply's tokens are reasoning (``--reasoning-share``): none for most
+    replies; for a thinking one, all of them one time in four (the content is then empty,
+    as when a model answers with a tool call only), else between 1 and all but one."""
+    if share <= 0.0 or output.tokens <= 0:
+        return 0
+    if int(draw_indices(output.seed ^ _THINKS, 1, 1_000_000)[0]) >= share * 1_000_000:
+        return 0
+    if output.tokens == 1 or int(draw_indices(output.seed ^ _ALL_THOUGHT, 1, 4)[0]) == 0:
+        return output.tokens
+    return 1 + int(draw_indices(output.seed ^ _THOUGHT, 1, output.tokens - 1)[0])
+
+
 class ReplyText:
     """Exact-length reply text, whole or cut into chunks of whole tokens for streaming."""
 

@@ -23,12 +23,14 @@ from tokenizers import Tokenizer
 from batchbench import __version__
 from batchbench.sim.faults import FAULT_ORDER, Fault, FaultPlan
 from batchbench.sim.replies import (
+    THINKING,
     ModelReplyText,
     OutputPlan,
     Replies,
     ReplyText,
     RequestError,
     plan_output,
+    reasoning_tokens,
 )
 from batchbench.sim.routing import RoutingError, choose_rank
 from batchbench.sim.serving import Rank, ServingModel
@@ -63,6 +65,7 @@ class SimConfig:
     dp_ranks: int = 1
     chat_template: str = "chatml"
     reply_text: str = "model"  # "model": token ids decoded; "exact": text of exactly n tokens
+    reasoning_share: float = 0.0  # share of replies that start with reasoning_content
     default_max_tokens: int = 256
     max_model_len: int = 262_144
     stream_chunk_tokens: int = 1
@@ -111,11 +114,11 @@ def _error(status: int, message: str, kind: str = "invalid_request_error") -> we
 class SimServer:
     """State shared by the handlers: tokenizer, counters, ranks, faults and metrics."""
 
-    def __init__(self, config: SimConfig, loaded: LoadedTokenizer) -> None:
+    def __init__(self, config: SimConfig, loaded: LoadedTokenizer, warn=None) -> None:
         self.config = config
         self.loaded = loaded
         self.counter: SegmentCounter | JinjaCounter = load_counter(
-            loaded, config.chat_template, config.serving.block_tokens
+            loaded, config.chat_template, config.serving.block_tokens, warn
         )
         self.replies: Replies = (
             ModelReplyText(loaded)
@@ -331,6 +334,16 @@ class SimServer:
         finally:
             rank.in_flight -= 1
 
+    def _message(self, output: OutputPlan) -> dict[str, Any]:
+        thinking = reasoning_tokens(output, self.config.reasoning_share)
+        message = {
+            "role": "assistant",
+            "content": self.replies.whole(output.tokens - thinking, output.seed),
+        }
+        if thinking:
+            message["reasoning_content"] = self.replies.whole(thinking, output.seed ^ THINKING)
+        return message
+
     def _usage(self, prompt: int, cached: int, completion: int) -> dict[str, Any]:
         return {
             "prompt_tokens": prompt,
@@ -367,10 +380,7 @@ class SimServer:
             "choices": [
                 {
                     "index": 0,
-                    "message": {
-                        "role": "assistant",
-                        "content": self.replies.whole(output.tokens, output.seed),
-                    },
+                    "message": self._message(output),
                     "finish_reason": output.finish_reason,
                 }
             ],
@@ -395,7 +405,15 @@ class SimServer:
         self, request: web.Request, response: web.StreamResponse, job: Job, include_usage: bool
     ) -> web.StreamResponse:
         rank, output, fault = job.rank, job.output, job.fault
-        chunks = self.replies.chunks(output.tokens, output.seed, self.config.stream_chunk_tokens)
+        per_chunk = self.config.stream_chunk_tokens
+        thinking = reasoning_tokens(output, self.config.reasoning_share)
+        chunks = self.replies.chunks(output.tokens - thinking, output.seed, per_chunk)
+        # Reasoning comes first, as its own deltas; each chunk still stands for per_chunk
+        # tokens (the last of each part may hold fewer).
+        thoughts = (
+            self.replies.chunks(thinking, output.seed ^ THINKING, per_chunk) if thinking else []
+        )
+        chunks = thoughts + chunks
         head = {
             "id": f"chatcmpl-{next(self._ids)}",
             "object": "chat.completion.chunk",
@@ -405,11 +423,12 @@ class SimServer:
         # Content events differ only in their text: build them from fixed byte halves.
         opening = orjson.dumps(dict(head, choices=[{"index": 0, "delta": {"content": ""}}]))
         before = b"data: " + opening[: opening.rindex(b'""')]
+        thinking_opening = opening.replace(b'"content":', b'"reasoning_content":')
+        thinking_before = b"data: " + thinking_opening[: thinking_opening.rindex(b'""')]
         after = b'},"finish_reason":null}]}\n\n'
         last_after = b'},"finish_reason":' + orjson.dumps(output.finish_reason) + b"}]}\n\n"
         await response.prepare(request)
         cut = len(chunks) // 2 if fault in (Fault.DROP, Fault.TRUNCATE) else len(chunks)
-        per_chunk = self.config.stream_chunk_tokens
         sequence = None
         if self.config.serving.speed > 0:
             sequence = rank.submit(job.prompt - job.cached, output.tokens, job.store, job.prompt)
@@ -418,7 +437,10 @@ class SimServer:
             await response.write(_event(first))
             sent_tokens = 0
             for index in range(cut):
-                sent_tokens = min((index + 1) * per_chunk, output.tokens)
+                thought = index < len(thoughts)
+                sent_tokens = _tokens_through(
+                    index, len(thoughts), thinking, per_chunk, output.tokens
+                )
                 if sequence is not None:
                     while sequence.generated < sent_tokens and not sequence.done.done():
                         await sequence.wait_beyond(sequence.generated)
@@ -430,7 +452,8 @@ class SimServer:
                 if not chunks[index] and not last:
                     continue  # an empty cut inside a multi-token character: nothing to send
                 text = orjson.dumps(chunks[index])
-                await response.write(before + text + (last_after if last else after))
+                start = thinking_before if thought else before
+                await response.write(start + text + (last_after if last else after))
             if fault is Fault.DROP:
                 _close(request)
                 return response
@@ -630,6 +653,14 @@ def _messages(body: dict[str, Any]) -> list[Any]:
 def _include_usage(body: dict[str, Any]) -> bool:
     options = body.get("stream_options")
     return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def _tokens_through(index: int, thoughts: int, thinking: int, per_chunk: int, total: int) -> int:
+    """Tokens generated once chunk ``index`` is sent: ``thoughts`` reasoning chunks (of
+    ``thinking`` tokens) first, then the content's."""
+    if index < thoughts:
+        return min((index + 1) * per_chunk, thinking)
+    return min(thinking + (index - thoughts + 1) * per_chunk, total)
 
 
 def _event(payload: dict[str, Any]) -> bytes:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tokenizers import AddedToken, Tokenizer
+from tokenizers import Tokenizer
 
 from batchbench.text.chat_templates import (
     BUILTINS,
@@ -33,7 +33,7 @@ from batchbench.text.chat_templates import (
     content_text,
     load_chat_template,
 )
-from batchbench.text.tokenizer import LoadedTokenizer
+from batchbench.text.tokenizer import LoadedTokenizer, with_markers
 
 __all__ = [
     "ChatMLCounter",
@@ -70,16 +70,7 @@ def render_chatml(
 
 def marked_tokenizer(loaded: LoadedTokenizer, markers: frozenset[str]) -> Tokenizer:
     """A copy of the tokenizer in which every marker is a special token."""
-    tokenizer = Tokenizer.from_str(loaded.tokenizer.to_str())
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    specials = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
-    missing = sorted(m for m in markers if m not in specials)
-    if missing:
-        tokenizer.add_special_tokens(
-            [AddedToken(m, special=True, normalized=False) for m in missing]
-        )
-    return tokenizer
+    return with_markers(loaded.tokenizer, markers)
 
 
 def chatml_tokenizer(loaded: LoadedTokenizer) -> Tokenizer:
@@ -282,17 +273,19 @@ class JinjaCounter:
 
 
 def load_counter(
-    loaded: LoadedTokenizer, template: str, block_tokens: int = 16
+    loaded: LoadedTokenizer, template: str, block_tokens: int = 16, warn=None
 ) -> SegmentCounter | JinjaCounter:
-    """The counter for ``--chat-template`` (a built-in name or ``tokenizer``)."""
+    """The counter for ``--chat-template`` (a built-in name or ``tokenizer``); ``warn``
+    hears of a tokenizer directory holding two different templates."""
     if template == "chatml":
         return ChatMLCounter(loaded)
     if template in BUILTINS:
         return SegmentCounter(loaded, BUILTINS[template])
     if template != "tokenizer":
         raise TemplateError(
-            f"unknown chat template {template!r}; expected chatml, gemma, llama3 or tokenizer"
+            f"unknown chat template {template!r}; expected chatml, gemma, llama3, qwen3 or "
+            "tokenizer"
         )
-    loaded_template = load_chat_template("tokenizer", loaded)
+    loaded_template = load_chat_template("tokenizer", loaded, warn)
     assert isinstance(loaded_template, JinjaTemplate)
     return JinjaCounter(loaded, loaded_template, block_tokens)

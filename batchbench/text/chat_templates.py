@@ -31,15 +31,18 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from batchbench.errors import BatchbenchError
 from batchbench.text.tokenizer import LoadedTokenizer
 
-BUILTIN_TEMPLATES = ("chatml", "gemma", "llama3")
+BUILTIN_TEMPLATES = ("chatml", "gemma", "llama3", "qwen3")
 TEMPLATE_CHOICES = (*BUILTIN_TEMPLATES, "tokenizer")
+
+
+Warn = Callable[[str], None]
 
 
 class TemplateError(BatchbenchError):
@@ -265,10 +268,91 @@ class Llama3Template(BuiltinTemplate):
         return out
 
 
+class Qwen3Template(BuiltinTemplate):
+    """ChatML as Qwen3 and the models trained on its format render it: tools listed in the
+    system turn, an assistant's reasoning in a ``<think>`` block when it comes after the
+    last user query, tool calls as ``<tool_call>`` JSON (arguments as objects) after a
+    newline that an empty text goes without, and tool results as user turns of
+    ``<tool_response>`` blocks (consecutive results share one turn). Contents are trimmed.
+
+    Only ``<|im_start|>`` and ``<|im_end|>`` are markers: the tags are plain text here, so
+    with a tokenizer that lacks them as added tokens (SmolLM2's GPT-2 pre-tokenizer) the
+    text around a reply merges with it differently after ``</think>\n\n`` than after
+    ``assistant\n`` -- the case the simulator must let the client get right.
+    """
+
+    name = "qwen3"
+    start, end = "<|im_start|>", "<|im_end|>"
+    generation = "<|im_start|>assistant\n"
+    markers = frozenset({start, end})
+    trims = True
+
+    def _system(self, text: str | None, tools: Any) -> str | None:
+        lines = _tools_lines(tools)
+        if lines is None:
+            return None if text is None else f"{self.start}system\n{text}{self.end}\n"
+        head = f"{text}\n\n" if text else ""
+        return (
+            f"{self.start}system\n{head}# Tools\n\nYou may call one or more functions to "
+            "assist with the user query.\n\nYou are provided with function signatures "
+            f"within <tools></tools> XML tags:\n<tools>\n{lines}\n</tools>\n\nFor each "
+            "function call, return a json object with function name and arguments within "
+            '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, '
+            f'"arguments": <args-json-object>}}\n</tool_call>{self.end}\n'
+        )
+
+    def _assistant(self, message: dict, think: bool, last: bool) -> str:
+        text = self._content(message)
+        reasoning = message.get("reasoning_content")
+        reasoning = reasoning.strip() if isinstance(reasoning, str) else ""
+        body = text
+        if think and (reasoning or last):
+            body = f"<think>\n{reasoning}\n</think>\n\n{text}"
+        for index, call in enumerate(_calls(message)):
+            name, arguments = _function(call)
+            if index > 0 or text:
+                body += "\n"
+            payload = _dumps(parsed_arguments(arguments))
+            body += f'<tool_call>\n{{"name": {_dumps(name)}, "arguments": {payload}}}\n</tool_call>'
+        return f"{self.start}assistant\n{body}{self.end}\n"
+
+    def segments(self, messages: Sequence[Any], tools: Any = None) -> list[str]:
+        roles = [_role(message) for message in messages]
+        out = []
+        first = 0
+        system_text = None
+        if roles and roles[0] == "system":
+            system_text, first = self._content(messages[0]), 1
+        system = self._system(system_text, tools)
+        if system is not None:
+            out.append(system)
+        last_query = max((i for i, role in enumerate(roles) if role == "user"), default=-1)
+        index = first
+        while index < len(messages):
+            message, role = messages[index], roles[index]
+            if role == "assistant":
+                think = index > last_query
+                out.append(self._assistant(message, think, index == len(messages) - 1))
+            elif role == "tool":
+                results = []
+                while index < len(messages) and roles[index] == "tool":
+                    results.append(
+                        f"\n<tool_response>\n{self._content(messages[index])}\n</tool_response>"
+                    )
+                    index += 1
+                out.append(f"{self.start}user{''.join(results)}{self.end}\n")
+                continue
+            else:
+                out.append(f"{self.start}{role}\n{self._content(message)}{self.end}\n")
+            index += 1
+        return out
+
+
 BUILTINS: dict[str, BuiltinTemplate] = {
     "chatml": ChatMLTemplate(),
     "gemma": GemmaTemplate(),
     "llama3": Llama3Template(),
+    "qwen3": Qwen3Template(),
 }
 
 
@@ -544,11 +628,15 @@ class JinjaTemplate:
             raise TemplateError(f"chat_template failed to render the request: {exc}") from None
 
 
-def read_template_files(directory: Path) -> tuple[str, dict[str, Any], str]:
+def read_template_files(
+    directory: Path, warn: Warn | None = None
+) -> tuple[str, dict[str, Any], str]:
     """(template source, tokenizer config, its file) from a model directory: its
-    ``chat_template.jinja`` first (the newer convention), else the ``chat_template`` of
-    its ``tokenizer_config.json`` (named templates: "default"). The config, when there is
-    one, also gives the special tokens the template may print."""
+    ``chat_template.jinja`` first (the newer convention, and what transformers loads),
+    else the ``chat_template`` of its ``tokenizer_config.json`` (named templates:
+    "default"). The config, when there is one, also gives the special tokens the template
+    may print. ``warn`` hears of a directory holding two different templates (transformers
+    5 writes both when it converts a GGUF): a server may be running the other one."""
     config_path = directory / "tokenizer_config.json"
     jinja_path = directory / "chat_template.jinja"
     config: dict[str, Any] = {}
@@ -559,19 +647,26 @@ def read_template_files(directory: Path) -> tuple[str, dict[str, Any], str]:
             raise TemplateError(f"cannot read {config_path}: {exc}") from None
         if not isinstance(config, dict):
             raise TemplateError(f"cannot read {config_path}: not a JSON object")
-    if jinja_path.is_file():
-        try:
-            return jinja_path.read_text(encoding="utf-8"), config, str(jinja_path)
-        except (OSError, UnicodeDecodeError) as exc:
-            raise TemplateError(f"cannot read {jinja_path}: {exc}") from None
-    if not config_path.is_file():
-        raise TemplateError(
-            f"{directory} holds no chat_template.jinja and no tokenizer_config.json"
-        )
     template = config.get("chat_template")
     if isinstance(template, list):  # named templates: take "default"
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default")
+    if jinja_path.is_file():
+        try:
+            source = jinja_path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TemplateError(f"cannot read {jinja_path}: {exc}") from None
+        if warn is not None and isinstance(template, str) and template and template != source:
+            warn(
+                f"warning: {directory} holds two different chat templates; using "
+                f"{jinja_path} (the chat_template in {config_path} differs); if the server "
+                f"renders the other one, pass it with --chat-template"
+            )
+        return source, config, str(jinja_path)
+    if not config_path.is_file():
+        raise TemplateError(
+            f"{directory} holds no chat_template.jinja and no tokenizer_config.json"
+        )
     if not isinstance(template, str) or not template:
         raise TemplateError(f"{config_path} has no chat_template")
     return template, config, str(config_path)
@@ -591,7 +686,9 @@ def _tokenizer_config(loaded: LoadedTokenizer) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
-def load_chat_template(spec: str, loaded: LoadedTokenizer) -> ChatTemplate:
+def load_chat_template(
+    spec: str, loaded: LoadedTokenizer, warn: Warn | None = None
+) -> ChatTemplate:
     """``chatml``, ``gemma``, ``llama3``, ``tokenizer`` (the template beside the tokenizer
     file), a ``.jinja`` file, or a directory holding a template (see
     :func:`read_template_files`)."""
@@ -604,10 +701,10 @@ def load_chat_template(spec: str, loaded: LoadedTokenizer) -> ChatTemplate:
                 "the tokenizer template needs a chat_template.jinja or tokenizer_config.json "
                 f"beside a tokenizer file; {loaded.source} is not one"
             )
-        return JinjaTemplate(*read_template_files(source.parent), loaded)
+        return JinjaTemplate(*read_template_files(source.parent, warn), loaded)
     path = Path(spec)
     if path.is_dir():
-        return JinjaTemplate(*read_template_files(path), loaded)
+        return JinjaTemplate(*read_template_files(path, warn), loaded)
     if path.is_file():
         try:
             source = path.read_text(encoding="utf-8")

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tokenizers import Tokenizer
+from tokenizers import AddedToken, Tokenizer
 
 from batchbench.errors import TokenizerError
 
@@ -136,3 +136,17 @@ def describe_builtins() -> list[tuple[str, str]]:
         path = builtin_tokenizer_path(name)
         rows.append((name, os.fspath(path) if path else "not installed"))
     return rows
+
+
+def with_markers(tokenizer: Tokenizer, markers: frozenset[str]) -> Tokenizer:
+    """A copy of ``tokenizer`` in which every marker is a special token (a built-in chat
+    template's markers are added tokens of every model of its family; a tokenizer of
+    another family lacks them, and would merge the text around them)."""
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.no_truncation()
+    copy.no_padding()
+    specials = {t.content for t in copy.get_added_tokens_decoder().values() if t.special}
+    missing = sorted(m for m in markers if m not in specials)
+    if missing:
+        copy.add_special_tokens([AddedToken(m, special=True, normalized=False) for m in missing])
+    return copy
