@@ -279,3 +279,83 @@ def test_a_first_request_the_plan_leaves_no_room_for_is_counted_and_reported(tmp
     assert tiny[0]["prompt_drift"] == 5 and tiny[1]["prompt_drift"] == 0  # paid back
     assert summary["fidelity"]["correction_limited_requests"] == 1
     assert "Prompt correction could not reach the target on 1 requests" in out
+
+
+# Thinking replies on a Qwen3-style template: longer trajectories with short replies, so
+# that some replies are all reasoning (empty text), some a lone whitespace token (empty once
+# trimmed), and texts start with letters, digits and punctuation.
+THINKING_PLANS = [
+    [(180, 24, 0), (420, 40, 5), (700, 16, 0), (960, 24, 0), (1200, 8, 0), (1500, 3, 0)],
+    [(300, 32, 0), (520, 8, 0), (150, 24, -1), (430, 32, 3), (800, 2, 0), (1100, 5, 0)],
+    [(90, 16, 2), (300, 24, 0), (520, 16, 0), (800, 1, 0), (1000, 4, 0), (1300, 6, 0)],
+    [(200, 1, 0), (400, 2, 0), (600, 1, 0), (800, 3, 0), (1000, 1, 0), (1200, 2, 0)],
+]
+
+
+def write_thinking_plans(path: Path) -> Path:
+    with open(path, "w") as handle:
+        for index, requests in enumerate(THINKING_PLANS):
+            rows = []
+            for prompt, output, delay in requests:
+                row: dict = {"prompt_tokens": prompt, "output_tokens": output}
+                if delay > 0:
+                    row["delay_after_ms"] = delay
+                if delay < 0:
+                    row["reset_before"] = True
+                rows.append(row)
+            document = {"schema_version": 1, "trajectory_id": f"k{index}", "requests": rows}
+            handle.write(json.dumps(document) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def qwen3_tokenizers(tmp_path_factory) -> dict[str, Path]:
+    """Qwen3's tokenizer, and its vocabulary behind SmolLM2's GPT-2 pre-tokenizer."""
+    from test_reply_context import _tokenizer_json, smollm_like
+
+    out = tmp_path_factory.mktemp("qwen3")
+    (out / "qwen-3").mkdir()
+    (out / "qwen-3" / "tokenizer.json").write_text(_tokenizer_json("qwen-3"))
+    return {
+        "qwen-3": out / "qwen-3" / "tokenizer.json",
+        "smollm-like": smollm_like(out / "smollm-like"),
+    }
+
+
+@pytest.mark.parametrize("replay", ["keep", "drop"])
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("tokenizer", ["qwen-3", "smollm-like"])
+def test_thinking_replies_on_a_qwen3_template_are_exact(
+    tmp_path, capsys, qwen3_tokenizers, tokenizer, stream, replay
+):
+    """Half the simulated replies think first. Each reply is counted in the context the
+    template gives it (after ``</think>\\n\\n`` or ``assistant\\n``; without the newline
+    before the tool call when its text is empty), reasoning with its <think> framing; the
+    client counted them all in one probe's context before, and missed by up to 5 tokens."""
+    plans = write_thinking_plans(tmp_path / "plans.jsonl")
+    args = [
+        "--agent-plans-jsonl", str(plans), "--max-active-agents", "2",
+        "--tokenizer-model", str(qwen3_tokenizers[tokenizer]), "--chat-template", "qwen3",
+        "--sim-args", "--speed 0 --reasoning-share 0.5", "--calibrate",
+        "--replay-reasoning", replay,
+    ] + (["--stream"] if stream else [])  # fmt: skip
+    status, summary, events, _ = run(tmp_path, *args)
+    out = capsys.readouterr().out
+    assert status == 0
+    assert len(events) == 24 and all(e["status"] == "ok" for e in events)
+    assert [e["prompt_drift"] for e in events] == [0] * 24
+    assert "Prompt fidelity: 24/24 exact (100.0%), mean |drift| 0.00 tokens, max 0" in out
+    assert summary["fidelity"]["prompt"]["exact"] == 24
+    assert [e["output_drift"] for e in events] == [0] * 24
+    rendered = [
+        e["reply_rendered_tokens"] for e in events if e["reply_rendered_tokens"] is not None
+    ]
+    if replay == "keep":
+        # Thinking replies cost their reasoning and its framing: more than they generated.
+        assert any(
+            e["reply_rendered_tokens"] > e["completion_tokens"]
+            for e in events
+            if e["reply_rendered_tokens"] is not None
+        )
+    # An empty text without reasoning costs -1: the template drops a newline.
+    assert -1 in rendered
