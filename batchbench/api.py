@@ -87,7 +87,8 @@ from batchbench.scale.partition import (
 from batchbench.scale.share import ShardAgents, global_record, global_result
 from batchbench.text.chat_templates import BuiltinTemplate, load_chat_template
 from batchbench.text.content import ContentFactory
-from batchbench.text.framing import Framing, ReplyAccounting
+from batchbench.text.framing import Framing
+from batchbench.text.replycount import ReplyAccounting
 from batchbench.text.synth import Synthesizer
 from batchbench.text.tokenizer import LoadedTokenizer, load_tokenizer, with_markers
 

@@ -24,7 +24,7 @@ from batchbench.sim.server import SimConfig, SimServer
 from batchbench.sim.serving import ServingModel
 from batchbench.sim.template import load_counter
 from batchbench.text.chat_templates import TemplateError, for_template, load_chat_template
-from batchbench.text.framing import content_contexts
+from batchbench.text.replycount import REFERENCE_SHAPE, ReplyAccounting
 from batchbench.text.synth import Synthesizer
 from batchbench.text.tokenizer import LoadedTokenizer
 
@@ -101,16 +101,25 @@ def test_overheads_of_each_builtin(deepseek, name, expected):
     assert measure_overheads(deepseek, name) == expected
 
 
-def test_content_context_of_each_builtin(deepseek):
-    contexts = {
-        name: content_contexts(load_chat_template(name, deepseek), CALL)["assistant"]
-        for name in ("chatml", "gemma", "llama3")
+def test_reply_form_of_each_builtin(deepseek):
+    """A plain reply's stretch of template text: from the last marker before it to the
+    first after it."""
+    forms = {
+        name: ReplyAccounting.build(deepseek, load_chat_template(name, deepseek), CALL).forms[
+            REFERENCE_SHAPE
+        ]
+        for name in ("chatml", "gemma", "llama3", "qwen3")
     }
-    assert (contexts["gemma"].before, contexts["gemma"].after) == ("model\n", "")
-    assert contexts["chatml"].before == "assistant\n"
-    assert contexts["chatml"].after.startswith("\n<tool_call>\n")
-    assert contexts["llama3"].before == "\n\n"
-    assert contexts["llama3"].after.startswith('\n{"id": "call_batchbench_00000007_000003"')
+    assert forms["gemma"].pieces == ("model\n", "")
+    assert forms["chatml"].pieces[0] == "assistant\n"
+    assert forms["chatml"].pieces[1].startswith("\n<tool_call>\n")
+    assert forms["llama3"].pieces[0] == "\n\n"
+    assert forms["llama3"].pieces[1].startswith('\n{"id": "call_batchbench_00000007_000003"')
+    assert forms["qwen3"].pieces == (
+        "assistant\n",
+        '\n<tool_call>\n{"name": "environment", "arguments": {"request": "continue"}}\n'
+        "</tool_call>",
+    )
 
 
 # --- real templates ------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The fast ASCII counter (batchbench.text.fastcount) counts exactly as real tokenizers do,
-takes only the tokenizers it understands, and gives ReplyCounter the same counts as the
+takes only the tokenizers it understands, and gives ReplyAccounting the same counts as the
 tokenizer in real template contexts."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import test_chat_templates as templates
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchbench.text.chat_templates import load_chat_template
+from batchbench.text.chat_templates import BUILTINS, load_chat_template
 from batchbench.text.fastcount import Untranslatable, ascii_counter, translate
-from batchbench.text.framing import ContentContext, ReplyCounter, content_contexts
+from batchbench.text.replycount import ReplyAccounting
 
 # The byte-level BPE tokenizers it must take: DeepSeek-V3 (three split stages, numbers in
 # threes), Qwen3 and Qwen3.5 (one stage, digits one by one), GLM-4 and Llama-3.1 (one stage,
@@ -106,19 +106,20 @@ def test_translation_of_a_real_pattern():
 )
 def test_reply_counts_in_real_template_contexts_equal_the_tokenizers(tmp_path, tokenizer, template):
     loaded = templates.model_dir(tmp_path, tokenizer, template)
-    contexts = content_contexts(load_chat_template("tokenizer", loaded), "call_1")
-    for kind in ("assistant", "reasoning"):
-        context = contexts[kind]
-        fast = ReplyCounter(loaded, context)
-        slow = ReplyCounter(loaded, context, ascii_count=False)
-        assert fast.fast is context.rendered and not slow.fast
-        replies = [*CORPUS, "x", "", "café au lait", "<think>"]
-        assert fast.count_many(replies) == slow.count_many(replies)
+    template = load_chat_template("tokenizer", loaded)
+    fast = ReplyAccounting.build(loaded, template, "call_1")
+    slow = ReplyAccounting.build(loaded, template, "call_1", ascii_count=False)
+    assert fast.fast and not slow.fast
+    texts = [*CORPUS, "x", "", "café au lait", "<think>"]
+    replies = [(text, None) for text in texts] + [("ok", text) for text in texts]
+    assert fast.count_many(replies) == slow.count_many(replies)
 
 
 def test_reply_counter_on_deepseek_with_a_context(deepseek):
-    context = ContentContext(before="assistant\n", after="\n")
-    fast, slow = ReplyCounter(deepseek, context), ReplyCounter(deepseek, context, False)
+    template = BUILTINS["chatml"]
+    fast = ReplyAccounting.build(deepseek, template, "call_1")
+    slow = ReplyAccounting.build(deepseek, template, "call_1", ascii_count=False)
     assert fast.fast
     assert [fast.count(t) for t in CORPUS] == [slow.count(t) for t in CORPUS]
-    assert fast.count_many(["a<|EOT|>b", "ok"]) == slow.count_many(["a<|EOT|>b", "ok"])
+    pairs = [("a<|EOT|>b", None), ("ok", None)]
+    assert fast.count_many(pairs) == slow.count_many(pairs)

@@ -21,7 +21,8 @@ from batchbench.drive.wire import BodyOptions, Conversation
 from batchbench.plan.workload import Workload
 from batchbench.rng import content_root
 from batchbench.text.content import ContentFactory
-from batchbench.text.framing import ContentContext, Framing, ReplyCounter, content_contexts, trimmed
+from batchbench.text.framing import Framing, trimmed
+from batchbench.text.replycount import REFERENCE_SHAPE, ReplyAccounting
 from batchbench.text.synth import Synthesizer
 
 
@@ -161,25 +162,32 @@ class FakeTemplate:
         return "".join(out) + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
 
-def test_content_contexts_reach_the_nearest_marker():
-    contexts = content_contexts(FakeTemplate(), "call_1")
-    assert contexts["user"] == ContentContext("user\n", "")
-    assert contexts["assistant"] == ContentContext("assistant\n", "\n\n")
-    assert contexts["tool"] == ContentContext("tool\n", "")
+def test_reply_forms_reach_the_nearest_marker(packaged):
+    accounting = ReplyAccounting.build(packaged("qwen3"), FakeTemplate(), "call_1")
+    assert accounting.forms[REFERENCE_SHAPE].pieces == ("assistant\n", "\n\n")
+    # The fake template drops reasoning: a thinking reply has the plain reply's form.
+    assert accounting.forms[(True, True)].pieces == ("assistant\n", "\n\n")
+    assert accounting.forms[(True, True)].holes == ("content",)
 
 
 def test_reply_counter_charges_merges_with_the_template_text(packaged):
     qwen = packaged("qwen3")
-    plain = ReplyCounter(qwen)
-    counter = ReplyCounter(qwen, ContentContext("assistant\n", "\n\n"))
+    plain = ReplyAccounting.build(qwen)
+    counter = ReplyAccounting.build(qwen, FakeTemplate(), "call_1")
     encode = qwen.tokenizer.encode
     # "Done." alone is 2 tokens; before "\n\n" its "." joins the newlines (".\n\n").
     assert len(encode("Done.", add_special_tokens=False).ids) == 2
     assert plain.count("Done.") == 2
     assert counter.count("Done.") == 1
     assert counter.count("Done") == 1
-    assert counter.count("") == counter.count(None) == 0
-    assert counter.count_many(["Done.", "Done", ""]) == [1, 1, 0]
+    # Empty, the template renders "assistant\n\n\n": one token less than around a text.
+    empty = (
+        len(encode("assistant\n\n\n", add_special_tokens=False).ids)
+        - len(encode("assistant\n", add_special_tokens=False).ids)
+        - len(encode("\n\n", add_special_tokens=False).ids)
+    )
+    assert counter.count("") == counter.count(None) == empty
+    assert counter.count_many([("Done.", None), ("Done", None), ("", None)]) == [1, 1, empty]
     assert trimmed("  Done.\n") == "Done." and trimmed(None) is None
 
 
@@ -273,7 +281,7 @@ async def _calibrate(url: str, synth, replies, stream: bool = False) -> Calibrat
 def test_calibration_on_the_simulator_finds_its_chatml_overheads(deepseek, stream):
     synth = Synthesizer.prepare(deepseek)
     with SimProcess(sim_command("deepseek-v3", None, "--speed 0")) as sim:
-        calibration = run(_calibrate(sim.url, synth, ReplyCounter(deepseek), stream))
+        calibration = run(_calibrate(sim.url, synth, ReplyAccounting.build(deepseek), stream))
     assert (calibration.initial, calibration.turn) == (9, 35)
     assert calibration.consistent and calibration.check_ok
     assert calibration.initial_seen == (9, 9, 9) and calibration.turn_seen == (35, 35, 35)
@@ -294,7 +302,7 @@ def test_calibration_without_usage_is_a_clear_error(deepseek):
             r"\(response missing usage field\)$",
         ),
     ):
-        run(_calibrate(stub.url, synth, ReplyCounter(deepseek)))
+        run(_calibrate(stub.url, synth, ReplyAccounting.build(deepseek)))
 
 
 def test_calibration_does_not_retry_a_client_error(deepseek):
@@ -304,7 +312,7 @@ def test_calibration_does_not_retry_a_client_error(deepseek):
             CalibrationError,
             match=r"^calibration probe failed: request failed \(404 Not Found\) no such model$",
         ):
-            run(_calibrate(stub.url, synth, ReplyCounter(deepseek)))
+            run(_calibrate(stub.url, synth, ReplyAccounting.build(deepseek)))
         assert len(stub.requests) == 1
 
 
@@ -351,18 +359,16 @@ def test_reasoning_counts_where_the_template_renders_it(tmp_path):
     import test_chat_templates as templates
 
     from batchbench.text.chat_templates import load_chat_template
-    from batchbench.text.framing import ReplyAccounting
     from batchbench.text.tokenizer import LoadedTokenizer
 
     qwen = templates.model_dir(tmp_path, "qwen-3.5", "qwen-3.5")
-    contexts = content_contexts(load_chat_template("tokenizer", qwen), "call_1")
-    assert contexts["reasoning"].rendered  # Qwen3.5 renders reasoning after the last query
-    accounting = ReplyAccounting.build(qwen, contexts)
+    accounting = ReplyAccounting.build(qwen, load_chat_template("tokenizer", qwen), "call_1")
+    # Qwen3.5 renders reasoning after the last query: its text and <think> framing count.
     plain = accounting.count("Done.")
     assert accounting.count("Done.", "Let me think about it.") > plain + 4
     chatml = load_chat_template("chatml", qwen)
-    dropped = ReplyAccounting.build(qwen, content_contexts(chatml, "call_1"))
-    assert not content_contexts(chatml, "call_1")["reasoning"].rendered
+    dropped = ReplyAccounting.build(qwen, chatml, "call_1")
+    assert dropped.forms[(True, True)].holes == ("content",)
     assert dropped.count("Done.", "Let me think about it.") == dropped.count("Done.")
     assert isinstance(qwen, LoadedTokenizer)
 
@@ -397,7 +403,7 @@ def test_calibration_retries_a_malformed_body(deepseek):
                     return json.loads(response.read())
 
             stub.handler = forward
-            calibration = run(_calibrate(stub.url, synth, ReplyCounter(deepseek)))
+            calibration = run(_calibrate(stub.url, synth, ReplyAccounting.build(deepseek)))
     assert (calibration.initial, calibration.turn) == (9, 35) and calibration.check_ok
 
 
@@ -410,7 +416,7 @@ def test_sim_rejects_a_template_file_and_two_templates(tmp_path, capsys):
     )
     base = ["--agent-plans-jsonl", str(plans), "--sim"]
     assert run_console([*base, "--chat-template", str(tmp_path / "t.jinja")], "x") == 2
-    assert "with --sim, --chat-template must be chatml, gemma, llama3 or tokenizer" in (
+    assert "with --sim, --chat-template must be chatml, gemma, llama3, qwen3 or tokenizer" in (
         capsys.readouterr().err
     )
     both = [*base, "--chat-template", "gemma", "--sim-args", "--chat-template llama3"]

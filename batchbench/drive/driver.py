@@ -63,7 +63,8 @@ from batchbench.results.failures import AttemptError, ErrorKind
 from batchbench.results.lifecycle import Outcome
 from batchbench.results.recording import Recorder
 from batchbench.text.content import ContentFactory
-from batchbench.text.framing import Framing, ReplyAccounting, trimmed
+from batchbench.text.framing import Framing, trimmed
+from batchbench.text.replycount import ReplyAccounting
 
 # Texts up to this many tokens are assembled on the loop (microseconds with the fast
 # method); longer ones, and every text of the repair method, go to the worker pool.

@@ -8,7 +8,7 @@ time it is built, so the tool result absorbs every difference:
 
 where ``served_i`` is the server's ``usage.prompt_tokens`` of request i (closed loop: a
 drift the client did not predict is paid back by the next request of the same trajectory),
-``rendered_reply_i`` the reply as the next prompt renders it (``ReplyCounter``) and the
+``rendered_reply_i`` the reply as the next prompt renders it (``ReplyAccounting``) and the
 turn overhead the run's estimate (``Framing``: flags, calibration, learned). A first or
 reset request is one fresh user message of ``target - initial_overhead`` tokens.
 
