@@ -20,14 +20,15 @@ cdef object _DecodeError = orjson.JSONDecodeError
 
 cdef enum:
     CONTENT = 0
-    REASONING = 1
+    REASONING = 1  # under reasoning_content
+    REASONING_NAMED = 2  # under reasoning (vLLM since 0.17)
     MAX_TEMPLATES = 3
     LEARN_BUDGET = 4  # learnings without a hit in between before learning stops
     HEAD_BYTES = 256  # the stream's first bytes, kept to describe a body that is not SSE
 
 cdef bytes _EMPTY = b""
 cdef bytes _DONE = b"[DONE]"
-cdef tuple _KEYS = (b"content", b"reasoning_content")
+cdef tuple _KEYS = (b"content", b"reasoning_content", b"reasoning")
 
 
 cdef inline bint _strip_space(char c) noexcept:
@@ -66,8 +67,9 @@ cdef object _bad_chunk():
 
 
 def learn(bytes payload not None, int kind):
-    """``(prefix, suffix)`` around the value of the only ``content`` (kind 0) or
-    ``reasoning_content`` (kind 1) key of a valid, backslash-free payload, else None."""
+    """``(prefix, suffix)`` around the value of the only ``content`` (kind 0),
+    ``reasoning_content`` (kind 1) or ``reasoning`` (kind 2) key of a valid, backslash-free
+    payload, else None."""
     cdef const char *buf = PyBytes_AS_STRING(payload)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(payload)
     cdef bytes key = <bytes>_KEYS[kind]
@@ -135,6 +137,7 @@ cdef class SseScanner:
     cdef readonly Py_ssize_t parsed
     cdef readonly list content
     cdef readonly list reasoning
+    cdef readonly str reasoning_key  # the field the reasoning came under
     cdef readonly list times
     cdef readonly object usage
     cdef readonly object error  # the server's error message, when it sent one
@@ -153,6 +156,7 @@ cdef class SseScanner:
         self.parsed = 0
         self.content = []
         self.reasoning = []
+        self.reasoning_key = "reasoning_content"
         self.times = []
         self.usage = None
         self.error = None
@@ -303,6 +307,7 @@ cdef class SseScanner:
 
     cdef int _parse(self, bytes payload, double arrived) except -1:
         cdef object chunk, usage, choices, choice, delta, content, reasoning
+        cdef int kind
         cdef bint has_content, has_reasoning
         try:
             chunk = _LOADS(payload)
@@ -327,6 +332,12 @@ cdef class SseScanner:
             return 0
         content = (<dict>delta).get("content")
         reasoning = (<dict>delta).get("reasoning_content")
+        kind = REASONING
+        if reasoning is None:
+            reasoning = (<dict>delta).get("reasoning")
+            if type(reasoning) is str:
+                kind = REASONING_NAMED
+                self.reasoning_key = "reasoning"
         has_content = type(content) is str and len(<str>content) > 0
         has_reasoning = type(reasoning) is str and len(<str>reasoning) > 0
         if has_content:
@@ -341,7 +352,7 @@ cdef class SseScanner:
         if type(content) is str and not has_reasoning:
             self._learn(payload, CONTENT)
         elif type(reasoning) is str and not has_content:
-            self._learn(payload, REASONING)
+            self._learn(payload, kind)
         return 0
 
     cdef int _learn(self, bytes payload, int kind) except -1:

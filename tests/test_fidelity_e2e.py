@@ -322,11 +322,15 @@ def qwen3_tokenizers(tmp_path_factory) -> dict[str, Path]:
     }
 
 
-@pytest.mark.parametrize("replay", ["keep", "drop"])
+@pytest.mark.parametrize(
+    ("replay", "field"),
+    [("keep", "reasoning_content"), ("drop", "reasoning_content"), ("keep", "reasoning")],
+    ids=["keep", "drop", "keep-vllm-field"],
+)
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 @pytest.mark.parametrize("tokenizer", ["qwen-3", "smollm-like"])
 def test_thinking_replies_on_a_qwen3_template_are_exact(
-    tmp_path, capsys, qwen3_tokenizers, tokenizer, stream, replay
+    tmp_path, capsys, qwen3_tokenizers, tokenizer, stream, replay, field
 ):
     """Half the simulated replies think first. Each reply is counted in the context the
     template gives it (after ``</think>\\n\\n`` or ``assistant\\n``; without the newline
@@ -336,7 +340,7 @@ def test_thinking_replies_on_a_qwen3_template_are_exact(
     args = [
         "--agent-plans-jsonl", str(plans), "--max-active-agents", "2",
         "--tokenizer-model", str(qwen3_tokenizers[tokenizer]), "--chat-template", "qwen3",
-        "--sim-args", "--speed 0 --reasoning-share 0.5", "--calibrate",
+        "--sim-args", f"--speed 0 --reasoning-share 0.5 --reasoning-field {field}", "--calibrate",
         "--replay-reasoning", replay,
     ] + (["--stream"] if stream else [])  # fmt: skip
     status, summary, events, _ = run(tmp_path, *args)
@@ -346,6 +350,7 @@ def test_thinking_replies_on_a_qwen3_template_are_exact(
     assert [e["prompt_drift"] for e in events] == [0] * 24
     assert "Prompt fidelity: 24/24 exact (100.0%), mean |drift| 0.00 tokens, max 0" in out
     assert summary["fidelity"]["prompt"]["exact"] == 24
+    assert summary["configuration"]["replay_reasoning"] == replay
     assert [e["output_drift"] for e in events] == [0] * 24
     rendered = [
         e["reply_rendered_tokens"] for e in events if e["reply_rendered_tokens"] is not None

@@ -94,8 +94,10 @@ class Oracle:
         if not isinstance(delta, dict):
             return
         carried = False
-        for key, into in (("content", self.content), ("reasoning_content", self.reasoning)):
-            text = delta.get(key)
+        reasoning = delta.get("reasoning_content")
+        if reasoning is None:  # vLLM's name since 0.17
+            reasoning = delta.get("reasoning")
+        for text, into in ((delta.get("content"), self.content), (reasoning, self.reasoning)):
             if isinstance(text, str) and text:
                 into.append(text)
                 carried = True
@@ -206,6 +208,21 @@ def test_reasoning_then_content_both_fast(mod):
     assert got[1] == ["c1", "c2", "c3"] and got[2] == ["r1", "r2", "r3"]
     assert got[3] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     assert scanner.parsed == 3  # r1, c1 learn; usage
+
+
+@impl
+def test_reasoning_under_vllms_newer_name_is_read_fast_and_named(mod):
+    reads = [event(chunk({"reasoning": t})) for t in ("r1", "r2", "r3")]
+    reads += [event(chunk({"content": t})) for t in ("c1", "c2")]
+    reads.append(event(chunk(usage=USAGE)))
+    got, scanner = run(mod.SseScanner, reads)
+    assert got == outcome(Oracle, reads)
+    assert got[1] == ["c1", "c2"] and got[2] == ["r1", "r2", "r3"]
+    assert scanner.reasoning_key == "reasoning"
+    assert scanner.parsed == 3  # r1, c1 learn; usage
+    assert mod.learn(b'{"delta":{"reasoning":"r"}}', 2) == (b'{"delta":{"reasoning":"', b'"}}')
+    _, older = run(mod.SseScanner, [event(chunk({"reasoning_content": "r"}))])
+    assert older.reasoning_key == "reasoning_content"
 
 
 @impl

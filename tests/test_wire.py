@@ -28,6 +28,7 @@ from batchbench.drive.wire import (
     normalized_assistant,
     parse_response,
     parse_retry_after,
+    reasoning_of,
     request_headers,
     tool_call_id,
     tool_message,
@@ -36,6 +37,7 @@ from batchbench.drive.wire import (
     valid_header_value,
     verbose_request,
     verbose_response,
+    without_reasoning,
 )
 from batchbench.results.metrics import StreamSamples, median_seconds
 
@@ -1090,3 +1092,43 @@ def test_property_stream_split_points_do_not_matter(cuts):
     assert reply.message == {"role": "assistant", "content": "Hello", "reasoning_content": "think"}
     assert reply.prompt_tokens == 12
     assert reply.completion_tokens == 3
+
+
+def test_reasoning_is_replayed_under_the_name_the_server_used():
+    old = {"role": "assistant", "content": "a", "reasoning_content": " r "}
+    new = {"role": "assistant", "content": "a", "reasoning": " r "}
+    assert reasoning_of(old) == reasoning_of(new) == " r "
+    assert reasoning_of({"content": "a"}) is None
+    assert normalized_assistant(old, "a", "r") == {
+        "role": "assistant",
+        "content": "a",
+        "reasoning_content": "r",
+    }
+    assert normalized_assistant(new, "a", "r") == {
+        "role": "assistant",
+        "content": "a",
+        "reasoning": "r",
+    }
+    # A reasoning trimmed to nothing is left out: the server renders what was counted.
+    assert normalized_assistant(new, "a", "") == {"role": "assistant", "content": "a"}
+    assert normalized_assistant(old, "a", None) == {"role": "assistant", "content": "a"}
+    # --replay-reasoning drop: both names go.
+    both = {"role": "assistant", "content": "a", "reasoning": "r", "reasoning_content": "r"}
+    assert without_reasoning(both) == {"role": "assistant", "content": "a"}
+    plain = {"role": "assistant", "content": "a"}
+    assert without_reasoning(plain) is plain
+
+
+def test_a_stream_with_vllms_reasoning_field_is_assembled_under_it():
+    head = b'{"id":"x","choices":[{"index":0,"delta":'
+    reads = [
+        b"data: " + head + b'{"reasoning":"think"}}]}\n\n',
+        b"data: " + head + b'{"content":"done"}}]}\n\n',
+        b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}}\n\n',
+        b"data: [DONE]\n\n",
+    ]
+    assembler = StreamAssembler()
+    for index, data in enumerate(reads):
+        assembler.feed(data, float(index))
+    reply = assembler.finish(9.0)
+    assert reply.message == {"role": "assistant", "content": "done", "reasoning": "think"}

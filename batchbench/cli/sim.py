@@ -126,6 +126,13 @@ def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
         "by the request (default %(default)s)",
     )
     server.add_argument(
+        "--reasoning-field",
+        choices=("reasoning_content", "reasoning"),
+        default="reasoning_content",
+        help="the field reasoning comes in: reasoning_content (SGLang, llama.cpp, vLLM before "
+        "0.17) or reasoning (vLLM since 0.17) (default %(default)s)",
+    )
+    server.add_argument(
         "--model",
         "--model-name",
         dest="model_name",
@@ -323,6 +330,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         chat_template=args.chat_template,
         reply_text=args.reply_text,
         reasoning_share=args.reasoning_share,
+        reasoning_field=args.reasoning_field,
         default_max_tokens=args.default_max_tokens,
         max_model_len=args.max_model_len,
         stream_chunk_tokens=args.stream_chunk_tokens,

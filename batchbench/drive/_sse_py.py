@@ -18,8 +18,9 @@ _DecodeError = orjson.JSONDecodeError
 _NOT_PLAIN = re.compile(rb'[\x00-\x1f"\\]')
 
 CONTENT = 0
-REASONING = 1
-_KEYS = (b"content", b"reasoning_content")
+REASONING = 1  # under ``reasoning_content``
+REASONING_NAMED = 2  # under ``reasoning`` (vLLM since 0.17)
+_KEYS = (b"content", b"reasoning_content", b"reasoning")
 MAX_TEMPLATES = 3
 HEAD_BYTES = 256  # the stream's first bytes, kept to describe a body that is not SSE
 LEARN_BUDGET = 4  # learnings without a hit in between before learning stops
@@ -46,7 +47,7 @@ def _bad_chunk() -> Exception:
 
 def learn(payload: bytes, kind: int) -> tuple[bytes, bytes] | None:
     """``(prefix, suffix)`` around the value of the only ``content`` (or
-    ``reasoning_content``) key of a valid, backslash-free payload, else None.
+    ``reasoning_content``, or ``reasoning``) key of a valid, backslash-free payload, else None.
 
     Without backslashes every quote opens or closes a string, so splitting at quotes
     yields the strings at odd positions; a string followed by ``:`` is a key."""
@@ -90,6 +91,7 @@ class SseScanner:
         "head",
         "parsed",
         "reasoning",
+        "reasoning_key",
         "times",
         "usage",
     )
@@ -109,6 +111,7 @@ class SseScanner:
         self.parsed = 0  # of which parsed in full (the others fit a template)
         self.content: list[str] = []
         self.reasoning: list[str] = []
+        self.reasoning_key = "reasoning_content"  # the field the reasoning came under
         self.times: list[float] = []  # arrival of each chunk that carried text
         self.usage = None  # the last non-null usage
 
@@ -225,6 +228,12 @@ class SseScanner:
             return
         content = delta.get("content")
         reasoning = delta.get("reasoning_content")
+        kind = REASONING
+        if reasoning is None:
+            reasoning = delta.get("reasoning")
+            if type(reasoning) is str:
+                kind = REASONING_NAMED
+                self.reasoning_key = "reasoning"
         has_content = type(content) is str
         has_reasoning = type(reasoning) is str
         if has_content and content:
@@ -239,7 +248,7 @@ class SseScanner:
         if has_content and not (has_reasoning and reasoning):
             self._learn(payload, CONTENT)
         elif has_reasoning and not (has_content and content):
-            self._learn(payload, REASONING)
+            self._learn(payload, kind)
 
     def _learn(self, payload: bytes, kind: int) -> None:
         self._budget -= 1

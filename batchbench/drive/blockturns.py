@@ -27,6 +27,7 @@ from batchbench.drive.shutdown import abandon
 from batchbench.drive.wire import (
     body_fields,
     normalized_assistant,
+    reasoning_of,
     without_reasoning,
 )
 from batchbench.errors import BatchbenchError
@@ -240,7 +241,7 @@ class BlockTurns:
 
             message = reply.message if fidelity.keep_reasoning else without_reasoning(reply.message)
             content = message.get("content")
-            reasoning = message.get("reasoning_content")
+            reasoning = reasoning_of(message)
             rendered = None
             if correct:
                 content, reasoning = trimmed(content), trimmed(reasoning)

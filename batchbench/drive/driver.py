@@ -48,6 +48,7 @@ from batchbench.drive.wire import (
     is_retryable_status,
     parse_response,
     parse_retry_after,
+    reasoning_of,
     request_headers,
     tool_call_id,
     tool_message,
@@ -425,7 +426,7 @@ class HttpAgentLoop(BlockTurns):
 
             message = reply.message if fidelity.keep_reasoning else without_reasoning(reply.message)
             content = message.get("content")
-            reasoning = message.get("reasoning_content")
+            reasoning = reasoning_of(message)
             counting = None
             if appends and correct:
                 content, reasoning = trimmed(content), trimmed(reasoning)

@@ -3,7 +3,8 @@
 ``SseScanner()`` takes network reads (``feed(data: bytes, arrived: float)``) and, once the
 stream ended, ``flush()`` for an unterminated last line. It keeps what a reply needs:
 ``chunks`` (JSON payloads), ``content`` and ``reasoning`` (the non-empty texts of
-``choices[0].delta.content`` / ``.reasoning_content``), ``times`` (the arrival of each
+``choices[0].delta.content`` / ``.reasoning_content`` or ``.reasoning``, the field named
+by ``reasoning_key``), ``times`` (the arrival of each
 chunk that carried text: TTFT and inter-token gaps), ``usage`` (the last non-null one),
 ``done`` (``data: [DONE]`` seen) and ``parsed`` (chunks that needed a full JSON parse).
 An invalid JSON payload raises ``ResponseError(BAD_CHUNK)``.
@@ -12,14 +13,15 @@ Lines end at ``\\n`` (a ``\\r`` before it is stripped with the payload's whitesp
 lines starting ``data:`` count; comments, ``event:``, ``id:`` and empty payloads are skipped.
 
 Why most chunks need no JSON parse, exactly: a chunk that was parsed, has no usage, no
-backslash, exactly one ``content`` (or ``reasoning_content``) key with a string value, and
-no text in the other field, becomes a template ``prefix "TEXT" suffix``. A later payload
-that starts with that prefix and ends with that suffix, with a middle free of quotes,
-backslashes and control characters that is valid UTF-8, is that same valid JSON document
-with only the string changed, so a parse would give the same chunk with the middle as its
-text. Anything else (escapes, usage, tool calls, the finish chunk) takes the full orjson
-parse. Servers repeat id/model/created across a stream's chunks, so nearly every content
-chunk fits; a template is per stream and learning stops after a few misses.
+backslash, exactly one ``content`` (or ``reasoning_content``, or ``reasoning``) key with
+a string value, and no text in the other field, becomes a template ``prefix "TEXT"
+suffix``. A later payload that starts with that prefix and ends with that suffix, with a
+middle free of quotes, backslashes and control characters that is valid UTF-8, is that
+same valid JSON document with only the string changed, so a parse would give the same
+chunk with the middle as its text. Anything else (escapes, usage, tool calls, the finish
+chunk) takes the full orjson parse. Servers repeat id/model/created across a stream's
+chunks, so nearly every content chunk fits; a template is per stream and learning stops
+after a few misses.
 """
 
 from __future__ import annotations

@@ -201,35 +201,51 @@ def tool_message(call_id: str, content: str) -> bytes:
     )
 
 
-_NORMALIZED_KEYS = ("reasoning_content", "name", "refusal")
+# vLLM named a reply's reasoning ``reasoning_content`` until 0.17, ``reasoning`` since;
+# SGLang and llama.cpp use ``reasoning_content``. A reply is replayed under its own name.
+REASONING_KEYS = ("reasoning_content", "reasoning")
+_NORMALIZED_KEYS = (*REASONING_KEYS, "name", "refusal")
 _REPLAYED_TEXT_KEYS = ("content", *_NORMALIZED_KEYS)
 
 
 _KEEP = object()
 
 
+def reasoning_of(message: dict) -> object:
+    """A reply's reasoning, under either name (None when it has none)."""
+    reasoning = message.get("reasoning_content")
+    return message.get("reasoning") if reasoning is None else reasoning
+
+
 def normalized_assistant(message: dict, content=_KEEP, reasoning=_KEEP) -> dict:
     """The reply as it is replayed: role, content (null when absent) and the present
     reasoning/name/refusal fields; the model's own tool calls are dropped.
 
-    ``content`` and ``reasoning`` replace the reply's content and ``reasoning_content``
-    (the driver sends them trimmed, the way the prompt correction counted them)."""
+    ``content`` and ``reasoning`` replace the reply's content and reasoning (the driver
+    sends them trimmed, the way the prompt correction counted them); a reasoning replaced
+    by nothing ("" or None) is left out, so that the server renders what was counted (a
+    template may tell an empty reasoning from none)."""
     normalized = {"role": "assistant", "content": message.get("content")}
     for key in _NORMALIZED_KEYS:
         if key in message:
             normalized[key] = message[key]
     if content is not _KEEP:
         normalized["content"] = content
-    if reasoning is not _KEEP and "reasoning_content" in normalized:
-        normalized["reasoning_content"] = reasoning
+    if reasoning is not _KEEP:
+        for key in REASONING_KEYS:
+            if key in normalized:
+                if reasoning:
+                    normalized[key] = reasoning
+                else:
+                    del normalized[key]
     return normalized
 
 
 def without_reasoning(message: dict) -> dict:
-    """The reply without its ``reasoning_content`` (``--replay-reasoning drop``)."""
-    if "reasoning_content" not in message:
+    """The reply without its reasoning (``--replay-reasoning drop``)."""
+    if not any(key in message for key in REASONING_KEYS):
         return message
-    return {key: value for key, value in message.items() if key != "reasoning_content"}
+    return {key: value for key, value in message.items() if key not in REASONING_KEYS}
 
 
 def assistant_with_tool_call(message: dict, call_id: str, content=_KEEP, reasoning=_KEEP) -> bytes:
@@ -444,7 +460,7 @@ class StreamAssembler(SseScanner):
         prompt, completion, cached = _usage_counts(usage)
         message: dict = {"role": "assistant", "content": "".join(self.content)}
         if self.reasoning:
-            message["reasoning_content"] = "".join(self.reasoning)
+            message[self.reasoning_key] = "".join(self.reasoning)
         reply = Reply(message, prompt, completion, cached, usage)
         times = self.times
         if times:

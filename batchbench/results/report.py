@@ -582,6 +582,7 @@ def summary_document(
             "seed": config.seed,
             "content_salt": setup.content_salt,
             "prompt_correction": config.prompt_correction,
+            "replay_reasoning": config.replay_reasoning,
             "prompt_oracle": config.prompt_oracle,
             "chat_template": setup.chat_template,
             "calibration": setup.calibration,

@@ -65,7 +65,8 @@ class SimConfig:
     dp_ranks: int = 1
     chat_template: str = "chatml"
     reply_text: str = "model"  # "model": token ids decoded; "exact": text of exactly n tokens
-    reasoning_share: float = 0.0  # share of replies that start with reasoning_content
+    reasoning_share: float = 0.0  # share of replies that start with reasoning
+    reasoning_field: str = "reasoning_content"  # or "reasoning", as vLLM names it since 0.17
     default_max_tokens: int = 256
     max_model_len: int = 262_144
     stream_chunk_tokens: int = 1
@@ -341,7 +342,9 @@ class SimServer:
             "content": self.replies.whole(output.tokens - thinking, output.seed),
         }
         if thinking:
-            message["reasoning_content"] = self.replies.whole(thinking, output.seed ^ THINKING)
+            message[self.config.reasoning_field] = self.replies.whole(
+                thinking, output.seed ^ THINKING
+            )
         return message
 
     def _usage(self, prompt: int, cached: int, completion: int) -> dict[str, Any]:
@@ -423,7 +426,8 @@ class SimServer:
         # Content events differ only in their text: build them from fixed byte halves.
         opening = orjson.dumps(dict(head, choices=[{"index": 0, "delta": {"content": ""}}]))
         before = b"data: " + opening[: opening.rindex(b'""')]
-        thinking_opening = opening.replace(b'"content":', b'"reasoning_content":')
+        field = orjson.dumps(self.config.reasoning_field)
+        thinking_opening = opening.replace(b'"content":', field + b":")
         thinking_before = b"data: " + thinking_opening[: thinking_opening.rindex(b'""')]
         after = b'},"finish_reason":null}]}\n\n'
         last_after = b'},"finish_reason":' + orjson.dumps(output.finish_reason) + b"}]}\n\n"

@@ -303,7 +303,7 @@ class Qwen3Template(BuiltinTemplate):
 
     def _assistant(self, message: dict, think: bool, last: bool) -> str:
         text = self._content(message)
-        reasoning = message.get("reasoning_content")
+        reasoning = message.get("reasoning_content", message.get("reasoning"))
         reasoning = reasoning.strip() if isinstance(reasoning, str) else ""
         body = text
         if think and (reasoning or last):
@@ -592,6 +592,7 @@ class JinjaTemplate:
             if (text := _token_text(config.get(key))) is not None
         }
         self.name = name
+        self.source = source  # its text: the tags it may test a reply for are named there
         self.content_format = detect_content_format(source)
         added = loaded.tokenizer.get_added_tokens_decoder()
         self.markers = frozenset(token.content for token in added.values() if token.content)

@@ -156,15 +156,17 @@ def _reply_form(
     found = sorted((rendered.find(s), s) for s in _HOLES if rendered.find(s) >= 0)
     if not found:
         return ReplyForm(("",), (), 0), tokens.whole(rendered), rendered
-    if any(rendered.count(sentinel) > 1 for _, sentinel in found):
-        # Counted by rendering; the whole probe is its raw constant, so that a rendered
-        # reference shape still makes every other shape's count relative to it.
-        return ReplyForm(("",), (), 0, rendered=True), tokens.whole(rendered), rendered
     first, last = found[0][0], found[-1][0] + len(found[-1][1])
     start = max(
         (rendered.rfind(m, 0, first) + len(m) for m in markers if m in rendered[:first]), default=0
     )
     stop = min((at for m in markers if (at := rendered.find(m, last)) >= 0), default=len(rendered))
+    # A text the template prints twice, or a stretch that also holds the user's or the tool's
+    # text (no added token between them), has no single form: such replies are rendered.
+    if any(rendered.count(sentinel) > 1 for _, sentinel in found) or any(
+        sentinel in rendered[start:stop] for sentinel in (_USER_SENTINEL, _TOOL_SENTINEL)
+    ):
+        return ReplyForm(("",), (), 0, rendered=True), tokens.whole(rendered), rendered
     pieces, holes, at = [], [], start
     for position, sentinel in found:
         pieces.append(rendered[at:position])
@@ -175,6 +177,15 @@ def _reply_form(
     stretch = form.assemble(_ASSISTANT_SENTINEL, _REASONING_SENTINEL)
     raw = tokens.whole(rendered) - tokens.stretches([stretch], ascii_ok=False)[0]
     return form, raw, rendered
+
+
+def _prints_verbatim(template: RendersChat, call_id: str) -> bool:
+    """True when the template prints a reply's text as it is (no escaping, no JSON):
+    quotes, newlines, angle brackets and backslashes come back unchanged."""
+    awkward = _ASSISTANT_SENTINEL + ' "quoted"\n<b>&amp; back\\slash'
+    conversation = _reply_probe(call_id, REFERENCE_SHAPE, content=awkward)
+    rendered = template.render(conversation, add_generation_prompt=True)
+    return awkward in rendered
 
 
 class ReplyAccounting:
@@ -206,7 +217,12 @@ class ReplyAccounting:
         self.forms = forms
         self._template = template
         self._reference = reference
-        self._tags = tuple(sorted(tags))
+        # One search for all tags (a template's source may name hundreds of added tokens).
+        self._tags = (
+            re.compile("|".join(re.escape(t) for t in sorted(tags, key=len, reverse=True)))
+            if tags
+            else None
+        )
         self._call_id = call_id
 
     @classmethod
@@ -227,15 +243,25 @@ class ReplyAccounting:
         markers = frozenset(m for m in template.markers if m)
         forms: dict[ReplyShape, ReplyForm] = {}
         raws: dict[ReplyShape, int] = {}
-        tags: set[str] = set()
+        # Tags a template could act on: those it prints, and those its source names
+        # (QwQ's cuts a text at "</think>" without ever printing it in a probe).
+        tags: set[str] = {m for m in markers if _TAG.fullmatch(m)}
+        tags.update(_TAG.findall(getattr(template, "source", "")))
+        verbatim = _prints_verbatim(template, call_id)
         for shape in _SHAPES:
             form, raws[shape], rendered = _reply_form(template, tokens, markers, call_id, shape)
+            if not verbatim and form.holes:
+                form = ReplyForm(("",), (), 0, rendered=True)
+                raws[shape] = tokens.whole(rendered)
             forms[shape] = form
             tags.update(_TAG.findall(rendered))
         reference = forms[REFERENCE_SHAPE]
-        base = raws[REFERENCE_SHAPE]
-        if reference.holes and not reference.rendered:  # the text's own context
-            base += sum(tokens.stretches(list(reference.pieces), ascii_ok=False))
+        if reference.rendered:  # counts relative to an empty text's
+            base = raws[(False, False)]
+        else:
+            base = raws[REFERENCE_SHAPE]
+            if reference.holes:  # the text's own context (a template may drop the text)
+                base += sum(tokens.stretches(list(reference.pieces), ascii_ok=False))
         forms = {
             shape: ReplyForm(form.pieces, form.holes, raws[shape] - base, form.rendered)
             for shape, form in forms.items()
@@ -282,9 +308,11 @@ class ReplyAccounting:
         stretches, owners = [], []
         for index, (content, reasoning) in enumerate(zip(content_of, reasoning_of, strict=True)):
             form = self.forms[(bool(reasoning), bool(content))]
+            tags = self._tags
             if form.rendered or (
-                ("<" in content or "<" in reasoning)
-                and any(tag in content or tag in reasoning for tag in self._tags)
+                tags is not None
+                and ("<" in content or "<" in reasoning)
+                and (tags.search(content) or tags.search(reasoning))
             ):
                 results[index] = self._rendered(content, reasoning)
                 continue
