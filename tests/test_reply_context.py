@@ -164,6 +164,11 @@ REAL = [
     ("glm-4.7-flash", "glm-4.7-flash"),
     ("glm-4.7-flash", "glm-5"),
     ("minimax-m3", "minimax-m3"),
+    # These cut a text at "</think>" without printing the tag around a probe reply.
+    ("qwq-32b", "qwq-32b"),
+    ("deepseek-r1-distill-llama-8b", "deepseek-r1-distill-llama-8b"),
+    ("glm-4.5v", "glm-4.5v"),
+    ("deepseek-v2.5", "deepseek-v2.5"),
 ]
 # DeepSeek-V3.1's and R1's own templates concatenate tool-call arguments as strings, so
 # they cannot render the objects vLLM hands templates (vLLM serves them with its own).
@@ -228,3 +233,35 @@ def test_a_folder_whose_two_templates_agree_does_not_warn(tmp_path):
     heard: list[str] = []
     load_chat_template("tokenizer", loaded, heard.append)
     assert heard == []
+
+
+class OddTemplate:
+    """ChatML whose assistant turn prints its text twice, or as a JSON string."""
+
+    markers = frozenset({"<|im_start|>", "<|im_end|>"})
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    def render(self, messages, add_generation_prompt=True, tools=None):
+        out = []
+        for message in messages:
+            text = message.get("content") or ""
+            if message["role"] == "assistant":
+                text = text + "\n" + text if self.how == "twice" else json.dumps(text)
+            out.append(f"<|im_start|>{message['role']}\n{text}<|im_end|>\n")
+        return "".join(out) + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+@pytest.mark.parametrize("how", ["twice", "json"])
+def test_a_template_that_repeats_or_escapes_the_text_is_counted_by_rendering(tmp_path, how):
+    loaded = model_dir(tmp_path, "qwen-3", "qwen-3")
+    template = OddTemplate(how)
+    accounting = ReplyAccounting.build(loaded, template, "call_0_1")
+    # Every shape with a text has no single form (an empty text has no text to place).
+    assert [shape for shape, form in accounting.forms.items() if form.rendered] == [
+        (False, True),
+        (True, True),
+    ]
+    check_exact(accounting, template, loaded.tokenizer)
+    assert accounting.count("") == 0  # counted relative to an empty text
