@@ -11,7 +11,8 @@ computed once by the tokenizer's own BPE model and then remembered.
 Exactness is not assumed: :func:`ascii_counter` accepts only a tokenizer whose pipeline it
 understands (no normalizer but NFC, ``Split`` stages with isolated matches, then
 ``ByteLevel`` without a prefix space or its own regex, a plain BPE model), translates each
-stage's pattern (refusing any construct it does not know), and then checks itself against
+stage's pattern (refusing any construct it does not know or that Python's ``re`` reads
+otherwise, such as ``^`` and ``$``: see :func:`translate`), and then checks itself against
 the real tokenizer on a probe set of texts before it is used. ``count`` answers None for a
 text it cannot take (not ASCII, or holding an added token's text): the caller encodes it.
 """
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Callable
+from typing import NoReturn
 
 from tokenizers import Tokenizer
 
@@ -39,9 +42,71 @@ _CLASSES = {
     "P": re.escape("!\"#%&'()*,-./:;?@[\\]_{}"),
     "S": re.escape("$+<=>^`|~"),
 }
-# Escapes that mean the same in Oniguruma and Python's re.
+# Escapes that mean the same in Oniguruma and Python's re: three control characters and
+# escaped punctuation, which both read as the character itself (Oniguruma's default
+# syntax, the one ``tokenizers`` compiles with, has no GNU buffer anchors \` and \').
 _PLAIN_ESCAPES = set("rnt-[]\\/.^$|?*+(){}'\"!#%&,:;<=>@_`~ ")
+_ESCAPED_CHAR = {"r": "\r", "n": "\n", "t": "\t"}
 _NEVER = "(?!)"
+# Literal characters escaped when written into a class: Python reads a leading ^ as a
+# negation, \ [ ] and - as syntax, and warns on doubled & ~ | (future set operations).
+_CLASS_SPECIAL = set("\\[]^-&~|")
+_INTERVAL = re.compile(r"\{(\d*)(,?)(\d*)\}")
+
+# Why each refused construct is refused (see ``translate``).
+_LINE_ANCHOR = "a line anchor in Oniguruma, a text anchor in Python without re.M"
+_REFUSED_ESCAPES = {
+    "A": "a text anchor",
+    "z": "a text anchor (not in Python's re before 3.14)",
+    "Z": "the end or before a final newline in Oniguruma, the very end in Python",
+    "b": "a word boundary (a backspace inside a class)",
+    "B": "a non-word boundary",
+    "G": "the search start anchor of Oniguruma",
+    "K": "Oniguruma's keep (moves the match start)",
+    "R": "Oniguruma's general newline",
+    "X": "Oniguruma's text segment",
+    "y": "Oniguruma's text segment boundary",
+    "Y": "Oniguruma's text segment non-boundary",
+    "N": "Oniguruma's non-newline",
+    "O": "Oniguruma's any character",
+    "h": "a hex digit in Oniguruma, an error in Python",
+    "H": "a non-hex digit in Oniguruma, an error in Python",
+    "d": "a Unicode class not translated",
+    "D": "a Unicode class not translated",
+    "w": "a Unicode class not translated",
+    "W": "a Unicode class not translated",
+    "x": "a code escape (\\x{..} is a code point in Oniguruma, an error in Python)",
+    "u": "a code escape",
+    "o": "an octal code escape in Oniguruma",
+    "c": "a control escape in Oniguruma",
+    "C": "a control escape in Oniguruma",
+    "M": "a meta escape in Oniguruma",
+    "k": "a backreference by name",
+    "g": "a subexpression call in Oniguruma",
+    "P": "a negated property",
+}
+_REFUSED_GROUPS = {
+    "(?>": "an atomic group",
+    "(?<": "a named group (in Oniguruma it also turns plain groups non-capturing)",
+    "(?'": "a named group",
+    "(?P": "a Python-only group",
+    "(?#": "a comment",
+    "(?~": "an Oniguruma absent group",
+    "(?(": "a conditional group",
+    "(?{": "an Oniguruma callout",
+}
+_GROUP_OPENERS = {
+    "(?:": "group",
+    "(?=": "look",
+    "(?!": "look",
+    "(?<=": "look",
+    "(?<!": "look",
+    "(?i:": "ignorecase",
+}
+_INLINE_OPTION = (
+    "an inline option other than (?i:...) (m is dot-all in Oniguruma, multi-line in Python; "
+    "an isolated option runs to its group's end in Oniguruma, is global in Python)"
+)
 
 
 class Untranslatable(ValueError):
@@ -50,62 +115,274 @@ class Untranslatable(ValueError):
 
 def translate(pattern: str) -> str:
     """The Oniguruma ``pattern`` as a Python ``re`` pattern that splits ASCII text the
-    same way (``\\p{..}``, ``\\s``, ``\\S`` replaced by their ASCII members)."""
-    out: list[str] = []
-    in_class = False
-    i = 0
-    while i < len(pattern):
-        ch = pattern[i]
+    same way (``\\p{..}``, ``\\s``, ``\\S`` replaced by their ASCII members).
+
+    It accepts only constructs that mean the same on ASCII text in Oniguruma's default
+    syntax (the one ``tokenizers`` compiles with) and in Python: literal characters,
+    ``.`` (anything but ``\\n`` in both), the escapes of ``_PLAIN_ESCAPES``, the
+    properties of ``_CLASSES``, ``\\s`` and ``\\S``; classes of those (``^`` negating,
+    ranges between two characters); ``|``; plain, non-capturing and look-around groups;
+    ``(?i:..)`` holding only ASCII literals; the quantifiers ``* + ? {n} {n,} {n,m} {,m}``
+    and their lazy forms except ``{n}?``. Anything else raises :class:`Untranslatable`
+    (its message names the construct, where it is and why), notably:
+
+    - ``^`` and ``$`` outside a class (line anchors in Oniguruma, text anchors in Python),
+      and every other anchor or boundary (``\\A \\z \\Z \\b \\B \\G \\K``);
+    - possessive quantifiers (``*+ ++ ?+``; ``{n,m}+`` repeats again in Oniguruma and is
+      possessive in Python), ``{n}?`` (optional in Oniguruma, plain in Python),
+      ``{n,m}`` with n > m (possessive in Oniguruma), a quantifier on a quantifier;
+    - atomic, named, conditional, absent and comment groups, inline options other than
+      ``(?i:``, callouts, backreferences and subexpression calls;
+    - Oniguruma-only escapes (``\\h \\R \\X \\K \\x{..} \\o{..}``) and classes this
+      module does not translate (``\\d \\w \\D \\W``: the same on ASCII, but no
+      tokenizer needs them);
+    - nested classes and POSIX brackets (``[[:alpha:]]``), ``&&`` (an intersection in
+      Oniguruma) and the other doubled operators Python reserves;
+    - a pattern that can match the empty string, assertions taken as passing: after an
+      empty match Python retries at the same place for a longer one, the tokenizer's
+      ``onig`` iterator steps one character on, so the splits can differ.
+    """
+    return _Translator(pattern).run()
+
+
+class _Translator:
+    """A recursive-descent pass over one pattern, writing the Python pattern as it goes."""
+
+    def __init__(self, pattern: str) -> None:
+        self.src = pattern
+        self.i = 0
+        self.out: list[str] = []
+
+    def refuse(self, construct: str, reason: str, at: int | None = None) -> NoReturn:
+        where = self.i if at is None else at
+        raise Untranslatable(f"{construct} at {where}: {reason}")
+
+    def peek(self, offset: int = 0) -> str:
+        at = self.i + offset
+        return self.src[at] if at < len(self.src) else ""
+
+    def run(self) -> str:
+        nullable = self.alternation(ignorecase=False)
+        if self.i < len(self.src):  # only a ')' stops an alternation early
+            self.refuse(")", "an unbalanced parenthesis")
+        if nullable:
+            self.refuse("the pattern", "it can match the empty string", at=0)
+        translated = "".join(self.out)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                re.compile(translated)
+        except (re.error, Warning) as exc:
+            raise Untranslatable(f"Python's re rejects the translation: {exc}") from None
+        return translated
+
+    def alternation(self, ignorecase: bool) -> bool:
+        """Alternatives up to a ')' or the end; True when one can match nothing."""
+        nullable = self.sequence(ignorecase)
+        while self.peek() == "|":
+            self.out.append("|")
+            self.i += 1
+            nullable = self.sequence(ignorecase) or nullable
+        return nullable
+
+    def sequence(self, ignorecase: bool) -> bool:
+        nullable = True
+        while self.i < len(self.src) and self.src[self.i] not in "|)":
+            atom_nullable, repeatable = self.atom(ignorecase)
+            optional = self.quantifier(repeatable)
+            nullable = nullable and (atom_nullable or optional)
+        return nullable
+
+    def quantifier(self, repeatable: bool) -> bool:
+        """Copy a quantifier if one follows; True when it allows zero repetitions."""
+        start, ch = self.i, self.peek()
+        if ch in ("*", "+", "?"):
+            text, optional, exact = ch, ch != "+", False
+        elif ch == "{":
+            interval = _INTERVAL.match(self.src, self.i)
+            if interval is None:
+                self.refuse("{", "a brace that is not a repetition")
+            text = interval.group()
+            low, comma, high = interval.groups()
+            if not low and not high:
+                self.refuse(text, "an empty repetition")
+            if low and high and int(low) > int(high):
+                self.refuse(text, "n > m: possessive in Oniguruma, an error in Python")
+            optional, exact = not low or int(low) == 0, not comma
+        else:
+            return False
+        if not repeatable:
+            self.refuse(text, "a quantifier with nothing to repeat")
+        self.i += len(text)
+        if self.peek() == "?":
+            if exact:
+                self.refuse(text + "?", "optional in Oniguruma, exact in Python", at=start)
+            text += "?"
+            self.i += 1
+        elif self.peek() == "+":
+            self.refuse(text + "+", "possessive, or a repeated repetition", at=start)
+        if self.peek() and self.peek() in "*+?{":
+            self.refuse(self.src[start : self.i + 1], "a quantifier on a quantifier", at=start)
+        self.out.append(text)
+        return optional
+
+    def atom(self, ignorecase: bool) -> tuple[bool, bool]:
+        """Copy one atom; (can it match nothing, can it take a quantifier)."""
+        ch = self.src[self.i]
+        if ch == "(":
+            return self.group(ignorecase)
         if ch == "\\":
-            if i + 1 >= len(pattern):
-                raise Untranslatable("a trailing backslash")
-            nxt = pattern[i + 1]
-            if nxt in "pP":
-                if nxt == "P" or i + 2 >= len(pattern) or pattern[i + 2] != "{":
-                    raise Untranslatable(f"\\{nxt} at {i}")
-                end = pattern.index("}", i)
-                name = pattern[i + 3 : end]
-                if name not in _CLASSES:
-                    raise Untranslatable(f"\\p{{{name}}}")
-                members = _CLASSES[name]
-                if in_class:
-                    out.append(members)
-                else:
-                    out.append(f"[{members}]" if members else _NEVER)
-                i = end + 1
-                continue
-            if nxt == "s":
-                out.append(_WHITESPACE if in_class else f"[{_WHITESPACE}]")
-            elif nxt == "S":
-                if in_class:
-                    raise Untranslatable("\\S inside a class")
-                out.append(f"[^{_WHITESPACE}]")
-            elif nxt in _PLAIN_ESCAPES:
-                out.append(pattern[i : i + 2])
+            return self.escape(ignorecase)
+        if ch in ("^", "$"):
+            self.refuse(ch, _LINE_ANCHOR)
+        if ch in ("*", "+", "?", "{"):
+            self.quantifier(repeatable=False)  # refuses: nothing to repeat, or a stray {
+        if ch in ("]", "}"):
+            self.refuse(ch, "an unescaped closing bracket outside a class")
+        if ignorecase and (ch in ("[", ".") or not ch.isascii()):
+            self.refuse(ch, "(?i:...) holding more than ASCII literals")
+        if ch == "[":
+            return self.char_class(), True
+        self.out.append(ch)  # '.' or a literal
+        self.i += 1
+        return False, True
+
+    def group(self, ignorecase: bool) -> tuple[bool, bool]:
+        start = self.i
+        if ignorecase:
+            self.refuse("(", "(?i:...) holding more than ASCII literals")
+        kind, opener = "group", "("
+        if self.src.startswith("(?", start):
+            known = [(o, k) for o, k in _GROUP_OPENERS.items() if self.src.startswith(o, start)]
+            if not known:
+                construct = self.src[start : start + 3]
+                self.refuse(construct, _REFUSED_GROUPS.get(construct, _INLINE_OPTION))
+            opener, kind = known[0]
+        elif self.src.startswith("(*", start):
+            self.refuse("(*", "an Oniguruma callout")
+        self.out.append(opener)
+        self.i += len(opener)
+        nullable = self.alternation(ignorecase=kind == "ignorecase")
+        if self.peek() != ")":
+            self.refuse(opener, "an unclosed group", at=start)
+        self.out.append(")")
+        self.i += 1
+        if kind == "look":
+            return True, False  # zero-width, and not repeated
+        return nullable, True
+
+    def escape(self, ignorecase: bool) -> tuple[bool, bool]:
+        """An escape outside a class."""
+        nxt = self.peek(1)
+        if nxt in ("p", "s", "S"):
+            if ignorecase:
+                self.refuse("\\" + nxt, "(?i:...) holding more than ASCII literals")
+            members = self.members()
+            if nxt == "S":
+                self.out.append(f"[^{members}]")
             else:
-                raise Untranslatable(f"\\{nxt}")
-            i += 2
-            continue
-        if ch == "[" and not in_class:
-            in_class = True
-            out.append(ch)
-            if pattern.startswith("^", i + 1):
-                out.append("^")
-                i += 1
-            i += 1
-            continue
-        if ch == "]" and in_class:
-            in_class = False
-        elif ch == "[":
-            raise Untranslatable("a nested class")
-        out.append(ch)
-        i += 1
-    if in_class:
-        raise Untranslatable("an unclosed class")
-    translated = "".join(out)
-    if "[]" in translated or "[^]" in translated:
-        raise Untranslatable("a class with no ASCII member")
-    return translated
+                self.out.append(f"[{members}]" if members else _NEVER)
+            return False, True
+        self.out.append(self.plain_escape()[0])
+        return False, True
+
+    def plain_escape(self) -> tuple[str, str]:
+        """Read an escape of ``_PLAIN_ESCAPES``: its text and the character it means."""
+        nxt = self.peek(1)
+        if not nxt:
+            self.refuse("\\", "a trailing backslash")
+        if nxt not in _PLAIN_ESCAPES:
+            reason = _REFUSED_ESCAPES.get(nxt, "an escape this module does not translate")
+            if nxt.isdigit():
+                reason = "a backreference or an octal code"
+            self.refuse("\\" + nxt, reason)
+        self.i += 2
+        return "\\" + nxt, _ESCAPED_CHAR.get(nxt, nxt)
+
+    def members(self) -> str:
+        """The ASCII members of ``\\p{..}``, ``\\s`` or ``\\S`` (read, not written)."""
+        nxt = self.peek(1)
+        if nxt in ("s", "S"):
+            self.i += 2
+            return _WHITESPACE
+        if self.peek(2) != "{":
+            self.refuse(self.src[self.i : self.i + 3], "a one-letter property")
+        end = self.src.find("}", self.i)
+        if end < 0:
+            self.refuse("\\p{", "an unclosed property")
+        name = self.src[self.i + 3 : end]
+        if name not in _CLASSES:
+            self.refuse(f"\\p{{{name}}}", "a property with no ASCII table here")
+        self.i = end + 1
+        return _CLASSES[name]
+
+    def char_class(self) -> bool:
+        """Copy a class; False (a class matches one character)."""
+        start = self.i
+        self.i += 1
+        negated = self.peek() == "^"
+        if negated:
+            self.i += 1
+        body: list[str] = []
+        first = True
+        while True:
+            ch = self.peek()
+            if not ch:
+                self.refuse("[", "an unclosed class", at=start)
+            if ch == "]":
+                if first:
+                    self.refuse("]", "a ] first in a class")
+                break
+            if ch == "[":
+                self.refuse("[", "a nested class or a POSIX bracket ([[:alpha:]])")
+            if ch in ("&", "~", "|", "-") and self.peek(1) == ch:
+                self.refuse(ch * 2, "a set operation (Oniguruma's &&, Python's reserved ones)")
+            if ch == "-" and (first or self.peek(1) == "]"):
+                body.append("\\-")
+                self.i += 1
+                first = False
+                continue
+            if ch == "-":
+                self.refuse("-", "a range that does not join two characters")
+            low_at = self.i
+            low = self.class_item(body)
+            if self.peek() == "-" and self.peek(1) != "]":
+                if low is None:
+                    self.refuse("-", "a range from a class")
+                self.i += 1
+                body.append("-")
+                high = self.class_item(body)
+                if high is None or ord(high) < ord(low):
+                    construct = self.src[low_at : self.i]
+                    self.refuse(construct, "not a range of two characters", at=low_at)
+            first = False
+        self.i += 1
+        if not "".join(body):
+            kind = "a negated class" if negated else "a class"
+            self.refuse(kind, "no ASCII member to write", at=start)
+        self.out.append("[^" if negated else "[")
+        self.out.extend(body)
+        self.out.append("]")
+        return False
+
+    def class_item(self, body: list[str]) -> str | None:
+        """Write one class member to ``body``: the character, or None for a set."""
+        ch = self.peek()
+        if ch == "\\":
+            nxt = self.peek(1)
+            if nxt == "S":
+                self.refuse("\\S", "\\S inside a class")
+            if nxt in ("p", "s"):
+                body.append(self.members())
+                return None
+            text, char = self.plain_escape()
+            body.append(text)
+            return char
+        if ch == "[":
+            self.refuse("[", "a nested class or a POSIX bracket ([[:alpha:]])")
+        body.append("\\" + ch if ch in _CLASS_SPECIAL else ch)
+        self.i += 1
+        return ch
 
 
 def _byte_level_table() -> dict[int, str]:
