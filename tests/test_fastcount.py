@@ -15,7 +15,15 @@ from hypothesis import strategies as st
 from tokenizers import Regex, pre_tokenizers
 
 from batchbench.text.chat_templates import BUILTINS, load_chat_template
-from batchbench.text.fastcount import Untranslatable, ascii_counter, translate
+from batchbench.text.fastcount import (
+    CACHE_ENTRIES,
+    CACHE_PIECE_CHARS,
+    Untranslatable,
+    _byte_level_table,
+    _Counts,
+    ascii_counter,
+    translate,
+)
 from batchbench.text.replycount import ReplyAccounting
 
 # The byte-level BPE tokenizers it must take: DeepSeek-V3 (three split stages, numbers in
@@ -310,6 +318,46 @@ def test_translation_of_a_real_pattern():
         r"(?i:'s|'t)|[^\r\nA-Za-z0-9]?[A-Za-z]+|[0-9]| ?[^\t\n\x0b\x0c\r A-Za-z0-9]+[\r\n]*"
         r"|[\t\n\x0b\x0c\r ]+(?![^\t\n\x0b\x0c\r ])|[\t\n\x0b\x0c\r ]+"
     )
+
+
+def words(n: int) -> list[str]:
+    """``n`` distinct lowercase words (each one piece under these pre-tokenizers)."""
+    out = []
+    for i in range(n):
+        word = ""
+        for _ in range(4):
+            i, letter = divmod(i, 26)
+            word += chr(97 + letter)
+        out.append(word)
+    return out
+
+
+def test_the_piece_cache_stays_bounded(deepseek):
+    tokenizer = deepseek.tokenizer
+    counts = _Counts(tokenizer.model.tokenize, _byte_level_table(), limit=8)
+    sizes, vocabulary = [], words(100)
+    for word in vocabulary:
+        assert counts[word] == len(tokenizer.encode(word, add_special_tokens=False).ids)
+        sizes.append(len(counts))
+    assert max(sizes) == 8
+    assert list(counts)[-1] == vocabulary[-1]  # the newest piece is kept
+    assert "aaaa" not in counts  # the oldest went
+    long = "x" * (CACHE_PIECE_CHARS + 1)
+    assert counts[long] == len(tokenizer.encode(long, add_special_tokens=False).ids)
+    assert long not in counts  # a piece over the length cap is counted, not kept
+
+
+def test_the_counters_cache_stays_bounded_at_its_default(deepseek):
+    counter = ascii_counter(deepseek.tokenizer)
+    vocabulary = words(CACHE_ENTRIES + CACHE_ENTRIES // 4)
+    texts = [" ".join(vocabulary[i : i + 2000]) for i in range(0, len(vocabulary), 2000)]
+    for text in texts:
+        counter.count(text)
+        assert len(counter._counts) <= CACHE_ENTRIES
+    assert "aaaa" not in counter._counts  # the first text's first piece was dropped
+    for text in (texts[0], texts[-1]):  # after evictions, the counts are still exact
+        exact = len(deepseek.tokenizer.encode(text, add_special_tokens=False).ids)
+        assert counter.count(text) == exact
 
 
 @pytest.mark.parametrize(
