@@ -10,10 +10,20 @@ the same API and errors; the test suite runs the same cases against both.
 """
 
 cimport cython
+from cpython.long cimport PyLong_AsSsize_t, PyLong_CheckExact, PyLong_FromSsize_t
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
-from libc.stdint cimport SIZE_MAX
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_DECREF, Py_INCREF
+from libc.stdint cimport SIZE_MAX, uintptr_t
 
 cdef Py_ssize_t _INITIAL_SLOTS = 16
+
+
+cdef inline Py_ssize_t _as_index(object i) except? -1:
+    """``i`` as a C index, converted as a ``Py_ssize_t`` argument is (``__index__``;
+    ``TypeError``, or ``OverflowError`` beyond the C range)."""
+    cdef Py_ssize_t value = i
+    return value
 
 
 @cython.final
@@ -22,9 +32,16 @@ cdef class FifoRing:
 
     ``push`` raises ``OverflowError`` when full (the capacity is the plan count, so a
     full ring is a bug, not back-pressure); ``pop`` raises ``IndexError`` when empty.
+
+    A cell holds either a reference to the exact ``int`` pushed (so ``pop`` returns it
+    without allocating a new one, as ``deque.popleft`` does) or, tagged with a set low
+    bit, a C index ``(i << 1) | 1`` (``range`` fills a ring with those, so a million
+    plans take 8 MB, not the 40 MB of as many int objects and their cells). Object
+    pointers are aligned, so their low bit is always clear. The ring holds only exact
+    ints, which reference nothing, so it needs no part in garbage collection.
     """
 
-    cdef Py_ssize_t *_buf
+    cdef uintptr_t *_buf
     cdef Py_ssize_t _capacity
     cdef Py_ssize_t _head
     cdef Py_ssize_t _size
@@ -32,10 +49,10 @@ cdef class FifoRing:
     def __cinit__(self, Py_ssize_t capacity):
         if capacity < 0:
             raise ValueError(f"FifoRing capacity must be non-negative, got {capacity}")
-        if <size_t>capacity > SIZE_MAX // sizeof(Py_ssize_t) - 1:
+        if <size_t>capacity > SIZE_MAX // sizeof(uintptr_t) - 1:
             raise MemoryError()
         # One spare cell so a zero capacity still gets a valid pointer.
-        self._buf = <Py_ssize_t *>PyMem_Malloc((capacity + 1) * sizeof(Py_ssize_t))
+        self._buf = <uintptr_t *>PyMem_Malloc((capacity + 1) * sizeof(uintptr_t))
         if self._buf == NULL:
             raise MemoryError()
         self._capacity = capacity
@@ -43,6 +60,19 @@ cdef class FifoRing:
         self._size = 0
 
     def __dealloc__(self):
+        cdef Py_ssize_t pos = self._head
+        cdef Py_ssize_t left = self._size
+        cdef uintptr_t cell
+        if self._buf == NULL:
+            return
+        while left > 0:
+            cell = self._buf[pos]
+            if not (cell & 1):
+                Py_DECREF(<object><PyObject *>cell)
+            pos += 1
+            if pos == self._capacity:
+                pos = 0
+            left -= 1
         PyMem_Free(self._buf)
 
     @classmethod
@@ -51,7 +81,7 @@ cdef class FifoRing:
         cdef FifoRing ring = cls(n)
         cdef Py_ssize_t i = 0
         while i < n:
-            ring._buf[i] = i
+            ring._buf[i] = ((<uintptr_t>i) << 1) | 1  # n < SIZE_MAX / 8: no bit lost
             i += 1
         ring._size = n
         return ring
@@ -61,27 +91,42 @@ cdef class FifoRing:
         """How many indices the ring can hold at once."""
         return self._capacity
 
-    def push(self, Py_ssize_t i):
+    def push(self, i):
         """Append trajectory index ``i`` (must be >= 0) at the tail."""
-        if i < 0:
-            raise ValueError(f"trajectory index must be non-negative, got {i}")
+        cdef Py_ssize_t value
+        cdef object stored
+        if PyLong_CheckExact(i):
+            value = PyLong_AsSsize_t(i)  # OverflowError beyond the C range, as before
+            stored = i
+        else:  # bool, int subclasses, __index__: kept as the plain int they stand for
+            value = _as_index(i)
+            stored = None
+        if value < 0:
+            raise ValueError(f"trajectory index must be non-negative, got {value}")
         if self._size == self._capacity:
             raise OverflowError(f"FifoRing is full (capacity {self._capacity})")
+        if stored is None:
+            stored = PyLong_FromSsize_t(value)
         cdef Py_ssize_t tail = self._head + self._size
         if tail >= self._capacity:
             tail -= self._capacity
-        self._buf[tail] = i
+        Py_INCREF(stored)
+        self._buf[tail] = <uintptr_t><PyObject *>stored
         self._size += 1
 
     def pop(self):
         """Remove and return the index at the head (the oldest one)."""
         if self._size == 0:
             raise IndexError("pop from an empty FifoRing")
-        cdef Py_ssize_t value = self._buf[self._head]
+        cdef uintptr_t cell = self._buf[self._head]
         self._head += 1
         if self._head == self._capacity:
             self._head = 0
         self._size -= 1
+        if cell & 1:
+            return PyLong_FromSsize_t(<Py_ssize_t>(cell >> 1))
+        value = <object><PyObject *>cell  # a new reference: hand over the ring's one
+        Py_DECREF(value)
         return value
 
     def __len__(self):

@@ -249,6 +249,69 @@ def test_ring_matches_deque(mod, capacity, ops):
     assert drain(ring) == list(model)
 
 
+@impl
+@settings(max_examples=200, deadline=None)
+@given(
+    plans=st.integers(0, 12),
+    ops=st.lists(st.one_of(st.none(), st.integers(0, 2**62)), max_size=120),
+)
+def test_ring_from_range_matches_deque(mod, plans, ops):
+    """A ring from ``range`` (the compiled one keeps C indices there and references to the
+    ints pushed later) agrees with a deque through mixed pushes and pops."""
+    ring = mod.FifoRing.range(plans)
+    model: deque[int] = deque(range(plans))
+    for op in ops:
+        if op is None:
+            if model:
+                assert ring.pop() == model.popleft()
+        elif len(model) < plans:
+            ring.push(op)
+            model.append(op)
+        assert len(ring) == len(model)
+    assert drain(ring) == list(model)
+
+
+class Index:
+    def __index__(self) -> int:
+        return 6
+
+
+@impl
+def test_ring_pops_plain_ints(mod):
+    """Whatever stood for an index when pushed comes back as the plain int."""
+    ring = mod.FifoRing(4)
+    for value in (True, Index(), 2**40, sys.maxsize):
+        ring.push(value)
+    popped = drain(ring)
+    assert popped == [1, 6, 2**40, sys.maxsize]
+    assert all(type(value) is int for value in popped)
+
+
+@pytest.mark.skipif(
+    _impl.extensions_disabled() or _impl.native_module("admission") is None,
+    reason="the compiled module is not built or not enabled",
+)
+def test_native_ring_releases_what_it_holds():
+    """The compiled ring holds a reference to each int pushed and gives it back on pop, or
+    drops it with the ring."""
+    ring_type = _impl.native_module("admission").FifoRing
+    value = int("1000000007")  # a fresh object, not a shared constant
+    before = sys.getrefcount(value)
+    ring = ring_type(4)
+    for _ in range(3):
+        ring.push(value)
+    assert sys.getrefcount(value) == before + 3
+    assert ring.pop() is value
+    assert sys.getrefcount(value) == before + 2
+    del ring
+    assert sys.getrefcount(value) == before
+    ring = ring_type.range(2)
+    ring.pop()
+    ring.push(value)
+    assert (ring.pop(), ring.pop()) == (1, value)
+    assert sys.getrefcount(value) == before
+
+
 class HeapqSlots:
     """Reference model: the set of held slots plus a heapq of freed ones."""
 
