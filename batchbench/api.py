@@ -28,7 +28,6 @@ from typing import Any, Protocol
 import aiohttp
 
 from batchbench.config import RunConfig, host_ends_in_v1
-from batchbench.drive.blocks import TemplateCounter
 from batchbench.drive.calibrate import Calibration, calibrate
 from batchbench.drive.driver import (
     DriverSettings,
@@ -88,6 +87,7 @@ from batchbench.scale.share import ShardAgents, global_record, global_result
 from batchbench.text.chat_templates import BuiltinTemplate, load_chat_template
 from batchbench.text.content import ContentFactory
 from batchbench.text.framing import Framing
+from batchbench.text.promptcount import SegmentCounter, template_counter
 from batchbench.text.replycount import ReplyAccounting
 from batchbench.text.synth import Synthesizer
 from batchbench.text.tokenizer import LoadedTokenizer, load_tokenizer, with_markers
@@ -618,7 +618,7 @@ async def _run_loaded(
     factory = ContentFactory(synth, workload, root_seed, salt)
     counter = None
     if workload.blocks is not None and config.prompt_correction and template_name is not None:
-        counter = TemplateCounter(load_chat_template(template_name, loaded), loaded)
+        counter = template_counter(loaded, load_chat_template(template_name, loaded))
     events = LifecycleWriter(
         config.agent_events_jsonl,
         config.dp_ranks,
@@ -708,7 +708,7 @@ async def _live_run(
     replies: ReplyAccounting,
     out: RunOutput,
     steps: _Steps,
-    counter: TemplateCounter | None = None,
+    counter: SegmentCounter | None = None,
     share: Share | None = None,
 ) -> LiveRun:
     thresholds = gc.get_threshold()
@@ -770,7 +770,7 @@ async def _drive(
     replies: ReplyAccounting,
     out: RunOutput,
     handle_signals: bool,
-    counter: TemplateCounter | None = None,
+    counter: SegmentCounter | None = None,
     share: Share | None = None,
     steps: _Steps | None = None,
 ) -> LiveRun:

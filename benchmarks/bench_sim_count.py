@@ -18,7 +18,7 @@ import time
 
 import orjson
 
-from batchbench.sim.template import ChatMLCounter
+from batchbench.text.promptcount import ChatMLCounter
 from batchbench.text.synth import Synthesizer
 from batchbench.text.tokenizer import load_tokenizer
 

@@ -22,8 +22,8 @@ from batchbench.sim.overheads import measure_overheads
 from batchbench.sim.replies import ModelReplyText
 from batchbench.sim.server import SimConfig, SimServer
 from batchbench.sim.serving import ServingModel
-from batchbench.sim.template import load_counter
 from batchbench.text.chat_templates import TemplateError, for_template, load_chat_template
+from batchbench.text.promptcount import load_counter
 from batchbench.text.replycount import REFERENCE_SHAPE, ReplyAccounting
 from batchbench.text.synth import Synthesizer
 from batchbench.text.tokenizer import LoadedTokenizer

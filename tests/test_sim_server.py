@@ -22,12 +22,12 @@ import pytest
 from aiohttp import web
 
 from batchbench import __version__
-from batchbench.sim import template
 from batchbench.sim.faults import Fault, FaultPlan
 from batchbench.sim.routing import consistent_rank
 from batchbench.sim.server import MALFORMED_BODY, SimConfig, SimServer
 from batchbench.sim.serving import ServingModel
-from batchbench.sim.template import ChatMLCounter
+from batchbench.text import promptcount
+from batchbench.text.promptcount import ChatMLCounter
 from batchbench.text.synth import Synthesizer
 from batchbench.text.tokenizer import LoadedTokenizer
 
@@ -41,7 +41,7 @@ def shared_chatml_tokenizer():
     make that copy once per module. Each server still builds its own ChatMLCounter (own
     message cache and counters); test_sim_cli.py runs the unpatched path end to end."""
     made: dict[int, Any] = {}
-    original = template.chatml_tokenizer
+    original = promptcount.chatml_tokenizer
 
     def once(loaded: LoadedTokenizer):
         if id(loaded) not in made:
@@ -49,7 +49,7 @@ def shared_chatml_tokenizer():
         return made[id(loaded)]
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(template, "chatml_tokenizer", once)
+        patch.setattr(promptcount, "chatml_tokenizer", once)
         yield
 
 

@@ -24,13 +24,9 @@ from batchbench.sim.overheads import measure_overheads
 from batchbench.sim.replies import ReplyText, RequestError, plan_output
 from batchbench.sim.routing import RoutingError, choose_rank, consistent_rank
 from batchbench.sim.serving import Rank, ServingModel
-from batchbench.sim.template import (
-    ChatMLCounter,
-    JinjaCounter,
-    TemplateError,
-    load_counter,
-    render_chatml,
-)
+from batchbench.sim.template import render_chatml
+from batchbench.text.chat_templates import TemplateError
+from batchbench.text.promptcount import ChatMLCounter, JinjaCounter, load_counter
 from batchbench.text.synth import Synthesizer
 from batchbench.text.tokenizer import LoadedTokenizer
 

@@ -28,7 +28,6 @@ from stubserver import (
 )
 
 from batchbench.cli.agent import main
-from batchbench.sim.template import marked_tokenizer
 from batchbench.text.blocks import (
     ROLE_ASSISTANT,
     ROLE_SYSTEM,
@@ -42,6 +41,7 @@ from batchbench.text.blocks import (
     tool_entry,
 )
 from batchbench.text.chat_templates import load_chat_template
+from batchbench.text.promptcount import marked_tokenizer
 from batchbench.text.synth import Synthesizer
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "trajectory-replay" / "plans-v2.jsonl"

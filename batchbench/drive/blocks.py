@@ -16,9 +16,7 @@ what the server reported for earlier requests of the same shape (``BlockFraming`
 
 from __future__ import annotations
 
-import re
-import threading
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -40,7 +38,6 @@ from batchbench.text.blocks import (
 )
 
 _DUMPS = orjson.dumps
-PIECE_CACHE = 1 << 16  # template pieces whose token count is kept
 
 
 class AssemblyError(Exception):
@@ -355,86 +352,3 @@ def _text_of(filled: Filled) -> str:
         content = filled.message.get("content")
         return content if isinstance(content, str) else ""
     return filled.text
-
-
-class TemplateCounter:
-    """Counts a request's prompt as a server with this chat template does: the rendered
-    prompt, encoded with the template's markers as special tokens (as the model's own
-    tokenizer has them).
-
-    Added tokens split a text before it is normalized and pre-tokenized, so the count of a
-    prompt is exactly the count of the pieces between its markers plus one per marker. The
-    pieces' counts are kept (most recently used first, up to ``PIECE_CACHE`` of them), so a
-    request costs a render and an encode of its new messages only: a trajectory's requests
-    share most of their pieces, and trajectories share their common prefix."""
-
-    def __init__(self, template, loaded) -> None:
-        from batchbench.sim.template import marked_tokenizer
-
-        self._template = template
-        self._tokenizer = marked_tokenizer(loaded, template.markers)
-        markers = sorted((m for m in template.markers if m), key=len, reverse=True)
-        self._markers = frozenset(markers)
-        self._split = (
-            re.compile("(" + "|".join(re.escape(m) for m in markers) + ")") if markers else None
-        )
-        # Without offsets when the library can (tokenizers >= 0.20): counts only.
-        self._encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
-        self._counts: OrderedDict[str, int] = OrderedDict()
-        self._lock = threading.Lock()
-        if self._split is not None and not self._pieces_add_up():
-            self._split = None  # this tokenizer counts a piece differently alone: whole prompts
-
-    def _pieces_add_up(self) -> bool:
-        """True when counting piece by piece equals encoding the whole prompt, checked on a
-        sample conversation: tokenizers that mark only a text's first word (a SentencePiece
-        ``prepend_scheme`` of "first") count each piece one token more."""
-        sample = [
-            {"role": "system", "content": "You are a careful coding agent."},
-            {"role": "user", "content": "Fix the failing test in the parser."},
-            {"role": "assistant", "content": "Reading the parser now."},
-            {"role": "user", "content": "Thanks, go on."},
-        ]
-        try:
-            text = self._template.render(sample, True, None)
-        except Exception:  # a template that cannot render the sample: count whole prompts
-            return False
-        whole = len(self._tokenizer.encode(text, add_special_tokens=False).ids)
-        counted = 0
-        for piece in self._split.split(text):
-            if piece in self._markers:
-                counted += 1
-            elif piece:
-                counted += len(self._tokenizer.encode(piece, add_special_tokens=False).ids)
-        return whole == counted
-
-    def __call__(self, messages: list[dict], tools: list[dict]) -> int:
-        text = self._template.render(messages, True, tools or None)
-        if self._split is None:
-            return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
-        total = 0
-        missing: list[str] = []
-        counts = self._counts
-        with self._lock:
-            for piece in self._split.split(text):
-                if not piece:
-                    continue
-                if piece in self._markers:
-                    total += 1
-                    continue
-                known = counts.get(piece)
-                if known is None:
-                    missing.append(piece)
-                else:
-                    counts.move_to_end(piece)
-                    total += known
-        if missing:
-            fresh = list(dict.fromkeys(missing))
-            encoded = self._encode(fresh, add_special_tokens=False)
-            found = {piece: len(e.ids) for piece, e in zip(fresh, encoded, strict=True)}
-            total += sum(found[piece] for piece in missing)
-            with self._lock:
-                counts.update(found)
-                while len(counts) > PIECE_CACHE:
-                    counts.popitem(last=False)
-        return total

@@ -15,7 +15,7 @@ from typing import Any
 
 from batchbench.drive.wire import tool_call_id
 from batchbench.errors import BatchbenchError
-from batchbench.sim.template import load_counter
+from batchbench.text.promptcount import load_counter
 from batchbench.text.synth import Synthesizer
 from batchbench.text.tokenizer import LoadedTokenizer
 

@@ -34,7 +34,8 @@ from batchbench.sim.replies import (
 )
 from batchbench.sim.routing import RoutingError, choose_rank
 from batchbench.sim.serving import Rank, ServingModel
-from batchbench.sim.template import JinjaCounter, SegmentCounter, TemplateError, load_counter
+from batchbench.text.chat_templates import TemplateError
+from batchbench.text.promptcount import JinjaCounter, SegmentCounter, load_counter
 from batchbench.text.synth import Synthesizer
 from batchbench.text.tokenizer import LoadedTokenizer
 

@@ -1,2 +1,3 @@
 """The exact tokens: tokenizer loading, exact-length trim-stable synthesis (compiled and
-pure-Python twin), per-trajectory content, chat templates and the framing model."""
+pure-Python twin), per-trajectory content, chat templates, prompt counting (one counter for
+the client and the simulator) and the framing model."""
