@@ -364,3 +364,44 @@ def test_thinking_replies_on_a_qwen3_template_are_exact(
         )
     # An empty text without reasoning costs -1: the template drops a newline.
     assert -1 in rendered
+
+
+def test_an_empty_tool_result_does_not_teach_the_turn_overhead(tmp_path, capsys, qwen3_tokenizers):
+    """Without calibration the first request pays the unknown framing, so the second has
+    no room and gets an empty tool result, which Qwen-style templates frame without the
+    newlines around a text (one token less here). That turn only stands in until a
+    typical turn is seen: the learned overhead is the typical one, and the trajectory
+    that follows is exact from its first request."""
+    plans = tmp_path / "tight.jsonl"
+    rows = {
+        "tight": [(200, 8), (215, 8), (400, 8), (600, 8)],
+        "after": [(300, 8), (500, 8), (700, 8), (900, 8)],
+    }
+    plans.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "schema_version": 1,
+                    "trajectory_id": name,
+                    "requests": [{"prompt_tokens": p, "output_tokens": o} for p, o in requests],
+                }
+            )
+            + "\n"
+            for name, requests in rows.items()
+        )
+    )
+    status, summary, events, _ = run(
+        tmp_path,
+        "--agent-plans-jsonl", str(plans), "--max-active-agents", "1",
+        "--tokenizer-model", str(qwen3_tokenizers["qwen-3"]), "--chat-template", "qwen3",
+        "--sim-args", "--speed 0",
+    )  # fmt: skip
+    capsys.readouterr()
+    assert status == 0
+    drifts = [(e["trajectory_id"], e["invocation"], e["prompt_drift"]) for e in events]
+    limited = [e["correction_note"] is not None for e in events]
+    framing = summary["fidelity"]["framing"]
+    assert framing["turn_observations"] == {str(framing["turn_overhead_tokens"]): 5}
+    assert limited == [False, True] + [False] * 6
+    # The empty turn's overhead (one less) stood in for the third request only.
+    assert [d for _, _, d in drifts[2:]] == [1, 0, 0, 0, 0, 0]

@@ -435,3 +435,16 @@ def test_unreadable_templates_and_cache_files_are_one_line_errors(tmp_path, deep
     cache = tmp_path / "table.json"
     cache.write_text("[1, 2]")
     assert synth_module._read_table(str(cache)) is None
+
+
+def test_an_atypical_turn_stands_in_only_until_a_typical_one_is_seen():
+    framing = Framing(9, 0)
+    framing.observe_turn(32, typical=False)
+    assert framing.turn == 32 and framing.learned()["turn_observations"] == {}
+    framing.observe_turn(33)
+    assert framing.turn == 33
+    framing.observe_turn(32, typical=False)
+    assert framing.turn == 33 and framing.learned()["turn_observations"] == {"33": 1}
+    frozen = Framing(9, 10, learn=False)
+    frozen.observe_turn(32, typical=False)
+    assert frozen.turn == 10

@@ -412,7 +412,9 @@ class HttpAgentLoop(BlockTurns):
                 if fresh:
                     framing.observe_initial(served - sizing.tokens)
                 elif previous is not None:
-                    framing.observe_turn(served - previous[0] - previous[1] - previous[2])
+                    framing.observe_turn(
+                        served - previous[0] - previous[1] - previous[2], previous[2] > 0
+                    )
             completion = reply.completion_tokens
             recorder.request_succeeded(
                 figures, rank, served, completion, reply.cached_tokens, elapsed, reply.ttft,

@@ -65,9 +65,16 @@ class Framing:
         if self.learn:
             self.initial = _observe(self._initial, value, self.initial)
 
-    def observe_turn(self, value: int) -> None:
-        if self.learn:
+    def observe_turn(self, value: int, typical: bool = True) -> None:
+        """``typical`` False: the turn appended an empty tool result (a plan with no room
+        left), which a template may frame differently (without the newlines around a
+        text); it serves as the estimate until a typical turn is seen, never after."""
+        if not self.learn:
+            return
+        if typical:
             self.turn = _observe(self._turn, value, self.turn)
+        elif not self._turn:
+            self.turn = value
 
     def learned(self) -> dict[str, Any]:
         """What the run observed, for the results JSON."""
