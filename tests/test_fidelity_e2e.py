@@ -29,9 +29,9 @@ PLANS = [
 ]
 
 
-def write_plans(path: Path) -> Path:
+def write_plans(path: Path, plans: list = PLANS, prefix: str = "t") -> Path:
     with open(path, "w") as handle:
-        for index, requests in enumerate(PLANS):
+        for index, requests in enumerate(plans):
             rows = []
             for prompt, output, delay in requests:
                 row: dict = {"prompt_tokens": prompt, "output_tokens": output}
@@ -40,7 +40,7 @@ def write_plans(path: Path) -> Path:
                 if delay < 0:
                     row["reset_before"] = True
                 rows.append(row)
-            document = {"schema_version": 1, "trajectory_id": f"t{index}", "requests": rows}
+            document = {"schema_version": 1, "trajectory_id": f"{prefix}{index}", "requests": rows}
             handle.write(json.dumps(document) + "\n")
     return path
 
@@ -292,22 +292,6 @@ THINKING_PLANS = [
 ]
 
 
-def write_thinking_plans(path: Path) -> Path:
-    with open(path, "w") as handle:
-        for index, requests in enumerate(THINKING_PLANS):
-            rows = []
-            for prompt, output, delay in requests:
-                row: dict = {"prompt_tokens": prompt, "output_tokens": output}
-                if delay > 0:
-                    row["delay_after_ms"] = delay
-                if delay < 0:
-                    row["reset_before"] = True
-                rows.append(row)
-            document = {"schema_version": 1, "trajectory_id": f"k{index}", "requests": rows}
-            handle.write(json.dumps(document) + "\n")
-    return path
-
-
 @pytest.fixture(scope="module")
 def qwen3_tokenizers(tmp_path_factory) -> dict[str, Path]:
     """Qwen3's tokenizer, and its vocabulary behind SmolLM2's GPT-2 pre-tokenizer."""
@@ -336,7 +320,7 @@ def test_thinking_replies_on_a_qwen3_template_are_exact(
     template gives it (after ``</think>\\n\\n`` or ``assistant\\n``; without the newline
     before the tool call when its text is empty), reasoning with its <think> framing; the
     client counted them all in one probe's context before, and missed by up to 5 tokens."""
-    plans = write_thinking_plans(tmp_path / "plans.jsonl")
+    plans = write_plans(tmp_path / "plans.jsonl", THINKING_PLANS, "k")
     args = [
         "--agent-plans-jsonl", str(plans), "--max-active-agents", "2",
         "--tokenizer-model", str(qwen3_tokenizers[tokenizer]), "--chat-template", "qwen3",
