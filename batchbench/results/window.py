@@ -147,7 +147,7 @@ def distribution(values: Iterable[float], points: int = DISTRIBUTION_POINTS) -> 
     if n == 0:
         return None
     if n <= points:
-        ranks = range(1, n + 1)
+        ranks: Sequence[int] = range(1, n + 1)
     else:
         ranks = sorted({max(1, round(n * (i + 1) / points)) for i in range(points)})
     return {
