@@ -689,13 +689,20 @@ async def _dry_run(
         )
 
 
+class FramingSource(Protocol):
+    """What the results read of a run's framing: the live ``Framing``, or a merged or
+    salvaged run's record of it (``batchbench.scale.merge.LearnedFraming``)."""
+
+    def learned(self) -> dict[str, Any] | None: ...
+
+
 @dataclass
 class LiveRun:
     engine: EngineResult
     recorder: Recorder
     interrupted_by: str | None
     exit_status: int
-    framing: Framing
+    framing: FramingSource
     finished_by: str | None = None  # "duration" or "window": the run's planned end
     window_end: float | None = None  # benchmark-clock seconds where measurement stopped
     server_metrics: dict | None = None

@@ -441,7 +441,7 @@ class RunConfig:
             best = chosen.get(objective.metric)
             if best is None or objective.quantile > best.quantile:
                 chosen[objective.metric] = objective
-        return tuple((metric, o.limit_ms) for metric, o in chosen.items())  # type: ignore[misc]
+        return tuple((m, o.limit_ms) for m, o in chosen.items() if o.limit_ms is not None)
 
     def resolved_api_key(self) -> str | None:
         """The key to send: ``api_key``, else the variable named by ``api_key_env``."""

@@ -369,6 +369,8 @@ class _Connection(asyncio.Protocol):
 
     # -- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # asyncio.Protocol says BaseTransport; a stream gets a Transport (uvloop's, no
+        # subclass of asyncio.Transport, has the same methods).
         self.transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket")
         if sock is not None:
@@ -668,7 +670,8 @@ class _Connection(asyncio.Protocol):
         waiter = self.waiter = loop.create_future()
         expiry = loop.call_at(deadline, self._expire)
         self.written_at = time.perf_counter()
-        self.transport.writelines((head, body))  # type: ignore[union-attr]
+        assert self.transport is not None  # the pool hands out connected connections
+        self.transport.writelines((head, body))
         try:
             await waiter
         finally:

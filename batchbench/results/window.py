@@ -135,6 +135,7 @@ def _stats(values: Sequence[float], percents: Sequence[float]) -> MetricStats | 
         min=ordered[0],
         max=ordered[-1],
         std=math.sqrt(variance),
+        # percentile is None only for no samples, and there are some
         percentiles={percentile_label(p): percentile(ordered, p / 100.0) for p in percents},  # type: ignore[misc]
     )
 

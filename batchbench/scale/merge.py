@@ -146,7 +146,7 @@ def merge(shards: list[ShardData]) -> MergedRun:
             recorder=recorder,
             interrupted_by=interrupted,
             exit_status=max(int(d.meta["live"]["exit_status"]) for d in shards),
-            framing=LearnedFraming(_framing(shards)),  # type: ignore[arg-type]
+            framing=LearnedFraming(_framing(shards)),
             finished_by=finished_by,
             window_end=max(window_ends) if window_ends else None,
             server_metrics=metrics,
