@@ -298,7 +298,9 @@ def sim_process(config: RunConfig) -> SimProcess:
         extra = f"--tokenizer-download {extra}"
     if config.chat_template is not None:
         extra = f"--chat-template {shlex.quote(config.chat_template)} {extra}"
-    return SimProcess(sim_command(config.tokenizer, config.sim_dp_ranks, extra or None))
+    tokenizer = config.tokenizer
+    assert tokenizer is not None  # with --sim: the simulator's when not given
+    return SimProcess(sim_command(tokenizer, config.sim_dp_ranks, extra or None))
 
 
 async def check_target(config: RunConfig, out: RunOutput) -> RunConfig:
@@ -311,11 +313,13 @@ async def check_target(config: RunConfig, out: RunOutput) -> RunConfig:
         if config.model is None:
             raise UsageError("give --model: with --no-preflight the server is not asked")
         return config
+    url = config.endpoint_url
+    assert url is not None  # validated: a live run has a target
     headers = request_headers(api_key_text(config), None, None)
     key_source = "--api-key" if config.api_key is not None else f"${config.api_key_env}"
     async with aiohttp.ClientSession() as session:
         found = await preflight(
-            session, config.endpoint_url, headers, config.model, body_options(config), key_source
+            session, url, headers, config.model, body_options(config), key_source
         )
     for note in found.notes:
         out.warning(note)
@@ -443,13 +447,15 @@ async def calibrate_target(
     config: RunConfig, synth: Synthesizer, replies: ReplyAccounting
 ) -> Calibration:
     """Probe the target for its framing overheads (``--calibrate``)."""
+    url = config.endpoint_url
+    assert url is not None  # validated: a live run has a target
     headers = request_headers(api_key_text(config), None, None)
     async with aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=float(config.request_timeout_secs))
     ) as session:
         return await calibrate(
             session,
-            config.endpoint_url,
+            url,
             headers,
             body_options(config),
             synth,
@@ -580,7 +586,9 @@ async def _run_loaded(
     calibration = None
     if config.calibrate:
         calibration = await calibrate_target(config, synth, replies)
-        for line in calibration.lines(config.endpoint_url):
+        url = config.endpoint_url
+        assert url is not None  # calibrate_target needed it
+        for line in calibration.lines(url):
             if line.startswith("warning:"):
                 out.warning(line)
             else:
@@ -645,9 +653,9 @@ async def _run_loaded(
     counts = planned_counts(workload, share)
     never = None
     if live is not None:  # trajectories never started: all their requests were skipped
-        started = live.recorder.started_agents
+        started_agents = live.recorder.started_agents
         ids = share.agents if share is not None else range(len(workload))
-        never = sum(len(workload.turns(a)) for a in ids if a not in started)
+        never = sum(len(workload.turns(a)) for a in ids if a not in started_agents)
     lifecycle = events.log
     assert lifecycle is not None
     result = finish_run(config, setup, counts, never, workload, engine, live, lifecycle)
@@ -681,13 +689,20 @@ async def _dry_run(
         )
 
 
+class FramingSource(Protocol):
+    """What the results read of a run's framing: the live ``Framing``, or a merged or
+    salvaged run's record of it (``batchbench.scale.merge.LearnedFraming``)."""
+
+    def learned(self) -> dict[str, Any] | None: ...
+
+
 @dataclass
 class LiveRun:
     engine: EngineResult
     recorder: Recorder
     interrupted_by: str | None
     exit_status: int
-    framing: Framing
+    framing: FramingSource
     finished_by: str | None = None  # "duration" or "window": the run's planned end
     window_end: float | None = None  # benchmark-clock seconds where measurement stopped
     server_metrics: dict | None = None
@@ -743,8 +758,10 @@ async def _live_run(
 
 
 def driver_settings(config: RunConfig) -> DriverSettings:
+    url = config.endpoint_url
+    assert url is not None  # validated: a live run has a target
     return DriverSettings(
-        url=config.endpoint_url,
+        url=url,
         body=body_options(config),
         api_key=api_key_text(config),
         user_tagging=config.user_tagging,
@@ -1081,12 +1098,14 @@ def write_outputs(result: RunResult, out: RunOutput | None = None) -> RunResult:
         if result.sections:
             document.update(result.sections)
     if config.results_json and result.shard_data is not None and config.shard is not None:
+        assert document is not None  # made for results_json
         try:
             document["shard"] = _write_shard_data(result, config.results_json)
             written.append(("shard raw data", document["shard"]["data_path"]))
         except BatchbenchError as exc:
             errors.append(str(exc))
     if config.results_json:
+        assert document is not None  # made for results_json
         try:
             write_json(config.results_json, document)
             written.append(("agent benchmark JSON summary", config.results_json))

@@ -248,15 +248,19 @@ def resolve_shape(options: dict[str, float | int]) -> SampledShape:
     specs = {}
     for label, fixed, lognorm, default in SIZE_FAMILIES:
         prefix = lognorm[0]
+        # fixed and cap are whole numbers from the parser (uint); _check_values lets any
+        # number through for a config built in Python.
         flags = FamilyFlags(
-            fixed=options.get(fixed[0]),
+            fixed=options.get(fixed[0]),  # type: ignore[arg-type]
             mu=options.get(f"{prefix}-mu"),
             median=options.get(f"{prefix}-median"),
             sigma=options.get(f"{prefix}-sigma"),
-            cap=options.get(f"{prefix}-max"),
+            cap=options.get(f"{prefix}-max"),  # type: ignore[arg-type]
         )
         specs[label] = resolve_size_spec(label, flags, default)
-    latency = resolve_latency_spec(FamilyFlags(*(options.get(name) for name in LATENCY_OPTIONS)))
+    # fixed and cap as above
+    latency_flags = FamilyFlags(*(options.get(name) for name in LATENCY_OPTIONS))  # type: ignore[arg-type]
+    latency = resolve_latency_spec(latency_flags)
     return SampledShape(
         input=specs["input"],
         output=specs["output"],
@@ -437,7 +441,7 @@ class RunConfig:
             best = chosen.get(objective.metric)
             if best is None or objective.quantile > best.quantile:
                 chosen[objective.metric] = objective
-        return tuple((metric, o.limit_ms) for metric, o in chosen.items())  # type: ignore[misc]
+        return tuple((m, o.limit_ms) for m, o in chosen.items() if o.limit_ms is not None)
 
     def resolved_api_key(self) -> str | None:
         """The key to send: ``api_key``, else the variable named by ``api_key_env``."""
@@ -540,9 +544,9 @@ class RunConfig:
             ("replay-initial-overhead-tokens", self.replay_initial_overhead_tokens, 0),
             ("replay-turn-overhead-tokens", self.replay_turn_overhead_tokens, 0),
         )
-        for name, value, low in at_least:
-            if value is not None and (not isinstance(value, int) or value < low):
-                raise UsageError(f"--{name} must be an integer of at least {low}, not {value!r}")
+        for name, count, low in at_least:
+            if count is not None and (not isinstance(count, int) or count < low):
+                raise UsageError(f"--{name} must be an integer of at least {low}, not {count!r}")
         if self.arrival_rate is not None and not (
             isinstance(self.arrival_rate, int | float)
             and not isinstance(self.arrival_rate, bool)

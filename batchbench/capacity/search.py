@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 PASS = "pass"
 FAIL = "fail"
@@ -97,9 +97,10 @@ class StepRecord:
         note = entry.get("note")
         name = entry.get("results_json")
         seconds, trajectories = entry.get("window_seconds"), entry.get("window_trajectories")
+        phase = entry.get("phase")
         return cls(
             agents=agents,
-            phase=entry.get("phase") if entry.get("phase") in (DOUBLING, BISECTION) else DOUBLING,
+            phase=phase if phase in (DOUBLING, BISECTION) else DOUBLING,
             verdict=verdict,
             extensions=extensions,
             window=window if isinstance(window, dict) else None,
@@ -112,7 +113,7 @@ class StepRecord:
         )
 
 
-def _positive(value: Any) -> bool:
+def _positive(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
 
 

@@ -758,6 +758,7 @@ def _toml_option(path: str, name: str, action: argparse.Action, value: object) -
     if action.type is None:
         converted: object = text
     else:
+        assert not isinstance(action.type, str)  # these parsers name no registered types
         try:
             converted = action.type(text)
         except (argparse.ArgumentTypeError, ValueError) as exc:

@@ -41,7 +41,7 @@ def suggestion(parser: argparse.ArgumentParser, message: str) -> str:
 class CommandParser(argparse.ArgumentParser):
     """argparse that raises UsageError instead of printing usage and exiting."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str):
         raise UsageError(suggestion(self, message))
 
 

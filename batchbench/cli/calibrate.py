@@ -128,8 +128,10 @@ def _calibrate(config: RunConfig, as_json: bool) -> int:
         if config.model is None:  # the one model the server lists
             with event_loop_runner() as runner:
                 config = runner.run(check_target(config, _StderrNotes()))
-        url = config.endpoint_url
-        loaded = load_tokenizer(config.tokenizer)
+        url, tokenizer = config.endpoint_url, config.tokenizer
+        assert url is not None  # checked: a live target
+        assert tokenizer is not None  # the model's, which the server named if not given
+        loaded = load_tokenizer(tokenizer)
         synth = Synthesizer.prepare(loaded)
         template, replies = reply_accounting(
             config, loaded, lambda text: print(text, file=sys.stderr)

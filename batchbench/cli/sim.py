@@ -51,7 +51,7 @@ thousands of tokens in the batch) / 1000, all divided by --speed. A step process
 class SimArgumentParser(argparse.ArgumentParser):
     """Usage errors exit 2 with the usage line, and name the closest option to a typo."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str):
         super().error(suggestion(self, message))
 
 

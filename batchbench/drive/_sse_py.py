@@ -7,6 +7,7 @@ same results (see ``batchbench.drive.sse`` for the contract and why it is exact)
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import orjson
 
@@ -113,7 +114,7 @@ class SseScanner:
         self.reasoning: list[str] = []
         self.reasoning_key = "reasoning_content"  # the field the reasoning came under
         self.times: list[float] = []  # arrival of each chunk that carried text
-        self.usage = None  # the last non-null usage
+        self.usage: Any = None  # the last non-null usage (parsed JSON)
 
     def feed(self, data: bytes, arrived: float) -> None:
         """Take one network read; complete lines are scanned now, a partial one waits."""

@@ -32,7 +32,8 @@ if _impl.NO_EXTENSIONS:
     from batchbench.drive import _admission_py as _backend
 else:
     try:
-        from batchbench._native import _admission as _backend
+        # mypy types _backend as the twin (same API, batchbench/_native/_admission.pyi)
+        from batchbench._native import _admission as _backend  # type: ignore[no-redef]
     except ImportError:  # not built: the twin has the same API and errors
         from batchbench.drive import _admission_py as _backend
 

@@ -100,6 +100,7 @@ class Alarm:
 
     def _expired(self) -> None:
         """The kernel timer went off (or an earlier arming of it did: harmless)."""
+        assert self._kernel is not None  # the reader that calls this goes with the timer
         self._kernel.clear()
         if self._pending is not None:  # a tick already planned: this one replaces it
             self._pending.cancel()
@@ -160,7 +161,8 @@ _TFD_TIMER_ABSTIME = 1
 
 
 def _os_set_ns(fd: int, ns: int) -> None:
-    os.timerfd_settime_ns(fd, flags=_TFD_TIMER_ABSTIME, initial=ns)
+    # Python 3.13+ (mypy checks for 3.11); used only where os.timerfd_create exists.
+    os.timerfd_settime_ns(fd, flags=_TFD_TIMER_ABSTIME, initial=ns)  # type: ignore[attr-defined]
 
 
 @functools.cache

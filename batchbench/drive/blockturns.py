@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from batchbench.drive.blocks import (
     AssemblyError,
@@ -35,6 +36,15 @@ from batchbench.results.lifecycle import Outcome
 from batchbench.text.blocks import JSON_ROLES, BlockTexts
 from batchbench.text.framing import trimmed
 
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
+    from batchbench.drive.driver import DriverSettings, Fidelity
+    from batchbench.drive.shutdown import Shutdown
+    from batchbench.plan.workload import Workload
+    from batchbench.results.recording import Recorder
+    from batchbench.text.content import ContentFactory
+
 # Blocks up to this many tokens are made on the loop (plain text, fast method); tool blocks
 # (several encodes) and longer texts go to the worker pool.
 INLINE_BLOCK_TOKENS = 4096
@@ -53,6 +63,27 @@ class BlockTurns:
 
     block_texts: BlockTexts | None
 
+    if TYPE_CHECKING:  # what HttpAgentLoop provides
+        settings: DriverSettings
+        workload: Workload
+        factory: ContentFactory
+        pool: Executor
+        recorder: Recorder
+        shutdown: Shutdown
+        fidelity: Fidelity
+        _inline: bool
+
+        def _identity(self, agent: int, slot: int) -> Any: ...
+
+        async def _exchange(
+            self, body, headers, streamed, tag_error, figures, rank, agent, ident, invocation, event
+        ) -> Any: ...
+
+        def _request_event(
+            self, agent, ident, invocation, slot, rank, request, reply, started, elapsed,
+            attempts, status, errors, sizing, rendered, oracle_seconds,
+        ) -> None: ...  # fmt: skip
+
     def _setup_blocks(self) -> None:
         workload = self.workload
         self.block_texts = BlockTexts(self.factory.synth) if workload.blocks is not None else None
@@ -70,12 +101,14 @@ class BlockTurns:
 
     async def _fill_blocks(self, state: TrajectoryBlocks, request: int) -> BlockSizing:
         workload = self.workload
+        texts, overheads = self.block_texts, workload.overhead_tokens
+        assert texts is not None and overheads is not None  # a workload with blocks has them
         arguments = (
             state,
             request,
-            self.block_texts,
+            texts,
             int(workload.target_prompt_tokens[request]),
-            int(workload.overhead_tokens[request]),
+            int(overheads[request]),
             state.framing,
         )
         if self._block_inline(state, request):
@@ -92,14 +125,13 @@ class BlockTurns:
     ) -> None:
         """With ``--prompt-oracle server``: let the server count the built request and move
         the absorbing block until the count is the target (at most three counts)."""
-        oracle = self.fidelity.oracle
+        oracle, texts = self.fidelity.oracle, self.block_texts
+        assert oracle is not None and texts is not None  # called with an oracle, on blocks
         started = time.perf_counter()
         model = self.settings.body.model
         for _ in range(ORACLE_ROUNDS):
             counted = await oracle.count(tokenize_body(state, request, model))
-            if counted == sizing.target or not resize_absorbing(
-                state, sizing, self.block_texts, counted
-            ):
+            if counted == sizing.target or not resize_absorbing(state, sizing, texts, counted):
                 break
         sizing.oracle_seconds = time.perf_counter() - started
         self.recorder.oracle_counted(sizing.oracle_seconds, oracle.queries)
@@ -107,6 +139,7 @@ class BlockTurns:
     async def _prepare_block_agent(self, agent: int) -> BlockPrepared:
         fidelity = self.fidelity
         framing = BlockFraming(fidelity.prompt_counter) if fidelity.correct else None
+        assert self.workload.blocks is not None  # a block trajectory's workload has them
         state = TrajectoryBlocks(self.workload.blocks, framing=framing)
         sizing = await self._fill_blocks(state, self.workload.turns(agent)[0])
         return BlockPrepared(state, sizing)
@@ -160,6 +193,7 @@ class BlockTurns:
         stream_column = workload.request_stream
         cap_column = workload.request_max_tokens
         overheads = workload.overhead_tokens
+        assert overheads is not None  # a workload with blocks has them
         framing = prepared.state.framing
         rank, tag, tag_error, headers = self._identity(agent, slot)
         state = prepared.state
@@ -244,6 +278,7 @@ class BlockTurns:
             reasoning = reasoning_of(message)
             rendered = None
             if correct:
+                assert fidelity.replies is not None  # what correct means
                 content, reasoning = trimmed(content), trimmed(reasoning)
                 rendered = fidelity.replies.count(content, reasoning)
             state.keep_reply(normalized_assistant(message, content, reasoning), rendered or 0)

@@ -22,7 +22,7 @@ from functools import partial
 
 import aiohttp
 
-from batchbench.drive.blockturns import BlockTurns
+from batchbench.drive.blockturns import BlockPrepared, BlockTurns
 from batchbench.drive.oracle import ORACLE_ROUNDS, PromptOracle
 from batchbench.drive.shutdown import CANCELLED_IN_FLIGHT, CANCELLED_WAITING, Shutdown, abandon
 from batchbench.drive.sizing import Sizing, TrajectorySizer
@@ -252,6 +252,7 @@ class HttpAgentLoop(BlockTurns):
         """The reply as the next prompt renders it (content and reasoning): its token count,
         or a future of it for a long reply (counted on a worker thread during the delay)."""
         replies = self.fidelity.replies
+        assert replies is not None  # called when correcting
         size = (len(content) if isinstance(content, str) else 0) + (
             len(reasoning) if isinstance(reasoning, str) else 0
         )
@@ -296,7 +297,7 @@ class HttpAgentLoop(BlockTurns):
         self.recorder.oracle_counted(elapsed, oracle.queries)
         return text, sizing, elapsed
 
-    async def prepare(self, agent: int) -> Prepared:
+    async def prepare(self, agent: int) -> Prepared | BlockPrepared:
         if self.workload.has_blocks(agent):
             return await self._prepare_block_agent(agent)
         factory = self.factory
@@ -321,7 +322,7 @@ class HttpAgentLoop(BlockTurns):
         return Prepared(text, sizing, seconds)
 
     # -- the agent loop ---------------------------------------------------------------
-    async def run(self, agent: int, slot: int, prepared: Prepared) -> int:
+    async def run(self, agent: int, slot: int, prepared: Prepared | BlockPrepared) -> int:
         """One trajectory; an unexpected error is fatal as "agent worker task failed: …"."""
         try:
             return await self._run(agent, slot, prepared)
@@ -330,12 +331,14 @@ class HttpAgentLoop(BlockTurns):
         except Exception as exc:
             raise BatchbenchError(f"agent worker task failed: {type(exc).__name__}: {exc}") from exc
 
-    async def _run(self, agent: int, slot: int, prepared: Prepared) -> int:
+    async def _run(self, agent: int, slot: int, prepared: Prepared | BlockPrepared) -> int:
         figures = self.recorder.agent_started(agent, slot)
         planned = len(self.workload.turns(agent))
         try:
             if self.workload.has_blocks(agent):
+                assert isinstance(prepared, BlockPrepared)  # as prepare made it
                 return await self._block_turns(agent, slot, prepared, figures)
+            assert isinstance(prepared, Prepared)
             return await self._turns(agent, slot, prepared, figures)
         finally:
             # Requests never sent: after a failure, or once a shutdown stopped the agent.

@@ -51,11 +51,13 @@ class DryRunLoop:
     def _first_blocks(self, agent: int) -> TrajectoryBlocks:
         """The first request's blocks, live ones generated from their seeds (a dry run has
         no replies, and counts no fallback)."""
+        assert self.workload.blocks is not None  # a block trajectory's plan has them
         state = TrajectoryBlocks(self.workload.blocks)
         self._fill(state, self.workload.turns(agent)[0])
         return state
 
     def _fill(self, state: TrajectoryBlocks, request: int) -> None:
+        assert self._blocks is not None  # made when the workload has blocks
         prepare_blocks(state, request, self._blocks, 0, 0, None, resolve_live=False)
 
     def _materialize_rest(self, agent: int, state: TrajectoryBlocks | None = None) -> int:

@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from batchbench.drive.admission import ClosedLoopAdmission, SlotPool
@@ -213,7 +213,8 @@ async def run_closed_loop(
         content, prepared[slot] = prepared[slot], None  # the agent holds it from now on
         spawn(_run_trajectory(agents, record, content, clock, finish_order, shutdown), True)
 
-    unstarted = iter(())  # plans admitted at t = 0 that wait for room in the start window
+    # plans admitted at t = 0 that wait for room in the start window
+    unstarted: Iterator[int] = iter(())
     if not _stopped(shutdown):  # stopped while waiting at the gate: start nothing
         window = getattr(agents, "start_window", None)
         if start_delays is None and window is not None:
@@ -252,8 +253,13 @@ async def run_closed_loop(
         return await _run_trajectory(agents, record, content, clock, finish_order, shutdown)
 
     watch = _ShutdownWatch(shutdown)
+
+    def on_fired(waiter: asyncio.Future) -> None:
+        fired.append(waiter)
+        wake_up()
+
     for waiter in watch.pending():
-        waiter.add_done_callback(lambda waiter: (fired.append(waiter), wake_up()))
+        waiter.add_done_callback(on_fired)
     try:
         while tasks:
             if not ready and not fired:
@@ -374,6 +380,7 @@ async def run_open_loop(
                 holds_cap = True
             if _stopped(shutdown):
                 if holds_cap:
+                    assert cap is not None  # held only once acquired
                     cap.release()
                 return
             admitted = clock.now()

@@ -11,7 +11,7 @@ is detected once, with a one-message probe, before the run starts.
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Literal, TypeGuard
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -101,7 +101,7 @@ class PromptOracle:
             count = document.get("count") if isinstance(document, dict) else None
             if status != 200 or not _is_count(count):
                 raise OracleError(f"/tokenize answered {status}")
-            return count  # type: ignore[return-value]
+            return count
         except (aiohttp.ClientError, OSError, TimeoutError, ResponseTooLargeError) as exc:
             raise OracleError(f"count request failed: {str(exc) or type(exc).__name__}") from None
         finally:
@@ -109,5 +109,5 @@ class PromptOracle:
             self.seconds += time.perf_counter() - started
 
 
-def _is_count(value: object) -> bool:
+def _is_count(value: object) -> TypeGuard[int]:
     return type(value) is int and value >= 0

@@ -11,6 +11,14 @@ import asyncio
 import contextlib
 import signal
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
+
+    # What signal.getsignal returns (a Handlers value is an int).
+    _Handler = Callable[[int, FrameType | None], Any] | int | None
 
 EXIT_STATUS = {"SIGINT": 130, "SIGTERM": 143}
 CANCELLED_IN_FLIGHT = "cancelled in flight when the grace period ended"
@@ -41,7 +49,7 @@ class Shutdown:
         self._sleepers: set[asyncio.Future] = set()
         self._grace_timer: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, _Handler] = {}
 
     def request(self, signal_name: str) -> None:
         """A signal arrived: the first stops admission, a later one ends the grace period."""
@@ -112,7 +120,7 @@ class Shutdown:
             self._loop.remove_signal_handler(sig)
             previous = self._previous.pop(sig, None)
             if previous is not None:
-                signal.signal(sig, previous)  # type: ignore[arg-type]
+                signal.signal(sig, previous)
 
 
 def _wake(waiter: asyncio.Future) -> None:

@@ -32,7 +32,8 @@ if _impl.NO_EXTENSIONS:
     from batchbench.drive import _sse_py as _backend
 else:
     try:
-        from batchbench._native import _sse as _backend
+        # mypy types _backend as the twin (same API, batchbench/_native/_sse.pyi)
+        from batchbench._native import _sse as _backend  # type: ignore[no-redef]
     except ImportError:  # not built: the twin has the same API and results
         from batchbench.drive import _sse_py as _backend
 

@@ -299,22 +299,23 @@ class _Decoder:
         self._inner = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None
         self._head = b""  # deflate: the first byte, until the second tells the format
 
-    def _choose(self, head: bytes) -> None:
-        """Deflate with a zlib header (two bytes, a multiple of 31) or raw."""
+    def _choose(self, head: bytes) -> zlib._Decompress:
+        """Deflate with a zlib header (two bytes, a multiple of 31) or raw: the decompressor."""
         wrapped = len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0
         self._inner = zlib.decompressobj(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
+        return self._inner
 
     def steps(self, data: bytes) -> Iterator[bytes]:
         """The decoded bytes of ``data`` in pieces of at most ``DECODE_STEP``: a bomb is
         inflated only as far as the caller takes it."""
-        if self._inner is None:
+        inner = self._inner
+        if inner is None:
             data = self._head + data
             if len(data) < 2:
                 self._head = data
                 return
             self._head = b""
-            self._choose(data)
-        inner = self._inner
+            inner = self._choose(data)
         while data:
             piece = inner.decompress(data, DECODE_STEP)
             data = inner.unconsumed_tail
@@ -325,8 +326,8 @@ class _Decoder:
         if self._inner is None:
             if not self._head:
                 return b""
-            self._choose(self._head)
-            return self._inner.decompress(self._head) + self._inner.flush()
+            inner = self._choose(self._head)
+            return inner.decompress(self._head) + inner.flush()
         return self._inner.flush()
 
 
@@ -368,6 +369,8 @@ class _Connection(asyncio.Protocol):
 
     # -- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # asyncio.Protocol says BaseTransport; a stream gets a Transport (uvloop's, no
+        # subclass of asyncio.Transport, has the same methods).
         self.transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket")
         if sock is not None:
@@ -667,7 +670,8 @@ class _Connection(asyncio.Protocol):
         waiter = self.waiter = loop.create_future()
         expiry = loop.call_at(deadline, self._expire)
         self.written_at = time.perf_counter()
-        self.transport.writelines((head, body))  # type: ignore[union-attr]
+        assert self.transport is not None  # the pool hands out connected connections
+        self.transport.writelines((head, body))
         try:
             await waiter
         finally:

@@ -174,7 +174,7 @@ def _dotted(path: _Path) -> str:
     """``metadata.tags[0]``; a key that is not a plain name is quoted: ``a["b c"]``."""
     text = ""
     for step in path:
-        if type(step) is int:
+        if isinstance(step, int):
             text += f"[{step}]"
         elif step.isidentifier():
             text += f".{step}" if text else step

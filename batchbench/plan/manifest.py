@@ -141,7 +141,8 @@ class Manifest:
     output_tokens: np.ndarray  # uint32
     delay_after_ms: np.ndarray  # int64
     reset_before: np.ndarray  # bool (always false on a trajectory's first request)
-    # Schema v2 (None: filled in with the "absent" values below, at the right length).
+    # Schema v2 (None: filled in with the "absent" values below, at the right length, by
+    # __post_init__; the ignores on these defaults are for that None).
     # Per trajectory: start_after_ms int64, 0 when absent.
     start_after_ms: np.ndarray = None  # type: ignore[assignment]
     # Per request: overhead_tokens int64 (-1 absent); stream int8 (-1 absent, 0 false,

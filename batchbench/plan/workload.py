@@ -39,7 +39,7 @@ class SampledIds(Sequence[str]):
     def __len__(self) -> int:
         return self._count
 
-    def __getitem__(self, index):  # type: ignore[override]
+    def __getitem__(self, index):
         if isinstance(index, slice):
             return [f"sampled-{i}" for i in range(*index.indices(self._count))]
         if index < 0:

@@ -455,7 +455,7 @@ def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
         rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=titles
     )
     agents = [s["agents"] for s in steps]
-    verdicts = [s.get("verdict") if isinstance(s.get("verdict"), str) else "?" for s in steps]
+    verdicts = [v if isinstance(v := s.get("verdict"), str) else "?" for s in steps]
     colors = [VERDICT_COLORS.get(v, UNKNOWN_COLOR) for v in verdicts]
     hover = [html.escape(f"{a} agents: {v}") for a, v in zip(agents, verdicts, strict=True)]
     marker = {"color": colors, "size": 10, "line": {"color": "#333", "width": 1}}

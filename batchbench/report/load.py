@@ -168,7 +168,7 @@ def labels(documents: list[dict[str, Any]]) -> list[str]:
         os.path.basename(s) if isinstance(s, str) else f"document {i + 1}"
         for i, s in enumerate(sources)
     ]
-    result = []
+    result: list[str] = []
     for i, name in enumerate(names):
         source = sources[i]
         if names.count(name) > 1 and isinstance(source, str):

@@ -649,7 +649,7 @@ def capacity_cdf_series(
     return series, metric
 
 
-RANK_SOURCES = {
+RANK_SOURCES: dict[str | None, str] = {
     "client": "client routing (the rank each request was sent to)",
     "server": "the server's metrics (per-rank labels)",
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NotRequired, TypedDict
 
 from batchbench.secrets import redact
 
@@ -50,6 +51,14 @@ class AttemptError:
         }
 
 
+class KindEntry(TypedDict):
+    """One kind's entry in ``ErrorTally.as_dict``."""
+
+    count: int
+    example: str
+    statuses: NotRequired[dict[str, int]]  # HTTP statuses only: attempts by status code
+
+
 @dataclass
 class ErrorTally:
     """Failed attempts by kind: counts, HTTP statuses and the first message of each kind."""
@@ -70,11 +79,11 @@ class ErrorTally:
     def total(self) -> int:
         return sum(self.counts.values())
 
-    def as_dict(self) -> dict[str, dict[str, object]]:
+    def as_dict(self) -> dict[str, KindEntry]:
         """``{kind: {"count": n, "example": message[, "statuses": {code: n}]}}`` by kind."""
-        document: dict[str, dict[str, object]] = {}
+        document: dict[str, KindEntry] = {}
         for kind in sorted(self.counts):
-            entry: dict[str, object] = {"count": self.counts[kind], "example": self.examples[kind]}
+            entry: KindEntry = {"count": self.counts[kind], "example": self.examples[kind]}
             if kind == ErrorKind.HTTP_STATUS:
                 entry["statuses"] = {str(s): n for s, n in sorted(self.statuses.items())}
             document[kind] = entry

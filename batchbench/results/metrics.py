@@ -59,7 +59,8 @@ class RunTotals:
     # Sent again on a new connection: the server closed the kept-alive one under them.
     resent_requests: int = 0
     errors: ErrorTally = field(default_factory=ErrorTally)  # failed attempts by kind
-    request_latencies_ms: list[float] = field(default_factory=list)
+    # a live run's is the recorder's ``latencies_ms`` array
+    request_latencies_ms: Sequence[float] = field(default_factory=list)
     agent_latencies_ms: list[float] = field(default_factory=list)
     failures: list[tuple[int, str, int, str]] = field(default_factory=list)
 

@@ -5,10 +5,23 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Sized
+from typing import TYPE_CHECKING, Protocol
 
-from batchbench.results.recording import Recorder
+if TYPE_CHECKING:
+    from batchbench.results.metrics import RunTotals
 
 REFRESH_SECONDS = 0.5
+
+
+class ProgressSource(Protocol):
+    """What the bar reads: a live run's ``Recorder``, or the workers' sum of theirs."""
+
+    @property
+    def totals(self) -> RunTotals: ...
+
+    @property
+    def agents(self) -> Sized: ...  # the active agents
 
 
 def progress_wanted(disabled: bool) -> bool:
@@ -20,7 +33,7 @@ class Progress:
     request, not only when it ends), with trajectories done, active agents, throughput in
     requests and output tokens, and failures."""
 
-    def __init__(self, trajectories: int, requests: int, recorder: Recorder) -> None:
+    def __init__(self, trajectories: int, requests: int, recorder: ProgressSource) -> None:
         from tqdm import tqdm
 
         self._recorder = recorder
@@ -50,6 +63,7 @@ class Progress:
         settled = totals.total_requests + totals.cancelled_requests
         elapsed = time.perf_counter() - self._started
         bar = self._bar
+        assert bar.total is not None  # set to the planned requests
         bar.n = min(settled, bar.total)
         bar.set_postfix(
             traj=f"{self._finished}/{self._trajectories}",

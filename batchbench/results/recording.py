@@ -164,7 +164,7 @@ class Recorder:
     def __post_init__(self) -> None:
         if self.dp_ranks:
             self.ranks = [RankFigures() for _ in range(self.dp_ranks)]
-        self.totals.request_latencies_ms = self.latencies_ms  # type: ignore[assignment]
+        self.totals.request_latencies_ms = self.latencies_ms
 
     # -- trajectories ---------------------------------------------------------------
     def agent_started(self, agent: int, slot: int) -> AgentFigures:

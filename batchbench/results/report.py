@@ -203,6 +203,7 @@ def dry_run_lines(workload: Workload, result: EngineResult) -> Iterable[str]:
                 f"reset_before={_bool(bool(reset[request]) and number > 1)}"
             )
             if in_blocks:
+                assert blocks is not None  # has_blocks
                 rows = blocks.of(request)
                 live = int(blocks.live[rows.start : rows.stop].sum())
                 line += f" blocks={len(rows)} live_blocks={live}"
@@ -406,9 +407,11 @@ def fidelity_lines(live: LiveFigures) -> list[str]:
         )
     if fidelity.oracle_seconds:
         ordered = sorted(fidelity.oracle_seconds)
+        median = percentile(ordered, 0.5)
+        assert median is not None  # there are samples
         lines.append(
             f"Prompt oracle: {fidelity.oracle_queries} server counts, "
-            f"p50 {percentile(ordered, 0.5) * 1000.0:.2f}ms per request, "
+            f"p50 {median * 1000.0:.2f}ms per request, "
             f"total {sum(ordered):.2f}s"
         )
     cached = live.server_cached_tokens

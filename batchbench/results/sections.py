@@ -24,9 +24,9 @@ def rank_rows(
         samples = inputs.samples
         by_rank: dict[int, list[float]] = {}
         for i in range(len(samples)):
-            rank, ttft = samples.rank[i], samples.ttft_ms[i]
-            if rank >= 0 and samples.ok[i] and not math.isnan(ttft):
-                by_rank.setdefault(rank, []).append(ttft)
+            rank, ttft_ms = samples.rank[i], samples.ttft_ms[i]
+            if rank >= 0 and samples.ok[i] and not math.isnan(ttft_ms):
+                by_rank.setdefault(rank, []).append(ttft_ms)
         rows = []
         for index, figures in enumerate(ranks):
             ttfts = sorted(by_rank.get(index, ()))

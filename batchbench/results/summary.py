@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from batchbench import __version__
 from batchbench.config import RunConfig
+from batchbench.results.failures import KindEntry
 from batchbench.results.lifecycle import EngineResult
 from batchbench.results.metrics import RunTotals, StreamSamples, percentiles
 from batchbench.results.recording import ClientHealth, FidelityFigures, RankFigures
@@ -213,7 +214,7 @@ class Summary:
     # a worker) or "interrupted"
     verdict: str
     lost_requests: int
-    errors_by_kind: dict[str, dict[str, object]]  # JSON only: failed attempts by kind
+    errors_by_kind: dict[str, KindEntry]  # JSON only: failed attempts by kind
     resent_requests: int  # JSON only: resent after the server closed a kept-alive connection
 
     def as_dict(self) -> dict[str, object]:
@@ -265,7 +266,7 @@ def build_summary(
     replay = config.replay
     latency = percentiles(totals.request_latencies_ms)
     agent_latency = percentiles(totals.agent_latencies_ms)
-    no_samples = (None, None, None)
+    no_samples: tuple[float | None, float | None, float | None] = (None, None, None)
     ttft = itl = tpot = no_samples
     if live is not None:
         ttft = percentiles(live.stream.ttft_ms)
@@ -331,11 +332,12 @@ def build_summary(
         replay_initial_overhead_tokens=setup.replay_initial_overhead_tokens,
         replay_turn_overhead_tokens=setup.replay_turn_overhead_tokens,
         agent_events_jsonl=config.agent_events_jsonl,
-        tool_call_latency_ms=config.option("tool-call-latency-ms"),
+        # whole numbers from the parser (uint); any number in a config built in Python
+        tool_call_latency_ms=config.option("tool-call-latency-ms"),  # type: ignore[arg-type]
         tool_call_latency_lognorm_mu=config.option("tool-call-latency-lognorm-mu"),
         tool_call_latency_lognorm_median_ms=config.option("tool-call-latency-lognorm-median-ms"),
         tool_call_latency_lognorm_sigma=config.option("tool-call-latency-lognorm-sigma"),
-        tool_call_latency_lognorm_max_ms=config.option("tool-call-latency-lognorm-max-ms"),
+        tool_call_latency_lognorm_max_ms=config.option("tool-call-latency-lognorm-max-ms"),  # type: ignore[arg-type]
         ttft_p50_ms=ttft[0],
         ttft_p90_ms=ttft[1],
         ttft_p99_ms=ttft[2],

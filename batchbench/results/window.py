@@ -135,6 +135,7 @@ def _stats(values: Sequence[float], percents: Sequence[float]) -> MetricStats | 
         min=ordered[0],
         max=ordered[-1],
         std=math.sqrt(variance),
+        # percentile is None only for no samples, and there are some
         percentiles={percentile_label(p): percentile(ordered, p / 100.0) for p in percents},  # type: ignore[misc]
     )
 
@@ -147,7 +148,7 @@ def distribution(values: Iterable[float], points: int = DISTRIBUTION_POINTS) -> 
     if n == 0:
         return None
     if n <= points:
-        ranks = range(1, n + 1)
+        ranks: Sequence[int] = range(1, n + 1)
     else:
         ranks = sorted({max(1, round(n * (i + 1) / points)) for i in range(points)})
     return {

@@ -95,7 +95,8 @@ def finish_merged(
     ``sections``: more results JSON sections (a lost worker's account)."""
     from batchbench.api import finish_run, write_outputs
 
-    paths = {name: outputs.get(name) for name in OUTPUT_FIELDS}
+    # Any: mypy checks ** against every field of RunConfig; these are its str | None paths.
+    paths: dict[str, Any] = {name: outputs.get(name) for name in OUTPUT_FIELDS}
     config = dataclasses.replace(merged.config, **paths)
     if config.agent_events_jsonl:
         write_lifecycle(merged.lifecycle, config.agent_events_jsonl)

@@ -146,7 +146,7 @@ def merge(shards: list[ShardData]) -> MergedRun:
             recorder=recorder,
             interrupted_by=interrupted,
             exit_status=max(int(d.meta["live"]["exit_status"]) for d in shards),
-            framing=LearnedFraming(_framing(shards)),  # type: ignore[arg-type]
+            framing=LearnedFraming(_framing(shards)),
             finished_by=finished_by,
             window_end=max(window_ends) if window_ends else None,
             server_metrics=metrics,
@@ -289,7 +289,7 @@ def _recorder(shards: list[ShardData], offsets: tuple[float, ...], config: RunCo
             errors.examples.setdefault(kind, tally["examples"][kind])
         for status, count in tally["statuses"]:
             errors.statuses[int(status)] = errors.statuses.get(int(status), 0) + int(count)
-        totals.failures.extend(tuple(f) for f in document["failures"])  # type: ignore[misc]
+        totals.failures.extend(tuple(f) for f in document["failures"])
         if live["server_cached_tokens"] is not None:
             server_cached = (server_cached or 0) + int(live["server_cached_tokens"])
         for rank, figures in zip(recorder.ranks, live["ranks"], strict=False):
@@ -318,11 +318,11 @@ def _join_samples(recorder: Recorder, shards: list[ShardData], offsets: tuple[fl
     """Raw samples of every shard, request rows in the order they ended."""
     stream = recorder.stream
     for name in STREAM_COLUMNS:
-        joined = np.concatenate([d.array(f"stream.{name}") for d in shards]).astype(np.float64)
-        setattr(stream, name, array("d", joined.tobytes()))
+        stream_values = np.concatenate([d.array(f"stream.{name}") for d in shards])
+        setattr(stream, name, array("d", stream_values.astype(np.float64).tobytes()))
     latencies = np.concatenate([d.array("latencies_ms") for d in shards]).astype(np.float64)
     recorder.latencies_ms = array("d", latencies.tobytes())
-    recorder.totals.request_latencies_ms = recorder.latencies_ms  # type: ignore[assignment]
+    recorder.totals.request_latencies_ms = recorder.latencies_ms
     lag = np.concatenate([d.array("lag_ms") for d in shards]).astype(np.float64)
     recorder.lag_ms = array("d", lag.tobytes())
     columns: dict[str, list[np.ndarray]] = {name: [] for name in SAMPLE_COLUMNS}

@@ -124,11 +124,11 @@ def save(data: ShardData, path: str) -> None:
     partial = f"{path}.partial"
     try:
         with open(partial, "wb") as handle:
-            np.savez(
-                handle,
-                meta=np.frombuffer(orjson.dumps(data.meta), dtype=np.uint8),
-                **{name: np.ascontiguousarray(value) for name, value in data.arrays.items()},
-            )
+            # Any: mypy would match ndarray values against savez's keyword allow_pickle.
+            arrays: dict[str, Any] = {
+                name: np.ascontiguousarray(value) for name, value in data.arrays.items()
+            }
+            np.savez(handle, meta=np.frombuffer(orjson.dumps(data.meta), dtype=np.uint8), **arrays)
         os.replace(partial, path)
     except OSError as exc:
         raise BatchbenchError(f"failed to write {path}: {exc.strerror or exc}") from None

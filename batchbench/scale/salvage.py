@@ -220,7 +220,7 @@ def salvage(
         recorder=recorder,
         interrupted_by=None,
         exit_status=0,
-        framing=LearnedFraming(None),  # type: ignore[arg-type]
+        framing=LearnedFraming(None),
         window_end=None,
         wall_origin=wall_origin,
     )

@@ -188,7 +188,7 @@ class Supervisor:
             self.warnings.add(message[1])
             self.out.warning(message[1])
         elif kind == "planned":
-            state.start = WorkerStart(tuple(message[1]), message[2])  # type: ignore[arg-type]
+            state.start = WorkerStart(tuple(message[1]), message[2])
         elif kind == "ready":
             state.ready = True
             for count, signum in enumerate(self.signals[: self.handled], start=1):

@@ -171,7 +171,10 @@ class ModelReplyText:
         prefix = tokenizer.decode([anchor], skip_special_tokens=False)
         inside = tokenizer.decode_batch([[anchor, i] for i in ids], skip_special_tokens=False)
         alone = tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
-        words, spaces, newlines, firsts = [], [], [], []
+        words: list[str] = []
+        firsts: list[str] = []
+        spaces: list[tuple[int, str]] = []
+        newlines: list[tuple[int, str]] = []
         for token_id, pair, single in zip(ids, inside, alone, strict=True):
             if not pair.startswith(prefix):
                 continue

@@ -11,7 +11,7 @@ import asyncio
 import bisect
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -488,7 +488,7 @@ class SimServer:
         """Prometheus exposition text: per-rank counters and gauges, faults by kind."""
         lines: list[str] = []
 
-        def family(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]):
+        def family(name: str, kind: str, help_text: str, samples: Sequence[tuple[str, float]]):
             lines.append(f"# HELP {name} {help_text}")
             lines.append(f"# TYPE {name} {kind}")
             lines.extend(f"{name}{labels} {value}" for labels, value in samples)

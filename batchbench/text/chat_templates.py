@@ -33,7 +33,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from batchbench.errors import BatchbenchError
 from batchbench.text.tokenizer import LoadedTokenizer
@@ -216,7 +216,7 @@ class GemmaTemplate(BuiltinTemplate):
         lines = _tools_lines(tools)
         if lines is not None:
             system = f"Tools:\n{lines}"
-        out = []
+        out: list[str] = []
         for index, message in enumerate(messages):
             role = _role(message)
             if role == "system" and index == 0:
@@ -421,7 +421,8 @@ def _environment() -> Any:
         ) from None
 
     class GenerationTag(jinja2.ext.Extension):
-        tags: ClassVar[set[str]] = {"generation"}
+        # jinja2 annotates ``tags`` as an instance attribute, so no ClassVar here (mypy).
+        tags: set[str] = {"generation"}  # noqa: RUF012
 
         def parse(self, parser: Any) -> Any:
             next(parser.stream)
@@ -708,10 +709,10 @@ def load_chat_template(
         return JinjaTemplate(*read_template_files(path, warn), loaded)
     if path.is_file():
         try:
-            source = path.read_text(encoding="utf-8")
+            text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise TemplateError(f"cannot read {path}: {exc}") from None
-        return JinjaTemplate(source, _tokenizer_config(loaded), str(path), loaded)
+        return JinjaTemplate(text, _tokenizer_config(loaded), str(path), loaded)
     raise TemplateError(
         f"unknown chat template {spec!r}; expected one of {', '.join(TEMPLATE_CHOICES)}, "
         "a .jinja file or a directory holding one"

@@ -144,7 +144,7 @@ class _Tokens:
                 for encoding, text in zip(encoded, missing, strict=True)
             )
             counts = [next(lengths) if counted is None else counted for counted in counts]
-        return counts  # type: ignore[return-value]
+        return counts  # type: ignore[return-value]  # every None was just counted
 
 
 def _reply_form(
@@ -325,7 +325,7 @@ class ReplyAccounting:
             owners, self._tokens.stretches(stretches), strict=True
         ):
             results[index] = counted + constant
-        return results  # type: ignore[return-value]
+        return results  # type: ignore[return-value]  # every entry is set by now
 
     def _rendered(self, content: str, reasoning: str) -> int:
         """The exact count, by rendering the probe conversation with the reply itself."""

@@ -46,7 +46,8 @@ if _impl.NO_EXTENSIONS:
     from batchbench.text import _synth_py as _synth
 else:
     try:
-        from batchbench._native import _synth
+        # mypy types _synth as the twin (same API, batchbench/_native/_synth.pyi)
+        from batchbench._native import _synth  # type: ignore[no-redef]
     except ImportError:  # not built: the twin gives the same bytes
         from batchbench.text import _synth_py as _synth
 
@@ -500,6 +501,7 @@ class Synthesizer:
             elif last_count > n:
                 cut, exact = self._trim(text, encoding.offsets, n)
                 if exact:
+                    assert cut is not None  # an exact cut is always a text
                     return cut
                 text = cut if cut is not None else self._resample(draws, n, text)
             else:
