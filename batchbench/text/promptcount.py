@@ -300,8 +300,8 @@ class SegmentCounter:
                 fresh = await loop.run_in_executor(None, self._encode_missing, missing)
             else:
                 fresh = self._encode_missing(missing)
-        entries = self._entries(segments, entries, fresh)
-        return self._chain(segments, entries, add_generation_prompt)
+        complete = self._entries(segments, entries, fresh)
+        return self._chain(segments, complete, add_generation_prompt)
 
     def _chain(
         self, segments: list[str], entries: list[Entry], add_generation_prompt: bool
