@@ -162,11 +162,11 @@ def add_fidelity_flags(group) -> None:
         "--replay-reasoning",
         choices=("keep", "drop"),
         default="keep",
-        help="keep: a reply's reasoning_content is sent back with it in the next request, "
-        "as agents that keep their thinking do, and counted as the server's template "
-        "renders it (many templates render it only after the last user message, some never); "
-        "drop: it is left out of the history, as OpenAI-style clients do (default: "
-        "%(default)s)",
+        help="keep: a reply's reasoning (reasoning_content, or reasoning as vLLM 0.17 and "
+        "later name it) is sent back with it in the next request under the same name, as "
+        "agents that keep their thinking do, and counted as the server's template renders "
+        "it (many templates render it only after the last user message, some never); drop: "
+        "it is left out of the history, as OpenAI-style clients do (default: %(default)s)",
     )
     group.add_argument(
         "--prompt-oracle",
