@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from batchbench.cli.agent import main, run_console
-from batchbench.cli.agent_args import parse_agent_args, shape_dests, shape_flags_given
+from batchbench.cli.agent_args import parse_agent_args, shape_dests
 from batchbench.config import RunConfig, resolve_endpoint
 from batchbench.errors import BatchbenchError, UsageError
 
@@ -74,7 +74,8 @@ def test_shape_flags_detected_with_manifest(flag, tmp_path):
         '{"schema_version":1,"trajectory_id":"a","requests":[{"prompt_tokens":5,"output_tokens":1}]}\n'
     )
     argv = ["--agent-plans-jsonl", str(plans), flag, "3", "--dry-run"]
-    assert shape_flags_given(parse_agent_args(argv))
+    given = parse_agent_args(argv)
+    assert any(getattr(given, dest) is not None for dest in shape_dests())
     with pytest.raises(UsageError) as caught:
         main(argv)
     assert (

@@ -9,14 +9,13 @@ simulator's loopback URL as its host.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from batchbench import __version__
-from batchbench.capacity.outdir import CAPACITY_FILE, OutputDirectory
+from batchbench.capacity.outdir import OutputDirectory
 from batchbench.capacity.render import Answer, answer
 from batchbench.capacity.search import Bounds, Search, StepFunction, StepRecord, run_search
 from batchbench.capacity.steps import ResumedSteps, StepRunner, WindowPlan
@@ -230,7 +229,3 @@ def write_capacity_report(capacity_json: str, path: str) -> None:
     from batchbench.report import load_documents, write_report
 
     write_report(load_documents([capacity_json]), path)
-
-
-def capacity_file(output_dir: str) -> str:
-    return os.path.join(output_dir, CAPACITY_FILE)

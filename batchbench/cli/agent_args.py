@@ -869,11 +869,6 @@ def shape_option_names_by_dest() -> dict[str, str]:
     return names
 
 
-def shape_flags_given(args: argparse.Namespace) -> bool:
-    """True when any of the 25 synthetic shape flags (aliases included) was given."""
-    return any(getattr(args, dest) is not None for dest in shape_dests())
-
-
 def resolve_shape(args) -> SampledShape:
     """The sampled shape of a parsed command line."""
     return shape_from_options(
