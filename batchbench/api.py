@@ -799,7 +799,7 @@ async def _drive(
     recorder = Recorder(dp_ranks=config.dp_ranks, goodput=config.goodput_thresholds)
     if config.request_events_jsonl:
         recorder.request_events = JsonlFile(config.request_events_jsonl)
-    show_progress = config.progress and progress_wanted(False)
+    show_progress = config.progress and progress_wanted()
     trajectories, requests = planned_counts(workload, share)
     progress = Progress(trajectories, requests, recorder) if show_progress else None
     background = [asyncio.ensure_future(recorder.sample_lag())]

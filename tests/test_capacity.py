@@ -174,7 +174,8 @@ def test_doubling_from_min_agents_and_bisection():
 def test_max_agents_reached_holds():
     search = run_search(Search(Bounds(1, 20, 1)), FakeServer(100), max_extensions=2)
     assert agents_tried(search) == [1, 2, 4, 8, 16, 20]
-    assert search.concluded and search.held_at_max
+    # Held at --max-agents: nothing failed, and the highest pass is the bound.
+    assert search.concluded and search.lowest_fail is None and search.highest_pass == 20
     result = answer(search, TTFT_P99)
     assert result.as_dict() == {
         "agents": 20,

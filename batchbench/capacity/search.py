@@ -168,15 +168,6 @@ class Search:
         could not be judged)."""
         return self.stopped_by is None and self.next_agents() is None
 
-    @property
-    def held_at_max(self) -> bool:
-        """The objectives held at --max-agents: the answer is a lower bound."""
-        return (
-            self.lowest_fail is None
-            and self.highest_pass is not None
-            and self.highest_pass >= self.bounds.max_agents
-        )
-
     def step_at(self, agents: int | None) -> StepRecord | None:
         """The last recorded step with this many agents."""
         if agents is None:

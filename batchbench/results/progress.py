@@ -24,8 +24,9 @@ class ProgressSource(Protocol):
     def agents(self) -> Sized: ...  # the active agents
 
 
-def progress_wanted(disabled: bool) -> bool:
-    return not disabled and sys.stderr.isatty()
+def progress_wanted() -> bool:
+    """A bar only where someone watches: stderr is a terminal."""
+    return sys.stderr.isatty()
 
 
 class Progress:

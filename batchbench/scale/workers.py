@@ -295,7 +295,7 @@ def _watch(config: RunConfig, supervisor: Supervisor) -> None:
     """Run the supervisor with the global progress bar (on a terminal)."""
     from batchbench.results.progress import Progress, progress_wanted
 
-    show = config.progress and progress_wanted(False) and not config.dry_run
+    show = config.progress and progress_wanted() and not config.dry_run
     view = _ProgressView()
     bar: list[Any] = []
 
