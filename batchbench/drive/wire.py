@@ -23,6 +23,7 @@ import orjson
 from batchbench.drive.sse import SseScanner
 from batchbench.results.failures import ErrorKind
 from batchbench.secrets import redact
+from batchbench.text.replycount import environment_calls
 
 _DUMPS = orjson.dumps
 _LOADS = orjson.loads
@@ -49,7 +50,6 @@ MISSING_MESSAGE = "response missing choices[0].message"
 MESSAGE_NOT_OBJECT = "choices[0].message is not an object"
 ROUTING_KEY_HEADER_ERROR = "failed to build X-SMG-Routing-Key header from user tag"
 
-TOOL_CALL_ARGUMENTS = '{"request":"continue"}'
 ERROR_BODY_LIMIT = 500
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
 BACKOFF_CEILING_MS = 60_000
@@ -252,13 +252,7 @@ def assistant_with_tool_call(message: dict, call_id: str, content=_KEEP, reasoni
     """The normalized reply (see ``normalized_assistant``) carrying the synthetic
     ``environment`` tool call."""
     normalized = normalized_assistant(message, content, reasoning)
-    normalized["tool_calls"] = [
-        {
-            "id": call_id,
-            "type": "function",
-            "function": {"name": "environment", "arguments": TOOL_CALL_ARGUMENTS},
-        }
-    ]
+    normalized["tool_calls"] = environment_calls(call_id)
     return _DUMPS(normalized)
 
 

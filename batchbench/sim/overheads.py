@@ -16,6 +16,7 @@ from typing import Any
 from batchbench.drive.wire import tool_call_id
 from batchbench.errors import BatchbenchError
 from batchbench.text.promptcount import load_counter
+from batchbench.text.replycount import environment_calls
 from batchbench.text.synth import Synthesizer
 from batchbench.text.tokenizer import LoadedTokenizer
 
@@ -29,13 +30,7 @@ def _assistant(text: str, agent: int, invocation: int) -> dict[str, Any]:
     return {
         "role": "assistant",
         "content": text,
-        "tool_calls": [
-            {
-                "id": call,
-                "type": "function",
-                "function": {"name": "environment", "arguments": '{"request":"continue"}'},
-            }
-        ],
+        "tool_calls": environment_calls(call),
     }
 
 

@@ -64,6 +64,22 @@ _HOLES = {_ASSISTANT_SENTINEL: "content", _REASONING_SENTINEL: "reasoning"}
 _TAG = re.compile(r"<[^<>\s]{1,40}>")
 
 
+# The synthetic tool call the driver appends to every reply of a growth conversation:
+# one definition, so the forms are probed with exactly what is sent.
+TOOL_CALL_ARGUMENTS = '{"request":"continue"}'
+
+
+def environment_calls(call_id: str) -> list[dict[str, Any]]:
+    """The ``tool_calls`` of a replayed reply: one call of the ``environment`` tool."""
+    return [
+        {
+            "id": call_id,
+            "type": "function",
+            "function": {"name": "environment", "arguments": TOOL_CALL_ARGUMENTS},
+        }
+    ]
+
+
 def _reply_probe(
     call_id: str, shape: ReplyShape, content: str | None = None, reasoning: str | None = None
 ) -> list[dict[str, Any]]:
@@ -78,13 +94,7 @@ def _reply_probe(
     }
     if with_reasoning:
         assistant["reasoning_content"] = reasoning if reasoning is not None else _REASONING_SENTINEL
-    assistant["tool_calls"] = [
-        {
-            "id": call_id,
-            "type": "function",
-            "function": {"name": "environment", "arguments": '{"request":"continue"}'},
-        }
-    ]
+    assistant["tool_calls"] = environment_calls(call_id)
     return [
         {"role": "user", "content": _USER_SENTINEL},
         assistant,
