@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 import batchbench
-import batchbench.api as api_module
+import batchbench.stages.outputs as outputs_stage
 from batchbench import RunConfig, RunResult, Summary, run, run_async
 from batchbench.api import OutputError
 from batchbench.cli.agent_args import config_from_argv
@@ -136,7 +136,7 @@ def test_one_failed_output_keeps_the_others_and_the_result(tmp_path, monkeypatch
     def failing(path, row, extra=()):
         raise BatchbenchError(f"failed to write {path}: disk full")
 
-    monkeypatch.setattr(api_module, "write_csv", failing)
+    monkeypatch.setattr(outputs_stage, "write_csv", failing)
     config = replay(
         dry_run=True,
         tokenizer_model="deepseek-v3",
