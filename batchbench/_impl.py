@@ -29,15 +29,15 @@ def native_module(name: str) -> ModuleType | None:
     """The compiled module for ``name`` (``synth``, ``admission``, ``sse``), or None unbuilt."""
     try:
         if name == "synth":
-            from batchbench._native import _synth
+            from batchbench._native import _synth  # lazy: asked for by --version and tests
 
             return _synth
         if name == "admission":
-            from batchbench._native import _admission
+            from batchbench._native import _admission  # lazy: asked for by --version and tests
 
             return _admission
         if name == "sse":
-            from batchbench._native import _sse
+            from batchbench._native import _sse  # lazy: asked for by --version and tests
 
             return _sse
     except ImportError:
@@ -48,15 +48,15 @@ def native_module(name: str) -> ModuleType | None:
 def twin_module(name: str) -> ModuleType:
     """The pure-Python twin for ``name``."""
     if name == "synth":
-        from batchbench.text import _synth_py
+        from batchbench.text import _synth_py  # lazy: for tests and benchmarks
 
         return _synth_py
     if name == "admission":
-        from batchbench.drive import _admission_py
+        from batchbench.drive import _admission_py  # lazy: for tests and benchmarks
 
         return _admission_py
     if name == "sse":
-        from batchbench.drive import _sse_py
+        from batchbench.drive import _sse_py  # lazy: for tests and benchmarks
 
         return _sse_py
     raise ValueError(f"no twin named {name!r}")

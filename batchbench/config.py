@@ -30,6 +30,7 @@ from batchbench.results.slo import (
     percentile_label,
     slo_text,
 )
+from batchbench.scale.partition import parse_shard
 from batchbench.secrets import remember
 
 DEFAULT_ENDPOINT = "/v1/chat/completions"
@@ -633,8 +634,6 @@ class RunConfig:
         """--shard resolved (an environment variable read now); None without it."""
         if self.shard is None:
             return None
-        from batchbench.scale.partition import parse_shard
-
         return parse_shard(self.shard)
 
     def _check_scale(self) -> None:

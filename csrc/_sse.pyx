@@ -15,6 +15,8 @@ from libc.string cimport memchr, memcmp
 
 import orjson
 
+from batchbench.drive.replyerror import BAD_CHUNK, ResponseError, server_error_text
+
 cdef object _LOADS = orjson.loads
 cdef object _DecodeError = orjson.JSONDecodeError
 
@@ -53,16 +55,12 @@ cdef inline bint _bare_cr(const char *buf, Py_ssize_t n) noexcept:
 
 
 cdef object _error_text(bytes payload):
-    """The message of an error chunk (imported late: ``wire`` imports this module)."""
-    from batchbench.drive.wire import server_error_text
-
+    """The message of an error chunk."""
     return server_error_text(payload)
 
 
 cdef object _bad_chunk():
-    """The error of an invalid JSON chunk (imported late: ``wire`` imports this module)."""
-    from batchbench.drive.wire import BAD_CHUNK, ResponseError
-
+    """The error of an invalid JSON chunk."""
     return ResponseError(BAD_CHUNK)
 
 

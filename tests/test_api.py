@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 import batchbench
-import batchbench.api as api_module
+import batchbench.stages.outputs as outputs_stage
 from batchbench import RunConfig, RunResult, Summary, run, run_async
 from batchbench.api import OutputError
 from batchbench.cli.agent_args import config_from_argv
@@ -136,7 +136,7 @@ def test_one_failed_output_keeps_the_others_and_the_result(tmp_path, monkeypatch
     def failing(path, row, extra=()):
         raise BatchbenchError(f"failed to write {path}: disk full")
 
-    monkeypatch.setattr(api_module, "write_csv", failing)
+    monkeypatch.setattr(outputs_stage, "write_csv", failing)
     config = replay(
         dry_run=True,
         tokenizer_model="deepseek-v3",
@@ -165,3 +165,22 @@ def test_readme_example_runs(monkeypatch, capsys):
     exec(compile(code, "README.md", "exec"), {})
     first = capsys.readouterr().out.splitlines()[0].split()
     assert first[:2] == ["7", "100.0"]
+
+
+def test_each_stage_hands_on_a_frozen_value():
+    """plans -> target -> prepare -> execute -> finish: every stage's output is frozen, and
+    the public face re-exports the result types rather than copying them."""
+    from batchbench.stages import execute, finish, hosting, outputs, plans, prepare, target
+
+    for kind in (plans.Plans, target.Target, prepare.Prepared, execute.Executed,
+                 finish.RunResult, hosting.Hosting):  # fmt: skip
+        assert dataclasses.is_dataclass(kind) and kind.__dataclass_params__.frozen, kind
+    assert RunResult is finish.RunResult and OutputError is outputs.OutputError
+
+
+def test_run_result_reads_live_figures_by_name():
+    """ranks, fidelity, client_health, stream, framing and interrupted_by come from
+    ``live``: a dry run has none of them."""
+    result = run(replay(dry_run=True, tokenizer_model="deepseek-v3"))
+    assert result.live is None and result.ranks == () and result.stream is None
+    assert result.framing is None and result.interrupted_by is None

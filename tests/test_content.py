@@ -7,10 +7,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from batchbench.api import generation_workers
 from batchbench.errors import SynthesisError
 from batchbench.plan.sampling import FixedSpec
 from batchbench.plan.workload import SampledShape, Workload, compile_sampled
+from batchbench.stages.execute import generation_workers
 from batchbench.text.content import ContentFactory
 from batchbench.text.synth import Synthesizer
 

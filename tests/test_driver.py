@@ -38,7 +38,7 @@ from stubserver import (
 )
 
 import batchbench
-import batchbench.api as api_module
+import batchbench.stages.execute as execute_stage
 from batchbench.cli.agent import main
 from batchbench.results.report import (
     CSV_COLUMNS,
@@ -593,7 +593,7 @@ def test_seeded_runs_send_identical_bytes(capsys, stub, tmp_path, monkeypatch):
     args = argv(stub, plans, "--seed", "42")
     run_agent(capsys, args)
     first = _seeded_traffic(stub)
-    monkeypatch.setattr(api_module, "generation_workers", lambda: 1)
+    monkeypatch.setattr(execute_stage, "generation_workers", lambda: 1)
     run_agent(capsys, args)
     second = _seeded_traffic(stub)
     assert len(first) == 5

@@ -1,6 +1,7 @@
 """Percentiles and the cache estimate (docs/metrics.md)."""
 
-from batchbench.results.metrics import cached_prefix_estimate, percentiles
+from batchbench.results.metrics import percentiles
+from batchbench.results.recording import Recorder
 
 
 def test_percentiles_round_half_away_from_zero():
@@ -9,6 +10,17 @@ def test_percentiles_round_half_away_from_zero():
     assert percentiles([7.5]) == (7.5, 7.5, 7.5)
 
 
+def cache_estimate(prompts: list[int]) -> int:
+    """The estimate the recorder keeps for one trajectory's successful requests."""
+    recorder = Recorder()
+    figures = recorder.agent_started(0, 0)
+    for prompt in prompts:
+        recorder.request_succeeded(figures, None, prompt, 1, None, 0.1)
+        recorder.request_done(figures, prompt, 1)
+    return recorder.totals.estimated_cached_input_tokens
+
+
 def test_cache_estimate_uses_only_previous_prompt():
-    assert cached_prefix_estimate([100, 180, 250, 400]) == 530
-    assert cached_prefix_estimate([500, 450]) == 450
+    """The examples of docs/metrics.md, through the recorder a run uses."""
+    assert cache_estimate([100, 180, 250, 400]) == 530
+    assert cache_estimate([500, 450]) == 450

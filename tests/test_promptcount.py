@@ -15,9 +15,9 @@ import pytest
 from test_sim_units import metaspace_first, qwen3_config_path
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from batchbench.api import template_counter as client_template_counter
 from batchbench.sim.server import SimConfig, SimServer
 from batchbench.sim.serving import ServingModel
+from batchbench.stages.prepare import template_counter as client_template_counter
 from batchbench.text.chat_templates import BUILTIN_TEMPLATES, BUILTINS, load_chat_template
 from batchbench.text.promptcount import SegmentCounter, load_counter, template_counter
 from batchbench.text.tokenizer import LoadedTokenizer
@@ -103,7 +103,7 @@ def test_the_client_imports_nothing_from_the_simulator():
         tok = Tokenizer(models.BPE({c: i for i, c in enumerate(alphabet)}, []))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         loaded = LoadedTokenizer.wrap(tok, "b", "b")
-        counter = batchbench.api.template_counter(loaded, load_chat_template("llama3", loaded))
+        counter = batchbench.stages.prepare.template_counter(loaded, load_chat_template("llama3", loaded))
         assert BlockFraming(counter).counter([{"role": "user", "content": "hi"}], []) > 0
         print(sorted(m for m in sys.modules if m.startswith("batchbench.sim")))
         """

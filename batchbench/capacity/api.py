@@ -21,6 +21,8 @@ from batchbench.capacity.search import Bounds, Search, StepFunction, StepRecord,
 from batchbench.capacity.steps import ResumedSteps, StepRunner, WindowPlan
 from batchbench.config import RunConfig
 from batchbench.errors import UsageError
+from batchbench.plan.manifest import hash_manifest
+from batchbench.stages.target import sim_chat_template, start_sim
 
 Listener = Callable[[StepRecord, Search, bool], None]
 StartListener = Callable[[int, int, float | None], None]  # agents, extension, seconds
@@ -74,8 +76,6 @@ class _Target:
         if self._resolved is None:
             config = self.config
             if config.sim:
-                from batchbench.api import sim_chat_template, start_sim
-
                 template = sim_chat_template(config)
                 self.sim, started = start_sim(config)
                 config = replace(
@@ -142,8 +142,6 @@ def run_capacity(
     settings = search_settings(bounds, window, max_extensions)
     manifest: dict[str, Any] | None = None
     if config.replay:
-        from batchbench.plan.manifest import hash_manifest
-
         assert config.agent_plans_jsonl is not None
         manifest = {
             "path": config.agent_plans_jsonl,
@@ -226,6 +224,6 @@ def run_capacity(
 
 def write_capacity_report(capacity_json: str, path: str) -> None:
     """The HTML report of a capacity document (``batchbench.report``; plotly needed)."""
-    from batchbench.report import load_documents, write_report
+    from batchbench.report import load_documents, write_report  # lazy: the HTML report
 
     write_report(load_documents([capacity_json]), path)

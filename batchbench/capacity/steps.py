@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from batchbench.api import run as api_run
 from batchbench.capacity.outdir import OutputDirectory, partial_file
 from batchbench.capacity.search import CLIENT_BOUND, FAIL, UNRESOLVED, StepFunction, StepRecord
 from batchbench.config import RunConfig
@@ -250,8 +251,6 @@ class StepRunner:
         self.output = _StepOutput(warn)
         self.warn = warn
         if run is None:
-            from batchbench.api import run as api_run
-
             run = api_run
         self._run = run
         self.started = started  # (agents, extension, expected seconds) before each run

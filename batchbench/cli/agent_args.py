@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from batchbench import __version__
+from batchbench._impl import active_implementation
 from batchbench.cli.argtypes import (
     CommandParser,
     byte_size,
@@ -653,8 +654,6 @@ def add_scale_flags(group) -> None:
 
 
 def version_text() -> str:
-    from batchbench._impl import active_implementation
-
     return f"batchbench {__version__} ({active_implementation()})"
 
 

@@ -8,17 +8,13 @@ from collections.abc import Sequence
 
 import orjson
 
-from batchbench.api import (
-    calibrate_target,
-    check_target,
-    event_loop_runner,
-    reply_accounting,
-    start_sim,
-)
 from batchbench.cli.agent_args import add_chat_template_flag, add_target_flags
 from batchbench.cli.argtypes import CommandParser, positive_finite
 from batchbench.config import RunConfig, api_key_from
 from batchbench.errors import BatchbenchError, UsageError
+from batchbench.stages.hosting import event_loop_runner
+from batchbench.stages.prepare import calibrate_target, reply_accounting
+from batchbench.stages.target import check_target, start_sim
 from batchbench.text.synth import Synthesizer
 from batchbench.text.tokenizer import load_tokenizer
 

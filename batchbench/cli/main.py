@@ -42,27 +42,27 @@ def run(argv: Sequence[str]) -> int:
     if command == "agent":
         return run_console(rest, "batchbench agent")
     if command == "sim":
-        from batchbench.cli.sim import run as run_sim
+        from batchbench.cli.sim import run as run_sim  # lazy: one command's modules
 
         return run_sim(rest)
     if command == "calibrate":
-        from batchbench.cli.calibrate import run as run_calibrate
+        from batchbench.cli.calibrate import run as run_calibrate  # lazy: one command's modules
 
         return run_calibrate(rest)
     if command == "validate":
-        from batchbench.cli.validate import run as run_validate
+        from batchbench.cli.validate import run as run_validate  # lazy: one command's modules
 
         return run_validate(rest)
     if command == "capacity":
-        from batchbench.cli.capacity import run as run_capacity
+        from batchbench.cli.capacity import run as run_capacity  # lazy: one command's modules
 
         return run_capacity(rest)
     if command == "report":
-        from batchbench.cli.report import run as run_report
+        from batchbench.cli.report import run as run_report  # lazy: one command's modules
 
         return run_report(rest)
     if command == "merge":
-        from batchbench.cli.merge import run as run_merge
+        from batchbench.cli.merge import run as run_merge  # lazy: one command's modules
 
         return run_merge(rest)
     if command == "tokenizers":

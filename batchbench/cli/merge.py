@@ -51,7 +51,7 @@ def build_parser(prog: str) -> CommandParser:
 
 def _load(path: str):
     """A shard's results JSON and raw data; the events files it wrote beside it."""
-    from batchbench.scale.partial import load
+    from batchbench.scale.partial import load  # lazy: numpy, after parsing (--help)
 
     try:
         with open(path, "rb") as handle:
@@ -81,6 +81,7 @@ def run(argv: Sequence[str], prog: str = "batchbench merge") -> int:
     args = parse_or_status(build_parser(prog), argv)
     if isinstance(args, int):
         return args
+    # lazy: the merge's modules load once the arguments parsed (--help answers at once)
     from batchbench.cli.agent import ConsoleOutput, render
     from batchbench.scale.combine import finish_merged
     from batchbench.scale.merge import check_shards, merge
@@ -107,7 +108,7 @@ def run(argv: Sequence[str], prog: str = "batchbench merge") -> int:
             "report_html": args.report_html,
         }
         if args.report_html:
-            from batchbench.report import require_plotly
+            from batchbench.report import require_plotly  # lazy: only with --report-html
 
             require_plotly()
         result = finish_merged(merged, outputs, request_events, ConsoleOutput())
@@ -115,7 +116,7 @@ def run(argv: Sequence[str], prog: str = "batchbench merge") -> int:
         sys.stdout.flush()
         print(f"Error: {exc}", file=sys.stderr)
         return 1
-    from batchbench.results.report import banner_lines
+    from batchbench.results.report import banner_lines  # lazy: as the merge above
 
     ConsoleOutput().lines(banner_lines(result.config, result.setup))
     print(

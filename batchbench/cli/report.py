@@ -70,7 +70,7 @@ def run(argv: Sequence[str], prog: str = "batchbench report") -> int:
     args = parse_or_status(build_parser(prog), argv)
     if isinstance(args, int):
         return args
-    from batchbench.report import load_documents, write_report
+    from batchbench.report import load_documents, write_report  # lazy: parsed first (--help)
 
     try:
         documents = load_documents(args.results)

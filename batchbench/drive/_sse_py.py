@@ -11,6 +11,8 @@ from typing import Any
 
 import orjson
 
+from batchbench.drive.replyerror import BAD_CHUNK, ResponseError, server_error_text
+
 _LOADS = orjson.loads
 _DecodeError = orjson.JSONDecodeError
 
@@ -33,16 +35,12 @@ def _bare_cr(data: bytes) -> bool:
 
 
 def _error_text(payload: bytes) -> str:
-    """The message of an error chunk (imported late: ``wire`` imports this module)."""
-    from batchbench.drive.wire import server_error_text
-
+    """The message of an error chunk."""
     return server_error_text(payload)
 
 
 def _bad_chunk() -> Exception:
-    """The error of an invalid JSON chunk (imported late: ``wire`` imports this module)."""
-    from batchbench.drive.wire import BAD_CHUNK, ResponseError
-
+    """The error of an invalid JSON chunk."""
     return ResponseError(BAD_CHUNK)
 
 

@@ -20,6 +20,12 @@ from dataclasses import dataclass
 
 import orjson
 
+from batchbench.drive.replyerror import (
+    BAD_CHUNK,  # noqa: F401 - one of the stream messages below, named here as before
+    ERROR_BODY_LIMIT,
+    ResponseError,
+    server_error_text,
+)
 from batchbench.drive.sse import SseScanner
 from batchbench.results.failures import ErrorKind
 from batchbench.secrets import redact
@@ -33,7 +39,6 @@ NO_CHUNKS = "streamed response contained no chunks"
 NO_STREAM_USAGE = (
     "streamed response missing usage; the backend must honor stream_options.include_usage"
 )
-BAD_CHUNK = "invalid JSON in streamed response chunk"
 TRUNCATED_STREAM = "streamed response ended before [DONE] and usage after {chunks} chunks"
 MISSING_USAGE = "response missing usage field"
 BAD_PROMPT_TOKENS = "usage.prompt_tokens missing or not an integer"
@@ -50,20 +55,11 @@ MISSING_MESSAGE = "response missing choices[0].message"
 MESSAGE_NOT_OBJECT = "choices[0].message is not an object"
 ROUTING_KEY_HEADER_ERROR = "failed to build X-SMG-Routing-Key header from user tag"
 
-ERROR_BODY_LIMIT = 500
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
 BACKOFF_CEILING_MS = 60_000
 _U64_MAX = (1 << 64) - 1
 # Largest delta-seconds honoured (RFC 9110's 2^31); longer values saturate to it.
 _RETRY_AFTER_MAX_S = float(1 << 31)
-
-
-class ResponseError(Exception):
-    """A 2xx response that cannot be used (retried like a 5xx); ``kind`` classifies it."""
-
-    def __init__(self, message: str, kind: ErrorKind = ErrorKind.MALFORMED_JSON) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 # ---------------------------------------------------------------------------------------
@@ -350,28 +346,6 @@ def _usage_counts(usage) -> tuple[int, int, int | None]:
 
 def _out_of_range(field: str, value: int) -> ResponseError:
     return ResponseError(OUT_OF_RANGE.format(field=field, value=value), ErrorKind.MALFORMED_USAGE)
-
-
-def server_error_text(payload: bytes | str | dict | list | None) -> str:
-    """The message a server put in an error (``{"error":{"message":…}}``, ``{"error":
-    "…"}``, ``{"message":…}`` or plain text), cut at 500 characters."""
-    document = payload
-    if isinstance(payload, bytes | str):
-        try:
-            document = _LOADS(payload)
-        except orjson.JSONDecodeError:
-            document = payload.decode("utf-8", "replace") if isinstance(payload, bytes) else payload
-    if isinstance(document, dict):
-        inner = document.get("error", document)
-        if isinstance(inner, dict):
-            message = inner.get("message")
-            document = message if isinstance(message, str) else inner
-        else:
-            document = inner
-    if not isinstance(document, str):
-        document = _DUMPS(document).decode()
-    text = redact(document).strip() or "(no message)"
-    return text[:ERROR_BODY_LIMIT] + "..." if len(text) > ERROR_BODY_LIMIT else text
 
 
 def parse_response(raw: bytes) -> Reply:

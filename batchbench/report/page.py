@@ -43,7 +43,7 @@ def _plotly() -> Any:
     its own dependencies) cannot be imported."""
     require_plotly()
     try:
-        from batchbench.report import charts
+        from batchbench.report import charts  # lazy: charts import plotly (an extra)
     except ImportError as exc:
         package = (exc.name or "").split(".")[0]
         if package == "plotly":

@@ -28,15 +28,6 @@ def percentiles(values: Sequence[float]) -> tuple[float | None, float | None, fl
     return p50, p90, p99
 
 
-def cached_prefix_estimate(prompts: Sequence[int]) -> int:
-    """Per-agent perfect-prefix bound: each request reuses min(previous, current) prompt tokens."""
-    total, previous = 0, 0
-    for prompt in prompts:
-        total += min(previous, prompt)
-        previous = prompt
-    return total
-
-
 @dataclass
 class RunTotals:
     """The counters of one run that the summary, CSV and JSON report."""

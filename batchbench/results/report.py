@@ -31,6 +31,7 @@ from batchbench.results.summary import (
     Summary,
     rank_imbalance,
 )
+from batchbench.scale.partition import RAMP_FREE_AGENTS, ramp_up_seconds
 
 __all__ = [
     "ALL_CSV_COLUMNS",
@@ -59,8 +60,6 @@ def _bool(value: bool) -> str:
 
 def scale_lines(config: RunConfig, setup: RunSetup) -> list[str]:
     """The ramp-up of a closed-loop live run, and the shard a process runs."""
-    from batchbench.scale.partition import RAMP_FREE_AGENTS, ramp_up_seconds
-
     lines = []
     if not config.dry_run and config.admission_mode == "closed-loop":
         ramp = ramp_up_seconds(config, setup.agents)

@@ -17,6 +17,8 @@ from batchbench.errors import BatchbenchError
 from batchbench.results.events import JsonlFile
 from batchbench.scale.merge import MergedRun
 from batchbench.scale.snapshot import snapshot
+from batchbench.stages.finish import finish_run
+from batchbench.stages.outputs import write_outputs
 
 OUTPUT_FIELDS = (
     "results_csv",
@@ -93,8 +95,6 @@ def finish_merged(
     """The merged run's result, with every output ``outputs`` names written (events files
     first: the summary then lists them). ``request_events``: each shard's events file;
     ``sections``: more results JSON sections (a lost worker's account)."""
-    from batchbench.api import finish_run, write_outputs
-
     # Any: mypy checks ** against every field of RunConfig; these are its str | None paths.
     paths: dict[str, Any] = {name: outputs.get(name) for name in OUTPUT_FIELDS}
     config = dataclasses.replace(merged.config, **paths)

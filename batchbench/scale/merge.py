@@ -25,9 +25,11 @@ from batchbench.results.recording import (
     FidelityFigures,
     Recorder,
 )
+from batchbench.results.samples import TimeSeries
 from batchbench.results.summary import RunSetup
 from batchbench.scale.partial import SAMPLE_COLUMNS, SERIES_COLUMNS, STREAM_COLUMNS, ShardData
 from batchbench.scale.snapshot import config_from_fields, run_identity
+from batchbench.stages.liverun import LiveRun
 
 LIFECYCLE_TIMES = ("scheduled_at_seconds", "admitted_at_seconds", "finished_at_seconds")
 
@@ -130,8 +132,6 @@ def merge(shards: list[ShardData]) -> MergedRun:
     )
     live = None
     if shards[0].meta["live"]:
-        from batchbench.api import LiveRun
-
         recorder = _recorder(shards, offsets, config)
         interrupted = _first(shards, "interrupted_by")
         finished_by = _first(shards, "finished_by")
@@ -356,8 +356,6 @@ def _series(shards: list[ShardData], offsets: tuple[float, ...]):
     counts are interpolated linearly between their points (from 0 at the shard's start,
     their last value after its end), and gauges (agents, requests in flight) are read at
     the shard's point nearest the grid time, 0 when none lies within half an interval."""
-    from batchbench.results.samples import TimeSeries
-
     interval = float(shards[0].meta["live"]["series_interval"])
     series = TimeSeries(interval=interval)
     parts = []

@@ -22,6 +22,7 @@ import orjson
 
 from batchbench import __version__
 from batchbench.errors import BatchbenchError
+from batchbench.results.recording import Recorder
 
 FORMAT = 1
 # RunConfig fields that differ between the shards of one run, or only say where files go.
@@ -180,8 +181,6 @@ def _reason(exc: Exception) -> str:
 def expected_arrays() -> dict[str, np.dtype]:
     """Every array a live shard writes, with its dtype: what ``capture`` makes of an empty
     recorder, so the check follows the recorder's columns."""
-    from batchbench.results.recording import Recorder
-
     return {name: value.dtype for name, value in capture({}, Recorder()).arrays.items()}
 
 

@@ -26,8 +26,10 @@ from batchbench.results.failures import AttemptError
 from batchbench.results.lifecycle import EngineResult, TrajectoryRecord
 from batchbench.results.recording import AgentFigures, Recorder
 from batchbench.results.summary import RunSetup
+from batchbench.scale.merge import LearnedFraming
 from batchbench.scale.partial import ShardData
 from batchbench.scale.snapshot import snapshot
+from batchbench.stages.liverun import LiveRun
 
 
 @dataclass(frozen=True)
@@ -188,9 +190,6 @@ def salvage(
     """The dead worker's ``ShardData`` from its events files (``config`` names them).
     ``wall_origin``: Unix time its clock started; ``ended_at``: when it died, on that
     clock; ``peak_active``: the most agents it reported active at once."""
-    from batchbench.api import LiveRun
-    from batchbench.scale.merge import LearnedFraming
-
     setup = RunSetup(**start.setup)
     recorder = Recorder(dp_ranks=config.dp_ranks, goodput=config.goodput_thresholds)
     recorder.origin = 0.0

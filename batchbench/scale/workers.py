@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import replace
+from dataclasses import asdict, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -39,9 +39,21 @@ from batchbench.config import RunConfig
 from batchbench.drive.shutdown import EXIT_STATUS
 from batchbench.errors import BatchbenchError, UsageError
 from batchbench.lifeline import die_with_parent
+from batchbench.results.metrics import RunTotals
+from batchbench.results.progress import Progress, progress_wanted
+from batchbench.results.recording import Recorder
+from batchbench.results.summary import RunSetup
+from batchbench.scale.combine import finish_merged
 from batchbench.scale.loss import LostWorker
+from batchbench.scale.merge import check_shards, merge
 from batchbench.scale.partition import Shard
+from batchbench.scale.salvage import salvage
 from batchbench.scale.supervisor import PROGRESS_SECONDS, Supervisor, WorkerState
+from batchbench.stages.console import Silent
+from batchbench.stages.hosting import event_loop_runner, worker
+from batchbench.stages.prepare import content_salt
+from batchbench.stages.sequence import check_run, run_stages
+from batchbench.stages.target import check_target, sim_chat_template, sim_process, targeting_sim
 
 
 class _ChildOutput:
@@ -71,8 +83,6 @@ def _child(config: RunConfig, conn: Connection, parent_pid: int) -> None:
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     die_with_parent(signal.SIGKILL, parent_pid)
-    from batchbench import api
-
     announced = asyncio.Event()  # its share is known to the parent before it says ready
 
     async def gate() -> None:
@@ -86,9 +96,7 @@ def _child(config: RunConfig, conn: Connection, parent_pid: int) -> None:
         if delay > 0:
             await asyncio.sleep(delay)
 
-    async def monitor(recorder, planned, setup) -> None:
-        from dataclasses import asdict
-
+    async def monitor(recorder: Recorder, planned: tuple[int, int], setup: RunSetup) -> None:
         conn.send(("planned", planned, asdict(setup)))
         announced.set()
         try:
@@ -100,18 +108,8 @@ def _child(config: RunConfig, conn: Connection, parent_pid: int) -> None:
             raise
 
     try:
-        with api.event_loop_runner() as runner:
-            result = runner.run(
-                api._run(
-                    config,
-                    _ChildOutput(conn),
-                    handle_signals=True,
-                    offload=False,
-                    tune_gc=True,
-                    gate=gate,
-                    monitor=monitor,
-                )
-            )
+        with event_loop_runner() as runner:
+            result = runner.run(run_stages(config, _ChildOutput(conn), worker(gate, monitor)))
         conn.send(("done", result.shard_data, result.config.model))
     except (BrokenPipeError, EOFError):
         pass  # the parent is gone: nobody to tell
@@ -148,8 +146,6 @@ class _ProgressView:
     """What the progress bar reads, summed over workers."""
 
     def __init__(self) -> None:
-        from batchbench.results.metrics import RunTotals
-
         self.totals = RunTotals()
         self.agents: range = range(0)
 
@@ -190,36 +186,27 @@ def worker_configs(config: RunConfig, workers: int, folder: str) -> list[RunConf
 
 def run_workers(config: RunConfig, output: Any = None):
     """Run ``config`` over ``config.worker_count`` processes; the merged RunResult."""
-    from batchbench import api
-
-    config.check()
-    if config.report_html:
-        from batchbench.report import require_plotly
-
-        try:
-            require_plotly()
-        except BatchbenchError as exc:
-            raise UsageError(str(exc)) from None
-    out = output if output is not None else api._Silent()
+    check_run(config)
+    out = output if output is not None else Silent()
     workers = config.worker_count
     if config.max_active_agents is not None:
         shard = config.shard_spec()
         workers = min(workers, config.max_active_agents // (shard.count if shard else 1))
-    sim = api.sim_process(config) if config.sim else None
+    sim = sim_process(config) if config.sim else None
     try:
         target = config
         if sim is not None:
             sim.start()
-            target = api.targeting_sim(config, sim)
+            target = targeting_sim(config, sim)
         if not target.dry_run:
-            with api.event_loop_runner() as runner:
-                target = runner.run(api.check_target(target, out))
+            with event_loop_runner() as runner:
+                target = runner.run(check_target(target, out))
         # Workers share one seed and salt (one run's content), not a simulator or preflight.
         common = replace(
             target,
             seed=config.seed if config.seed is not None else secrets.randbits(64),
-            content_salt=api.content_salt(config),
-            chat_template=api.sim_chat_template(config) if config.sim else config.chat_template,
+            content_salt=content_salt(config),
+            chat_template=sim_chat_template(config) if config.sim else config.chat_template,
         )
         return _drive_workers(common, target, workers, out)
     finally:
@@ -293,8 +280,6 @@ def _spawn(configs: list[RunConfig]) -> list[WorkerState]:
 
 def _watch(config: RunConfig, supervisor: Supervisor) -> None:
     """Run the supervisor with the global progress bar (on a terminal)."""
-    from batchbench.results.progress import Progress, progress_wanted
-
     show = config.progress and progress_wanted() and not config.dry_run
     view = _ProgressView()
     bar: list[Any] = []
@@ -325,9 +310,6 @@ def _finish(
     out: Any,
 ):
     """Merge what every worker measured (a dead one's from its files) and write it all."""
-    from batchbench.scale.combine import finish_merged
-    from batchbench.scale.merge import check_shards, merge
-
     states = supervisor.states
     workers = len(states)
     shards = []
@@ -368,8 +350,6 @@ def _account(
     workers: int,
 ) -> tuple[LostWorker, Any]:
     """A dead worker: its raw data rebuilt from its files, and what it cost."""
-    from batchbench.scale.salvage import salvage
-
     if config.dry_run or state.start is None or supervisor.start_time is None:
         raise BatchbenchError(f"worker {state.index} (of {workers}) {state.cause}")
     origin = supervisor.start_time

@@ -1,0 +1,119 @@
+"""Stage 2, the target: start the simulator (``--sim``) and check the server (preflight);
+the configuration as run names the server's URL and the model it serves."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, replace
+
+import aiohttp
+
+from batchbench.config import RunConfig, host_ends_in_v1
+from batchbench.drive.preflight import preflight
+from batchbench.drive.simlaunch import SimProcess, sim_command
+from batchbench.drive.wire import BodyOptions, request_headers
+from batchbench.errors import UsageError
+from batchbench.stages.console import RunOutput
+from batchbench.stages.hosting import BlockingCall
+
+SIM_METRICS = "sim"  # --server-metrics sim: the embedded simulator's /metrics
+
+
+@dataclass(frozen=True)
+class Target:
+    """The configuration as run, and the simulator child serving it (stop it at the end)."""
+
+    config: RunConfig
+    sim: SimProcess | None = None
+
+
+async def resolve_target(config: RunConfig, out: RunOutput, call: BlockingCall) -> Target:
+    """Start the simulator when asked and check a live target. On failure nothing is left
+    running; on success the caller stops ``Target.sim``."""
+    sim = sim_process(config) if config.sim else None
+    try:
+        if sim is not None:
+            await call(sim.start)
+            config = targeting_sim(config, sim)
+        if not config.dry_run:
+            config = await check_target(config, out)
+    except BaseException:
+        if sim is not None:
+            sim.stop()  # also ends a start still running in its thread
+        raise
+    return Target(config, sim)
+
+
+def start_sim(config: RunConfig) -> tuple[SimProcess, RunConfig]:
+    """Start the simulator child (sharing the tokenizer); the config that targets it."""
+    sim = sim_process(config)
+    sim.start()
+    return sim, targeting_sim(config, sim)
+
+
+def targeting_sim(config: RunConfig, sim: SimProcess) -> RunConfig:
+    """The config of a run against the started simulator: its URL as host (and as the
+    metrics endpoint with --server-metrics sim)."""
+    metrics = config.server_metrics
+    if metrics == SIM_METRICS:
+        metrics = f"{sim.url}/metrics"
+    return replace(config, host=sim.url, tokenizer_model=config.tokenizer, server_metrics=metrics)
+
+
+def sim_process(config: RunConfig) -> SimProcess:
+    """The simulator child of ``--sim``, not started yet."""
+    extra = config.sim_args or ""
+    if config.tokenizer_download:
+        extra = f"--tokenizer-download {extra}"
+    if config.chat_template is not None:
+        extra = f"--chat-template {shlex.quote(config.chat_template)} {extra}"
+    tokenizer = config.tokenizer
+    assert tokenizer is not None  # with --sim: the simulator's when not given
+    return SimProcess(sim_command(tokenizer, config.sim_dp_ranks, extra or None))
+
+
+def sim_chat_template(config: RunConfig) -> str:
+    """The template the simulator child renders with: --chat-template, else one given in
+    --sim-args, else the simulator's default (chatml)."""
+    if config.chat_template is not None:
+        return config.chat_template
+    words = shlex.split(config.sim_args or "")
+    for index, word in enumerate(words):
+        if word == "--chat-template" and index + 1 < len(words):
+            return words[index + 1]
+        if word.startswith("--chat-template="):
+            return word.split("=", 1)[1]
+    return "chatml"
+
+
+async def check_target(config: RunConfig, out: RunOutput) -> RunConfig:
+    """The preflight check (unless turned off); the config with the model it found."""
+    if host_ends_in_v1(config.host, config.endpoint):
+        out.warning(
+            f"note: --host ends in /v1 (an SDK base_url); requests go to {config.endpoint_url}"
+        )
+    if not config.preflight:
+        if config.model is None:
+            raise UsageError("give --model: with --no-preflight the server is not asked")
+        return config
+    url = config.endpoint_url
+    assert url is not None  # validated: a live run has a target
+    headers = request_headers(config.resolved_api_key(), None, None)
+    key_source = "--api-key" if config.api_key is not None else f"${config.api_key_env}"
+    async with aiohttp.ClientSession() as session:
+        found = await preflight(
+            session, url, headers, config.model, body_options(config), key_source
+        )
+    for note in found.notes:
+        out.warning(note)
+    return config if found.model == config.model else replace(config, model=found.model)
+
+
+def body_options(config: RunConfig) -> BodyOptions:
+    """The request-body settings every request of the run shares."""
+    return BodyOptions(
+        model=config.model or "",
+        sglang=config.sglang,
+        ignore_eos=config.ignore_eos,
+        stream=config.stream,
+    )
