@@ -11,16 +11,17 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from batchbench.cli.argtypes import (
+from batchbench.errors import BatchbenchError, UsageError
+from batchbench.lifeline import die_with_parent, on_eof
+from batchbench.options.parser import CommandParser
+from batchbench.options.values import (
     finite_above_zero,
     finite_at_least_zero,
     int_at_least,
     rate,
+    share,
     status_codes,
-    suggestion,
 )
-from batchbench.errors import BatchbenchError
-from batchbench.lifeline import die_with_parent, on_eof
 from batchbench.sim.faults import Fault, FaultPlan
 from batchbench.sim.overheads import measure_overheads
 from batchbench.sim.server import SimConfig, SimServer
@@ -48,21 +49,13 @@ thousands of tokens in the batch) / 1000, all divided by --speed. A step process
 --max-num-batched-tokens (one per decoding sequence, the rest chunked prefill)."""
 
 
-class SimArgumentParser(argparse.ArgumentParser):
-    """Usage errors exit 2 with the usage line, and name the closest option to a typo."""
-
-    def error(self, message: str):
-        super().error(suggestion(self, message))
-
-
-def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
+def build_parser(prog: str = "batchbench sim") -> CommandParser:
     defaults = ServingModel()
-    parser = SimArgumentParser(
+    parser = CommandParser(
         prog=prog,
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,
     )
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
@@ -116,7 +109,7 @@ def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
     )
     server.add_argument(
         "--reasoning-share",
-        type=_share,
+        type=share,
         default=0.0,
         metavar="FRACTION",
         help="share of replies that think first, as a reasoning model behind a reasoning "
@@ -369,23 +362,16 @@ def tie_to_parent(parent_pid: int) -> None:
     on_eof(sys.stdin.fileno(), lambda: os.kill(os.getpid(), signal.SIGTERM))
 
 
-def _share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 1")
-    return value
-
-
 def _warn(text: str) -> None:
     print(text, file=sys.stderr)
 
 
 def run(argv: Sequence[str], prog: str = "batchbench sim") -> int:
     parser = build_parser(prog)
-    args = parser.parse_args(list(argv))
+    try:
+        args = parser.parse_args(list(argv))
+    except UsageError as exc:  # in argparse's own form, which its users know
+        parser.exit_with_usage(str(exc))
     if args.parent_pid is not None:
         tie_to_parent(args.parent_pid)
     try:
