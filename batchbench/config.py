@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from batchbench.drive.transport import DEFAULT_MAX_RESPONSE_BYTES
 from batchbench.errors import UsageError
+from batchbench.options.agent import config_from_argv
 from batchbench.options.declare import (
     RUN_COMMANDS,
     Flag,
@@ -1244,8 +1245,6 @@ class RunConfig:
     def from_args(cls, argv: Sequence[str]) -> RunConfig:
         """A config from ``batchbench-agent`` arguments (``--config run.toml`` included);
         raises UsageError with the command line's message. ``--help`` prints and exits."""
-        from batchbench.options.agent import config_from_argv  # it builds on this class
-
         config = config_from_argv(cls, argv)
         if config is None:
             raise SystemExit(0)
