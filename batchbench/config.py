@@ -14,30 +14,43 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 from batchbench.drive.transport import DEFAULT_MAX_RESPONSE_BYTES
 from batchbench.errors import UsageError
 from batchbench.options.agent import config_from_argv
-from batchbench.options.declare import (
-    RUN_COMMANDS,
-    Flag,
+from batchbench.options.checks import (
+    check_api_key,
+    check_flag_combinations,
+    check_output_path,
+    check_url,
+)
+from batchbench.options.declare import Flag, Variant, option, option_values, output_fields
+from batchbench.options.sections import (
+    AGENT_ONLY,
+    CALIBRATE_SIM,
+    FIDELITY,
+    HTTP,
+    LIVE,
+    OPTION_GROUPS,
+    PROBES,
+    REPLAY,
+    ROUTING,
+    SCALE,
+    SIM,
+    TARGET,
+    WINDOW,
+    WITH_CALIBRATE,
     Group,
-    Variant,
-    option,
-    option_values,
-    output_fields,
 )
-from batchbench.options.values import (
-    admission as admission_mode,
-)
+from batchbench.options.shape import SHAPE_FLAGS, resolve_shape, shape_option_names
+from batchbench.options.values import admission as admission_mode
 from batchbench.options.values import (
     byte_size,
     failure_rate,
     from_usage_parser,
     non_negative_float,
-    number,
     positive_finite,
     positive_uint,
     seconds,
@@ -49,7 +62,6 @@ from batchbench.options.values import (
 from batchbench.plan.arrivals import ARRIVAL_PROCESSES, DEFAULT_ARRIVAL_PROCESS, arrival_offsets
 from batchbench.plan.limits import MAX_REQUEST_TOKENS
 from batchbench.plan.manifest import check_manifest_opens
-from batchbench.plan.sampling import FamilyFlags, resolve_latency_spec, resolve_size_spec
 from batchbench.plan.workload import SampledShape
 from batchbench.results.scrape import check_metrics_url
 from batchbench.results.slo import (
@@ -67,165 +79,6 @@ from batchbench.secrets import remember
 
 DEFAULT_ENDPOINT = "/v1/chat/completions"
 SIM_DEFAULT_TOKENIZER = "deepseek-v3"
-SIM_TEMPLATES = ("chatml", "gemma", "llama3", "qwen3", "tokenizer")  # what the simulator renders
-
-# -- the option declarations' vocabulary ----------------------------------------------------
-AGENT_ONLY = ("agent",)  # options a capacity search sets itself, per step, or cannot use
-WITH_CALIBRATE = (*RUN_COMMANDS, "calibrate")  # the target, and what a probe request sends
-
-# --help sections, in the order batchbench-agent shows them (``order``: the options that
-# predate the declaration keep their place in a section)
-TARGET = Group("target and model")
-FIDELITY = Group("prompt fidelity (batchbench additions)")
-SHAPE = Group("sampled workload shape (without --agent-plans-jsonl)")
-REPLAY = Group("agents, replay and admission", order=("agents",))
-ROUTING = Group("routing and identity")
-HTTP = Group(
-    "HTTP behaviour and outputs",
-    order=(
-        "request-timeout-secs",
-        "max-response-bytes",
-        "max-retries",
-        "retry-delay-ms",
-        "max-retry-wait",
-        "max-failure-rate",
-        "sglang",
-        "ignore-eos",
-        "verbose",
-        "dry-run",
-        "seed",
-    ),
-)
-LIVE = Group(
-    "live runs (batchbench additions)",
-    order=(
-        "stream",
-        "request-events-jsonl",
-        "results-json",
-        "grace-seconds",
-        "no-preflight",
-        "no-progress",
-    ),
-)
-WINDOW = Group("objectives, measured window and report")
-SCALE = Group("scale-out (batchbench additions)")
-SIM = Group("embedded simulator (batchbench additions)")
-OPTION_GROUPS = (TARGET, FIDELITY, SHAPE, REPLAY, ROUTING, HTTP, LIVE, WINDOW, SCALE, SIM)
-# batchbench calibrate's sections
-PROBES = Group(
-    "probes (as in batchbench-agent)",
-    order=(
-        "sglang",
-        "ignore-eos",
-        "stream",
-        "disable-user-tagging",
-        "request-timeout-secs",
-        "chat-template",
-    ),
-)
-CALIBRATE_SIM = Group("embedded simulator")
-
-
-class SizeFamily(NamedTuple):
-    """A sampled size: its label in messages, the option names of a fixed size and the
-    prefixes of the log-normal options (main spelling first, then aliases), its default."""
-
-    label: str
-    fixed: tuple[str, ...]
-    lognorm: tuple[str, ...]
-    default: int
-
-
-SIZE_FAMILIES = (
-    SizeFamily("input", ("input-tokens", "initial-prompt-tokens"),
-               ("input-lognorm", "initial-prompt-lognorm"), 128),
-    SizeFamily("output", ("output-tokens", "model-response-tokens"),
-               ("output-lognorm", "model-response-lognorm"), 64),
-    SizeFamily("environment", ("environment-tokens", "environment-response-tokens"),
-               ("environment-lognorm", "environment-response-lognorm"), 64),
-    SizeFamily("tool-invocations", ("tool-invocations",), ("tool-invocations-lognorm",), 4),
-)  # fmt: skip
-LOGNORMAL_PARTS = (
-    ("mu", number, "mu of ln(size)"),
-    ("median", number, "median size (mu = ln(median))"),
-    ("sigma", number, "sigma of ln(size); required for log-normal"),
-    ("max", uint, "cap on each sample"),
-)
-LATENCY_FLAGS = (
-    Flag(
-        "tool-call-latency-ms",
-        "fixed sleep after each successful response, ms (default: 0 = disabled)",
-        SHAPE,
-        parse=uint,
-        aliases=("--tool-latency-ms",),
-        metavar="MS",
-    ),
-    Flag(
-        "tool-call-latency-lognorm-mu",
-        "log-normal latency: mu of ln(ms)",
-        SHAPE,
-        parse=number,
-        metavar="X",
-    ),
-    Flag(
-        "tool-call-latency-lognorm-median-ms",
-        "log-normal latency: median in ms",
-        SHAPE,
-        parse=number,
-        aliases=("--tool-call-latency-lognorm-median",),
-        metavar="MS",
-    ),
-    Flag(
-        "tool-call-latency-lognorm-sigma",
-        "log-normal latency: sigma (required)",
-        SHAPE,
-        parse=number,
-        metavar="X",
-    ),
-    Flag(
-        "tool-call-latency-lognorm-max-ms",
-        "log-normal latency: cap in ms",
-        SHAPE,
-        parse=uint,
-        aliases=("--tool-call-latency-lognorm-max",),
-        metavar="MS",
-    ),
-)
-
-
-def _size_flags(family: SizeFamily) -> list[Flag]:
-    unit = "invocations" if family.label == "tool-invocations" else "tokens"
-    flags = [
-        Flag(
-            family.fixed[0],
-            f"fixed {family.label} size in {unit} (default: fixed {family.default})",
-            SHAPE,
-            parse=uint,
-            aliases=tuple(f"--{name}" for name in family.fixed[1:]),
-            metavar="N",
-        )
-    ]
-    for suffix, parse, what in LOGNORMAL_PARTS:
-        flags.append(
-            Flag(
-                f"{family.lognorm[0]}-{suffix}",
-                f"log-normal {family.label}: {what}",
-                SHAPE,
-                parse=parse,
-                aliases=tuple(f"--{prefix}-{suffix}" for prefix in family.lognorm[1:]),
-                metavar="X",
-            )
-        )
-    return flags
-
-
-# The 25 sampled-shape options in command-line order: four size families, the tool latency.
-SHAPE_FLAGS = (*(flag for family in SIZE_FAMILIES for flag in _size_flags(family)), *LATENCY_FLAGS)
-
-
-def shape_option_names() -> list[str]:
-    """The 25 sampled-shape options by their main names, in command-line order."""
-    return [flag.name for flag in SHAPE_FLAGS]
 
 
 class ApiKey:
@@ -290,151 +143,6 @@ def api_key_from(flag_value: str | None, env: str) -> ApiKey | None:
     """--api-key, else the variable named by --api-key-env; empty means none."""
     key = flag_value if flag_value is not None else os.environ.get(env)
     return ApiKey(key) if key else None
-
-
-def check_flag_combinations(
-    *,
-    replay: bool,
-    replay_only: tuple[tuple[str, object], ...],
-    sim: bool,
-    sim_only: tuple[tuple[str, object], ...],
-    endpoint: str,
-    dry_run: bool,
-    prompt_oracle: str,
-    prompt_correction: bool,
-    chat_template: str | None,
-    calibrate: bool,
-    admission: str | None = None,
-    arrival_rate: float | None = None,
-    arrival_process: str | None = None,
-    routing_pair: tuple[bool, int | None] | None = None,
-) -> None:
-    """Options that need another option, or exclude one; ``(flag, value)`` pairs count as
-    given when the value is not None. The command line checks them right after parsing
-    (with the --dp-rank-perfect-routing pair, which a config holds as one value)."""
-    if not replay:
-        for flag, value in replay_only:
-            if value is not None:
-                raise UsageError(f"{flag} requires --agent-plans-jsonl")
-    check_arrivals(replay, admission, arrival_rate, arrival_process)
-    if routing_pair is not None:
-        enabled, ranks = routing_pair
-        if enabled and ranks is None:
-            raise UsageError("--dp-rank-perfect-routing requires --dp-rank-perfect-routing-num")
-        if ranks is not None and not enabled:
-            raise UsageError("--dp-rank-perfect-routing-num requires --dp-rank-perfect-routing")
-    if not sim:
-        for flag, value in sim_only:
-            if value is not None:
-                raise UsageError(f"{flag} requires --sim")
-    if sim and endpoint.startswith(("http://", "https://")):
-        raise UsageError(
-            "--sim cannot be combined with a full-URL --endpoint; give a path such as "
-            "/v1/chat/completions"
-        )
-    if sim and dry_run:
-        raise UsageError("--sim cannot be combined with --dry-run; a dry-run sends nothing")
-    if prompt_oracle == "server" and not prompt_correction:
-        raise UsageError("--prompt-oracle server cannot be combined with --no-prompt-correction")
-    if prompt_oracle == "server" and dry_run:
-        raise UsageError("--prompt-oracle server cannot be combined with --dry-run")
-    if sim and chat_template is not None:
-        if chat_template not in SIM_TEMPLATES:
-            raise UsageError(
-                "with --sim, --chat-template must be chatml, gemma, llama3, qwen3 or tokenizer "
-                "(the simulator's templates)"
-            )
-        if "--chat-template" in str(dict(sim_only).get("--sim-args") or ""):
-            raise UsageError("give --chat-template once: as a flag or inside --sim-args, not both")
-    if calibrate and dry_run:
-        raise UsageError("--calibrate cannot be combined with --dry-run; a dry-run sends nothing")
-
-
-def check_arrivals(
-    replay: bool, admission: str | None, arrival_rate: float | None, arrival_process: str | None
-) -> None:
-    """Open loop needs start times: a manifest's, or an arrival rate's. An arrival rate
-    implies open loop, so it excludes closed loop; its process needs it."""
-    if arrival_process is not None and arrival_rate is None:
-        raise UsageError("--arrival-process requires --arrival-rate")
-    if arrival_rate is not None and admission == "closed-loop":
-        raise UsageError(
-            "--arrival-rate cannot be combined with --admission closed-loop; "
-            "agents that arrive at a rate are admitted open-loop"
-        )
-    if admission is not None and not replay and arrival_rate is None:
-        if admission == "open-loop":
-            raise UsageError("--admission open-loop requires --agent-plans-jsonl or --arrival-rate")
-        raise UsageError("--admission requires --agent-plans-jsonl")
-
-
-def check_url(flag: str, value: str) -> None:
-    """An http:// or https:// URL, or a usage error that shows the fix."""
-    scheme, separator, rest = value.partition("://")
-    if not separator:
-        raise UsageError(
-            f"{flag} {value} has no scheme: use {flag} http://{value} (or https://{value})"
-        )
-    if scheme.lower() not in ("http", "https"):
-        raise UsageError(f"{flag} {value}: only http:// and https:// servers are supported")
-    if not rest.strip("/"):
-        raise UsageError(f"{flag} {value} names no host")
-
-
-def check_output_path(flag: str, path: str) -> None:
-    """Before the run: the file can be created or replaced (its directory exists, it is not
-    a directory, and it may be written), so no result is lost at the end."""
-    if os.path.isdir(path):
-        raise UsageError(f"{flag} {path} is a directory; give a file name")
-    parent = os.path.dirname(path) or "."
-    if not os.path.isdir(parent):
-        raise UsageError(f"{flag} {path}: the directory {parent} does not exist")
-    exists = os.path.exists(path)
-    if not os.access(parent, os.W_OK | os.X_OK) or (exists and not os.access(path, os.W_OK)):
-        raise UsageError(f"{flag} {path} cannot be written (permission denied)")
-
-
-def check_api_key(key: str, env: str) -> None:
-    """The key must fit an HTTP header: visible ASCII (spaces inside allowed)."""
-    for position, char in enumerate(key, 1):
-        if not " " <= char <= "~":
-            what = "a control character" if ord(char) < 32 or ord(char) == 127 else "non-ASCII"
-            raise UsageError(
-                f"the API key (--api-key or ${env}) cannot be sent in an HTTP header: "
-                f"character {position} is {what}"
-            )
-    if key != key.strip():
-        raise UsageError(
-            f"the API key (--api-key or ${env}) starts or ends with whitespace; remove it"
-        )
-
-
-def resolve_shape(options: dict[str, float | int]) -> SampledShape:
-    """The four size families and the tool latency from the given shape options (missing
-    ones take their defaults: fixed 128/64/64 tokens, 4 invocations, no latency)."""
-    specs = {}
-    for family in SIZE_FAMILIES:
-        prefix = family.lognorm[0]
-        # fixed and cap are whole numbers from the parser (uint); _check_values lets any
-        # number through for a config built in Python.
-        flags = FamilyFlags(
-            fixed=options.get(family.fixed[0]),  # type: ignore[arg-type]
-            mu=options.get(f"{prefix}-mu"),
-            median=options.get(f"{prefix}-median"),
-            sigma=options.get(f"{prefix}-sigma"),
-            cap=options.get(f"{prefix}-max"),  # type: ignore[arg-type]
-        )
-        specs[family.label] = resolve_size_spec(family.label, flags, family.default)
-    # fixed and cap as above
-    latency_flags = FamilyFlags(*(options.get(flag.name) for flag in LATENCY_FLAGS))  # type: ignore[arg-type]
-    latency = resolve_latency_spec(latency_flags)
-    return SampledShape(
-        input=specs["input"],
-        output=specs["output"],
-        environment=specs["environment"],
-        tool_invocations=specs["tool-invocations"],
-        latency=latency,
-    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from batchbench.config import HTTP, PROBES, RunConfig
+from batchbench.config import RunConfig
 from batchbench.errors import UsageError
 from batchbench.options import agent
 from batchbench.options.declare import Flag, add_run_options, all_flags, declared, option
 from batchbench.options.parser import CommandParser
+from batchbench.options.sections import HTTP, PROBES
 from batchbench.options.values import uint
 
 HOST = ["--host", "http://127.0.0.1:8000"]

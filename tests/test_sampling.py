@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from batchbench.cli.agent_args import parse_agent_args
-from batchbench.config import RunConfig, resolve_shape
+from batchbench.config import RunConfig
 from batchbench.errors import UsageError
 from batchbench.options.declare import field_values
+from batchbench.options.shape import resolve_shape
 from batchbench.plan.sampling import (
     FamilyFlags,
     FixedSpec,

@@ -7,10 +7,11 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from batchbench.config import SHAPE_FLAGS, RunConfig
+from batchbench.config import RunConfig
 from batchbench.options import agent
 from batchbench.options.agent import version_text
 from batchbench.options.parser import CommandParser
+from batchbench.options.shape import SHAPE_FLAGS
 
 __all__ = [
     "build_parser",

@@ -17,10 +17,11 @@ from batchbench.api import (
     start_sim,
 )
 from batchbench.cli.exits import exit_status
-from batchbench.config import CALIBRATE_SIM, PROBES, TARGET, RunConfig
+from batchbench.config import RunConfig
 from batchbench.errors import UsageError
 from batchbench.options.declare import add_run_options, field_values
 from batchbench.options.parser import CommandParser, parse_or_help
+from batchbench.options.sections import CALIBRATE_SIM, PROBES, TARGET
 from batchbench.text.synth import Synthesizer
 from batchbench.text.tokenizer import load_tokenizer
 
