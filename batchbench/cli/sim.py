@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from aiohttp import web
 
@@ -50,14 +51,20 @@ thousands of tokens in the batch) / 1000, all divided by --speed. A step process
 
 
 def build_parser(prog: str = "batchbench sim") -> CommandParser:
-    defaults = ServingModel()
     parser = CommandParser(
         prog=prog,
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    server = parser.add_argument_group("server")
+    add_server_flags(parser.add_argument_group("server"))
+    add_serving_flags(parser.add_argument_group("serving model (per rank)"))
+    add_fault_flags(parser.add_argument_group("fault injection (rates are per request, in [0, 1])"))
+    return parser
+
+
+def add_server_flags(server: Any) -> None:
+    """Where it listens, what it serves and how it renders and replies."""
     server.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
     server.add_argument(
         "--port",
@@ -167,7 +174,10 @@ def build_parser(prog: str = "batchbench sim") -> CommandParser:
         "--replay-initial-overhead-tokens and --replay-turn-overhead-tokens) and exit",
     )
 
-    model = parser.add_argument_group("serving model (per rank)")
+
+def add_serving_flags(model: Any) -> None:
+    """The per-rank serving model (defaults: ``ServingModel``'s)."""
+    defaults = ServingModel()
     model.add_argument(
         "--dp-ranks", type=int_at_least(1), default=1, help="data-parallel ranks (default 1)"
     )
@@ -232,7 +242,9 @@ def build_parser(prog: str = "batchbench sim") -> CommandParser:
         "queue are unused (a zero-latency backend for client benchmarks) (default %(default)g)",
     )
 
-    faults = parser.add_argument_group("fault injection (rates are per request, in [0, 1])")
+
+def add_fault_flags(faults: Any) -> None:
+    """Deterministic fault injection."""
     faults.add_argument(
         "--fault-seed", type=int_at_least(0), default=0, help="seed of the fault draws"
     )
@@ -281,7 +293,6 @@ def build_parser(prog: str = "batchbench sim") -> CommandParser:
         default=1000.0,
         help="latency spike in ms, real time whatever --speed (default %(default)g)",
     )
-    return parser
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
