@@ -1,6 +1,11 @@
 """The resolved configuration of one run: built once (from the command line, a TOML file or
 Python), frozen, and read by every later stage. Changing a value means building a new one
-with ``dataclasses.replace``."""
+with ``dataclasses.replace``.
+
+Every field declares its command-line option(s) in its metadata (``option(...)``; see
+``batchbench.options.declare`` for why there and not in a table): the parsers of
+``batchbench-agent``, ``batchbench capacity`` and ``batchbench calibrate``, TOML options
+files, ``RunConfig.options()`` and the resolved-options file all derive from it."""
 
 from __future__ import annotations
 
@@ -9,14 +14,54 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 from batchbench.drive.transport import DEFAULT_MAX_RESPONSE_BYTES
 from batchbench.errors import UsageError
+from batchbench.options.agent import config_from_argv
+from batchbench.options.checks import (
+    check_api_key,
+    check_flag_combinations,
+    check_output_path,
+    check_url,
+)
+from batchbench.options.declare import Flag, Variant, option, option_values, output_fields
+from batchbench.options.sections import (
+    AGENT_ONLY,
+    CALIBRATE_SIM,
+    FIDELITY,
+    HTTP,
+    LIVE,
+    OPTION_GROUPS,
+    PROBES,
+    REPLAY,
+    ROUTING,
+    SCALE,
+    SIM,
+    TARGET,
+    WINDOW,
+    WITH_CALIBRATE,
+    Group,
+)
+from batchbench.options.shape import SHAPE_FLAGS, resolve_shape, shape_option_names
+from batchbench.options.values import admission as admission_mode
+from batchbench.options.values import (
+    byte_size,
+    failure_rate,
+    from_usage_parser,
+    non_negative_float,
+    positive_finite,
+    positive_uint,
+    seconds,
+    start_time,
+    u64,
+    uint,
+    worker_count,
+)
 from batchbench.plan.arrivals import ARRIVAL_PROCESSES, DEFAULT_ARRIVAL_PROCESS, arrival_offsets
 from batchbench.plan.limits import MAX_REQUEST_TOKENS
 from batchbench.plan.manifest import check_manifest_opens
-from batchbench.plan.sampling import FamilyFlags, resolve_latency_spec, resolve_size_spec
 from batchbench.plan.workload import SampledShape
 from batchbench.results.scrape import check_metrics_url
 from batchbench.results.slo import (
@@ -35,31 +80,6 @@ from batchbench.secrets import remember
 
 DEFAULT_ENDPOINT = "/v1/chat/completions"
 SIM_DEFAULT_TOKENIZER = "deepseek-v3"
-SIM_TEMPLATES = ("chatml", "gemma", "llama3", "qwen3", "tokenizer")  # what the simulator renders
-
-# (label, option names of the fixed size, log-normal option prefixes, default fixed size)
-SIZE_FAMILIES = (
-    ("input", ("input-tokens", "initial-prompt-tokens"), ("input-lognorm",), 128),
-    ("output", ("output-tokens", "model-response-tokens"), ("output-lognorm",), 64),
-    ("environment", ("environment-tokens",), ("environment-lognorm",), 64),
-    ("tool-invocations", ("tool-invocations",), ("tool-invocations-lognorm",), 4),
-)
-LATENCY_OPTIONS = (
-    "tool-call-latency-ms",
-    "tool-call-latency-lognorm-mu",
-    "tool-call-latency-lognorm-median-ms",
-    "tool-call-latency-lognorm-sigma",
-    "tool-call-latency-lognorm-max-ms",
-)
-
-
-def shape_option_names() -> list[str]:
-    """The 25 sampled-shape options by their main names, in command-line order."""
-    names = []
-    for _label, fixed, lognorm, _default in SIZE_FAMILIES:
-        names.append(fixed[0])
-        names += [f"{lognorm[0]}-{suffix}" for suffix in ("mu", "median", "sigma", "max")]
-    return names + list(LATENCY_OPTIONS)
 
 
 class ApiKey:
@@ -126,231 +146,752 @@ def api_key_from(flag_value: str | None, env: str) -> ApiKey | None:
     return ApiKey(key) if key else None
 
 
-def check_flag_combinations(
-    *,
-    replay: bool,
-    replay_only: tuple[tuple[str, object], ...],
-    sim: bool,
-    sim_only: tuple[tuple[str, object], ...],
-    endpoint: str,
-    dry_run: bool,
-    prompt_oracle: str,
-    prompt_correction: bool,
-    chat_template: str | None,
-    calibrate: bool,
-    admission: str | None = None,
-    arrival_rate: float | None = None,
-    arrival_process: str | None = None,
-    routing_pair: tuple[bool, int | None] | None = None,
-) -> None:
-    """Options that need another option, or exclude one; ``(flag, value)`` pairs count as
-    given when the value is not None. The command line checks them right after parsing
-    (with the --dp-rank-perfect-routing pair, which a config holds as one value)."""
-    if not replay:
-        for flag, value in replay_only:
-            if value is not None:
-                raise UsageError(f"{flag} requires --agent-plans-jsonl")
-    check_arrivals(replay, admission, arrival_rate, arrival_process)
-    if routing_pair is not None:
-        enabled, ranks = routing_pair
-        if enabled and ranks is None:
-            raise UsageError("--dp-rank-perfect-routing requires --dp-rank-perfect-routing-num")
-        if ranks is not None and not enabled:
-            raise UsageError("--dp-rank-perfect-routing-num requires --dp-rank-perfect-routing")
-    if not sim:
-        for flag, value in sim_only:
-            if value is not None:
-                raise UsageError(f"{flag} requires --sim")
-    if sim and endpoint.startswith(("http://", "https://")):
-        raise UsageError(
-            "--sim cannot be combined with a full-URL --endpoint; give a path such as "
-            "/v1/chat/completions"
-        )
-    if sim and dry_run:
-        raise UsageError("--sim cannot be combined with --dry-run; a dry-run sends nothing")
-    if prompt_oracle == "server" and not prompt_correction:
-        raise UsageError("--prompt-oracle server cannot be combined with --no-prompt-correction")
-    if prompt_oracle == "server" and dry_run:
-        raise UsageError("--prompt-oracle server cannot be combined with --dry-run")
-    if sim and chat_template is not None:
-        if chat_template not in SIM_TEMPLATES:
-            raise UsageError(
-                "with --sim, --chat-template must be chatml, gemma, llama3, qwen3 or tokenizer "
-                "(the simulator's templates)"
-            )
-        if "--chat-template" in str(dict(sim_only).get("--sim-args") or ""):
-            raise UsageError("give --chat-template once: as a flag or inside --sim-args, not both")
-    if calibrate and dry_run:
-        raise UsageError("--calibrate cannot be combined with --dry-run; a dry-run sends nothing")
-
-
-def check_arrivals(
-    replay: bool, admission: str | None, arrival_rate: float | None, arrival_process: str | None
-) -> None:
-    """Open loop needs start times: a manifest's, or an arrival rate's. An arrival rate
-    implies open loop, so it excludes closed loop; its process needs it."""
-    if arrival_process is not None and arrival_rate is None:
-        raise UsageError("--arrival-process requires --arrival-rate")
-    if arrival_rate is not None and admission == "closed-loop":
-        raise UsageError(
-            "--arrival-rate cannot be combined with --admission closed-loop; "
-            "agents that arrive at a rate are admitted open-loop"
-        )
-    if admission is not None and not replay and arrival_rate is None:
-        if admission == "open-loop":
-            raise UsageError("--admission open-loop requires --agent-plans-jsonl or --arrival-rate")
-        raise UsageError("--admission requires --agent-plans-jsonl")
-
-
-def check_url(flag: str, value: str) -> None:
-    """An http:// or https:// URL, or a usage error that shows the fix."""
-    scheme, separator, rest = value.partition("://")
-    if not separator:
-        raise UsageError(
-            f"{flag} {value} has no scheme: use {flag} http://{value} (or https://{value})"
-        )
-    if scheme.lower() not in ("http", "https"):
-        raise UsageError(f"{flag} {value}: only http:// and https:// servers are supported")
-    if not rest.strip("/"):
-        raise UsageError(f"{flag} {value} names no host")
-
-
-def check_output_path(flag: str, path: str) -> None:
-    """Before the run: the file can be created or replaced (its directory exists, it is not
-    a directory, and it may be written), so no result is lost at the end."""
-    if os.path.isdir(path):
-        raise UsageError(f"{flag} {path} is a directory; give a file name")
-    parent = os.path.dirname(path) or "."
-    if not os.path.isdir(parent):
-        raise UsageError(f"{flag} {path}: the directory {parent} does not exist")
-    exists = os.path.exists(path)
-    if not os.access(parent, os.W_OK | os.X_OK) or (exists and not os.access(path, os.W_OK)):
-        raise UsageError(f"{flag} {path} cannot be written (permission denied)")
-
-
-def check_api_key(key: str, env: str) -> None:
-    """The key must fit an HTTP header: visible ASCII (spaces inside allowed)."""
-    for position, char in enumerate(key, 1):
-        if not " " <= char <= "~":
-            what = "a control character" if ord(char) < 32 or ord(char) == 127 else "non-ASCII"
-            raise UsageError(
-                f"the API key (--api-key or ${env}) cannot be sent in an HTTP header: "
-                f"character {position} is {what}"
-            )
-    if key != key.strip():
-        raise UsageError(
-            f"the API key (--api-key or ${env}) starts or ends with whitespace; remove it"
-        )
-
-
-def resolve_shape(options: dict[str, float | int]) -> SampledShape:
-    """The four size families and the tool latency from the given shape options (missing
-    ones take their defaults: fixed 128/64/64 tokens, 4 invocations, no latency)."""
-    specs = {}
-    for label, fixed, lognorm, default in SIZE_FAMILIES:
-        prefix = lognorm[0]
-        # fixed and cap are whole numbers from the parser (uint); _check_values lets any
-        # number through for a config built in Python.
-        flags = FamilyFlags(
-            fixed=options.get(fixed[0]),  # type: ignore[arg-type]
-            mu=options.get(f"{prefix}-mu"),
-            median=options.get(f"{prefix}-median"),
-            sigma=options.get(f"{prefix}-sigma"),
-            cap=options.get(f"{prefix}-max"),  # type: ignore[arg-type]
-        )
-        specs[label] = resolve_size_spec(label, flags, default)
-    # fixed and cap as above
-    latency_flags = FamilyFlags(*(options.get(name) for name in LATENCY_OPTIONS))  # type: ignore[arg-type]
-    latency = resolve_latency_spec(latency_flags)
-    return SampledShape(
-        input=specs["input"],
-        output=specs["output"],
-        environment=specs["environment"],
-        tool_invocations=specs["tool-invocations"],
-        latency=latency,
-    )
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunConfig:
     """Everything one run needs, resolved. Field names follow the command-line options
     (``max_active_agents`` is ``--max-active-agents``); None means "not given" where the
     reports must show that. ``RunConfig.from_args`` builds one from ``batchbench-agent``
-    arguments; ``batchbench.run(config)`` runs it."""
+    arguments; ``batchbench.run(config)`` runs it.
+
+    Each field is also the declaration of its command-line option(s) (see
+    ``batchbench.options.declare``): the parsers, the options file and ``options()`` are
+    derived from these fields."""
+
+    OPTION_GROUPS: ClassVar[tuple[Group, ...]] = OPTION_GROUPS
 
     # target
-    model: str | None = None  # None: the one model the server lists (live runs)
-    host: str | None = None  # the server's base URL; None only for --sim and dry runs
-    endpoint: str = DEFAULT_ENDPOINT
-    api_key: ApiKey | None = None
-    api_key_env: str = "OPENAI_API_KEY"  # where the key came from; the key is never written
-    tokenizer_model: str | None = None  # None: the model name (with sim, deepseek-v3)
-    tokenizer_download: bool = False  # may fetch a hub id (otherwise offline only)
+    model: str | None = option(
+        None,  # None: the one model the server lists (live runs)
+        Flag(
+            "model",
+            "model name sent in each body (default: the model the server lists at "
+            "GET /v1/models, when it lists exactly one)",
+            TARGET,
+            commands=WITH_CALIBRATE,
+        ),
+    )
+    tokenizer_model: str | None = option(
+        None,  # None: the model name (with sim, deepseek-v3)
+        Flag(
+            "tokenizer-model",
+            "tokenizer for synthetic text: a tokenizer.json file, a directory containing one, "
+            "a built-in name (deepseek-v3; see `batchbench tokenizers`) or a hub id "
+            "(default: the --model value)",
+            TARGET,
+            commands=WITH_CALIBRATE,
+        ),
+    )
+    tokenizer_download: bool = option(
+        False,  # may fetch a hub id (otherwise offline only)
+        Flag(
+            "tokenizer-download",
+            "allow --tokenizer-model to name a Hugging Face hub id and download it "
+            "(otherwise only local files and built-in names are used, and nothing is fetched)",
+            TARGET,
+            switch=True,
+            commands=WITH_CALIBRATE,
+        ),
+    )
+    host: str | None = option(
+        None,  # the server's base URL; None only for --sim and dry runs
+        Flag(
+            "host",
+            "base URL of the OpenAI-compatible server, http:// or https:// (e.g. "
+            "http://127.0.0.1:8000; a trailing /v1 as in the OpenAI SDK's base_url is fine); "
+            "required unless --sim or --dry-run",
+            TARGET,
+            commands=WITH_CALIBRATE,
+        ),
+    )
+    endpoint: str = option(
+        DEFAULT_ENDPOINT,
+        Flag(
+            "endpoint",
+            "path appended to --host, or a full URL that replaces it (default: %(default)s)",
+            TARGET,
+            commands=WITH_CALIBRATE,
+        ),
+    )
+    api_key: ApiKey | None = option(  # noqa: RUF009 - option() is a field specifier
+        None,
+        Flag(
+            "api-key",
+            "API key (takes precedence over --api-key-env); never printed",
+            TARGET,
+            commands=WITH_CALIBRATE,
+        ),
+        read=lambda args: api_key_from(args.api_key, args.api_key_env),
+        write=lambda _key: {},  # never written
+    )
+    api_key_env: str = option(
+        "OPENAI_API_KEY",  # where the key came from; the key is never written
+        Flag(
+            "api-key-env",
+            "environment variable holding the API key (default: %(default)s)",
+            TARGET,
+            commands=WITH_CALIBRATE,
+        ),
+    )
     # workload: a manifest, or sampled agents of a shape
-    agent_plans_jsonl: str | None = None
-    agents: int | None = None
-    shape_options: tuple[tuple[str, float | int], ...] = ()  # given shape options by name
-    seed: int | None = None
+    agent_plans_jsonl: str | None = option(
+        None,
+        Flag(
+            "agent-plans-jsonl",
+            "trajectory manifest (JSONL, schema 1 or 2, see docs/manifest.md) to replay; "
+            "`batchbench validate PATH` checks one without running it",
+            REPLAY,
+            metavar="PATH",
+        ),
+    )
+    agents: int | None = option(
+        None,
+        Flag(
+            "agents",
+            "number of sampled agents (default: 1; not with a manifest)",
+            REPLAY,
+            parse=uint,
+        ),
+    )
+    shape_options: tuple[tuple[str, float | int], ...] = option(
+        (),  # the given shape options by name
+        *SHAPE_FLAGS,
+        read=lambda args: tuple(
+            (flag.name, getattr(args, flag.dest))
+            for flag in SHAPE_FLAGS
+            if getattr(args, flag.dest) is not None
+        ),
+        write=dict,
+    )
+    seed: int | None = option(
+        None,
+        Flag("seed", "root seed for sampling and text (default: random)", HTTP, parse=u64),
+    )
     # prompt sizing and fidelity
-    replay_initial_overhead_tokens: int | None = None
-    replay_turn_overhead_tokens: int | None = None
-    calibrate: bool = False
-    prompt_correction: bool = True
-    replay_reasoning: str = "keep"  # "keep": the reply's reasoning_content is sent back
-    prompt_oracle: str = "none"
-    content_salt: str | None = None  # None: a random salt per run
-    chat_template: str | None = None
+    replay_initial_overhead_tokens: int | None = option(
+        None,
+        Flag(
+            "replay-initial-overhead-tokens",
+            "prompt tokens taken by template/framing on a first or reset request (default: 0)",
+            REPLAY,
+            parse=uint,
+            metavar="N",
+        ),
+    )
+    replay_turn_overhead_tokens: int | None = option(
+        None,
+        Flag(
+            "replay-turn-overhead-tokens",
+            "extra framing tokens per appended turn; they accumulate (default: 0)",
+            REPLAY,
+            parse=uint,
+            metavar="N",
+        ),
+    )
+    calibrate: bool = option(
+        False,
+        Flag(
+            "calibrate",
+            "before the run, measure the server's initial and per-turn framing overhead "
+            "with probe requests (as `batchbench calibrate` does) and use them; explicit "
+            "--replay-*-overhead-tokens flags still win",
+            FIDELITY,
+            switch=True,
+        ),
+    )
+    prompt_correction: bool = option(
+        True,
+        Flag(
+            "no-prompt-correction",
+            "send the plan's sizes unchanged: no reply accounting and no correction from "
+            "usage.prompt_tokens (for comparison; the fidelity lines still measure the drift)",
+            FIDELITY,
+            switch=True,
+            negates=True,
+        ),
+    )
+    replay_reasoning: str = option(
+        "keep",  # "keep": the reply's reasoning_content is sent back
+        Flag(
+            "replay-reasoning",
+            "keep: a reply's reasoning (reasoning_content, or reasoning as vLLM 0.17 and "
+            "later name it) is sent back with it in the next request under the same name, as "
+            "agents that keep their thinking do, and counted as the server's template renders "
+            "it (many templates render it only after the last user message, some never); "
+            "drop: it is left out of the history, as OpenAI-style clients do "
+            "(default: %(default)s)",
+            FIDELITY,
+            choices=("keep", "drop"),
+        ),
+    )
+    prompt_oracle: str = option(
+        "none",
+        Flag(
+            "prompt-oracle",
+            "server: before sending each request, ask the server to count it through its "
+            "own chat template (vLLM POST /tokenize with messages, or llama.cpp "
+            "/apply-template + /tokenize) and resize its new content to the exact target "
+            "(default: %(default)s)",
+            FIDELITY,
+            choices=("none", "server"),
+        ),
+    )
+    content_salt: str | None = option(
+        None,  # None: a random salt per run
+        Flag(
+            "content-salt",
+            "salt of every trajectory's private text: equal manifest, seed, salt and "
+            "tokenizer give byte-identical requests, and a new salt changes the text but no "
+            "token count, so a warm server cannot serve this run from an earlier run's cache "
+            "(default: random, shown in the banner)",
+            FIDELITY,
+            metavar="S",
+        ),
+    )
+    chat_template: str | None = option(
+        None,
+        Flag(
+            "chat-template",
+            "the chat template the server renders with, used to count the model's replies "
+            "as the next prompt will render them: chatml, gemma, llama3, qwen3 (the "
+            "simulator's built-ins), `tokenizer` (the chat_template.jinja or "
+            "tokenizer_config.json beside the tokenizer file), or a .jinja file (default: the "
+            "template beside the tokenizer when there is one; with --sim, the simulator's: a "
+            "built-in name or tokenizer given here is passed on to it)",
+            FIDELITY,
+            metavar="TEMPLATE",
+            commands=WITH_CALIBRATE,
+            variants=(("calibrate", Variant(group=PROBES)),),
+        ),
+    )
     # admission
-    max_active_agents: int | None = None
-    admission: str | None = None  # None: open-loop with an arrival rate, else closed-loop
-    time_scale: float | None = None  # None: 1
-    arrival_rate: float | None = None  # agents per second, open loop; None: no arrivals
-    arrival_process: str | None = None  # poisson or constant; None: poisson
+    max_active_agents: int | None = option(
+        None,
+        Flag(
+            "max-active-agents",
+            "concurrent agents; closed loop refills freed slots in FIFO order, open loop "
+            "delays an arrival until one is free (default: all)",
+            REPLAY,
+            parse=positive_uint,
+            metavar="N",
+            commands=AGENT_ONLY,  # a capacity search sets it per step
+        ),
+    )
+    admission: str | None = option(
+        None,  # None: open-loop with an arrival rate, else closed-loop
+        Flag(
+            "admission",
+            "closed-loop runs up to --max-active-agents at once and starts the next agent "
+            "when one finishes; open-loop starts each agent at its own time (a manifest's "
+            "start_after_ms, or --arrival-rate) however the server keeps up "
+            "(default: closed-loop; open-loop with --arrival-rate)",
+            REPLAY,
+            parse=admission_mode,
+            metavar="{closed-loop,open-loop}",
+        ),
+    )
+    time_scale: float | None = option(
+        None,  # None: 1
+        Flag(
+            "time-scale",
+            "divide every start_after_ms and delay_after_ms by F (default: 1)",
+            REPLAY,
+            parse=positive_finite,
+            metavar="F",
+        ),
+    )
+    arrival_rate: float | None = option(
+        None,  # agents per second, open loop; None: no arrivals
+        Flag(
+            "arrival-rate",
+            "agents arrive at R per second on average, and each starts when it arrives, "
+            "not when another finishes (open-loop admission, implied; --max-active-agents "
+            "still caps how many run, and an arrival beyond it waits and counts as late); "
+            "with --agents N, or a manifest whose trajectories set no start_after_ms "
+            "(default: none)",
+            REPLAY,
+            parse=positive_finite,
+            metavar="R",
+        ),
+    )
+    arrival_process: str | None = option(
+        None,  # poisson or constant; None: poisson
+        Flag(
+            "arrival-process",
+            "how arrivals are spaced: poisson, independent arrivals with exponential gaps "
+            "(bursts and lulls, as real users make; drawn from --seed), or constant, exactly "
+            "1/R seconds apart (default: poisson)",
+            REPLAY,
+            choices=ARRIVAL_PROCESSES,
+        ),
+    )
     # routing and identity
-    user_prefix: str | None = None
-    user_tagging: bool = True
-    dp_ranks: int | None = None  # perfect routing over this many ranks
+    user_prefix: str | None = option(
+        None,
+        Flag("user-prefix", "user tag <prefix>-<agent_id> instead of a UUIDv4", ROUTING),
+    )
+    user_tagging: bool = option(
+        True,
+        Flag(
+            "disable-user-tagging",
+            "send no user field and no routing key",
+            ROUTING,
+            switch=True,
+            negates=True,
+            commands=WITH_CALIBRATE,
+            variants=(
+                ("calibrate", Variant(help="send no user field in the probes", group=PROBES)),
+            ),
+        ),
+    )
+    dp_ranks: int | None = option(
+        None,  # perfect routing over this many ranks
+        Flag(
+            "dp-rank-perfect-routing",
+            "send X-SMG-Target-Worker = routing slot %% ranks",
+            ROUTING,
+            switch=True,
+        ),
+        Flag(
+            "dp-rank-perfect-routing-num",
+            "number of DP ranks",
+            ROUTING,
+            parse=positive_uint,
+            metavar="N",
+        ),
+        read=lambda args: (
+            args.dp_rank_perfect_routing_num if args.dp_rank_perfect_routing else None
+        ),
+        write=lambda ranks: {
+            "dp-rank-perfect-routing": ranks is not None,
+            "dp-rank-perfect-routing-num": ranks,
+        },
+    )
     # HTTP
-    stream: bool = False
-    request_timeout_secs: float = 60  # an int when whole (options files say 60, not 60.0)
-    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES  # decoded bytes one response may hold
-    max_retries: int = 2
-    retry_delay_ms: int = 250
-    max_retry_wait: float = 300.0  # seconds: the longest wait before a retry (Retry-After)
-    max_failure_rate: float = 0.0  # failed / sent requests allowed before exit status 3
-    sglang: bool = False
-    ignore_eos: bool = False
-    verbose: bool = False
+    stream: bool = option(
+        False,
+        Flag(
+            "stream",
+            "stream every reply (SSE with stream_options.include_usage) and report TTFT, "
+            "inter-token latency and time per output token",
+            LIVE,
+            switch=True,
+            commands=WITH_CALIBRATE,
+            variants=(("calibrate", Variant(help="stream the probe replies", group=PROBES)),),
+        ),
+    )
+    request_timeout_secs: float = option(
+        60,  # an int when whole (options files say 60, not 60.0)
+        Flag(
+            "request-timeout-secs",
+            "timeout of one whole attempt, in seconds (fractions allowed: 0.5) "
+            "(default: %(default)s)",
+            HTTP,
+            parse=seconds,
+            metavar="S",
+            commands=WITH_CALIBRATE,
+            variants=(
+                (
+                    "calibrate",
+                    Variant(
+                        help="timeout of one probe request (default: %(default)s)",
+                        parse=positive_finite,
+                        group=PROBES,
+                    ),
+                ),
+            ),
+        ),
+    )
+    max_response_bytes: int = option(
+        DEFAULT_MAX_RESPONSE_BYTES,  # decoded bytes one response may hold
+        Flag(
+            "max-response-bytes",
+            "the most one response may hold once decoded (a body, its gzip/deflate output, "
+            "a stream, one SSE line): a larger one fails as response_too_large, so no server "
+            "can exhaust the client's memory; bytes, or with KiB, MiB, GiB (default: 64MiB)",
+            HTTP,
+            parse=byte_size,
+            metavar="N",
+        ),
+    )
+    max_retries: int = option(
+        2,
+        Flag(
+            "max-retries",
+            "retries after the first attempt (default: %(default)s)",
+            HTTP,
+            parse=uint,
+            metavar="N",
+        ),
+    )
+    retry_delay_ms: int = option(
+        250,
+        Flag(
+            "retry-delay-ms",
+            "base of the exponential backoff; 0 = no delay (default: %(default)s)",
+            HTTP,
+            parse=uint,
+            metavar="MS",
+        ),
+    )
+    max_retry_wait: float = option(
+        300.0,  # seconds: the longest wait before a retry (Retry-After)
+        Flag(
+            "max-retry-wait",
+            "longest wait before a retry, in seconds: a server's Retry-After is honoured "
+            "as sent up to this, and a capped wait is reported (default: %(default)g)",
+            HTTP,
+            parse=non_negative_float,
+            metavar="S",
+        ),
+    )
+    max_failure_rate: float = option(
+        0.0,  # failed / sent requests allowed before exit status 3
+        Flag(
+            "max-failure-rate",
+            "share of sent requests that may fail (0..1, or a percentage such as 2%%) "
+            "before the run exits with status 3 (default: 0: any failure)",
+            HTTP,
+            parse=failure_rate,
+            metavar="F",
+        ),
+    )
+    sglang: bool = option(
+        False,
+        Flag(
+            "sglang",
+            "send max_new_tokens/min_new_tokens",
+            HTTP,
+            switch=True,
+            commands=WITH_CALIBRATE,
+            variants=(("calibrate", Variant(group=PROBES)),),
+        ),
+    )
+    ignore_eos: bool = option(
+        False,
+        Flag(
+            "ignore-eos",
+            'add "ignore_eos": true to every body',
+            HTTP,
+            switch=True,
+            commands=WITH_CALIBRATE,
+            variants=(("calibrate", Variant(help='add "ignore_eos": true', group=PROBES)),),
+        ),
+    )
+    verbose: bool = option(
+        False,
+        Flag(
+            "verbose",
+            "print truncated request/response JSON per attempt",
+            HTTP,
+            switch=True,
+            aliases=("-v",),
+        ),
+    )
     # run and outputs
-    dry_run: bool = False
-    grace_seconds: float = 5.0
-    preflight: bool = True  # check the target (GET /v1/models) before anything starts
-    progress: bool = False  # a progress bar on stderr when it is a terminal
-    results_csv: str | None = None
-    results_json: str | None = None
-    agent_events_jsonl: str | None = None
-    request_events_jsonl: str | None = None
+    dry_run: bool = option(
+        False,
+        Flag(
+            "dry-run",
+            "build plans, generate all text, run admission; send nothing",
+            HTTP,
+            switch=True,
+            commands=AGENT_ONLY,  # a capacity search needs a live server
+        ),
+    )
+    grace_seconds: float = option(
+        5.0,
+        Flag(
+            "grace-seconds",
+            "after Ctrl+C or SIGTERM, how long requests in flight may finish before they "
+            "are cancelled (default: %(default)s)",
+            LIVE,
+            parse=non_negative_float,
+            metavar="S",
+        ),
+    )
+    preflight: bool = option(
+        True,  # check the target (GET /v1/models) before anything starts
+        Flag(
+            "no-preflight",
+            "skip the check before the run (GET /v1/models, then a 1-token completion) "
+            "that turns an unreachable or wrong target (host, path, model, key) into one clear "
+            "error within seconds",
+            LIVE,
+            switch=True,
+            negates=True,
+        ),
+    )
+    progress: bool = option(
+        False,  # a progress bar on stderr when it is a terminal
+        Flag(
+            "no-progress",
+            "no progress bar (it is only ever drawn when stderr is a terminal)",
+            LIVE,
+            switch=True,
+            negates=True,
+        ),
+    )
+    results_csv: str | None = option(
+        None,
+        Flag(
+            "results-csv",
+            "write a one-row CSV summary",
+            HTTP,
+            metavar="PATH",
+            commands=AGENT_ONLY,
+            output=True,
+        ),
+    )
+    results_json: str | None = option(
+        None,
+        Flag(
+            "results-json",
+            "write the whole summary (metrics, configuration, manifest SHA-256) as JSON",
+            LIVE,
+            metavar="PATH",
+            commands=AGENT_ONLY,
+            output=True,
+        ),
+    )
+    agent_events_jsonl: str | None = option(
+        None,
+        Flag(
+            "agent-events-jsonl",
+            "write one lifecycle record per trajectory",
+            HTTP,
+            metavar="PATH",
+            commands=AGENT_ONLY,
+            output=True,
+        ),
+    )
+    request_events_jsonl: str | None = option(
+        None,
+        Flag(
+            "request-events-jsonl",
+            "write one JSON line per request (tokens, latency, TTFT, attempts, status)",
+            LIVE,
+            metavar="PATH",
+            commands=AGENT_ONLY,
+            output=True,
+        ),
+    )
     # embedded simulator
-    sim: bool = False
-    sim_dp_ranks: int | None = None
-    sim_args: str | None = None
+    sim: bool = option(
+        False,
+        Flag(
+            "sim",
+            "start `batchbench sim` on a free loopback port, run against it, then stop it; "
+            "--host is ignored, and the tokenizer defaults to deepseek-v3",
+            SIM,
+            switch=True,
+            commands=WITH_CALIBRATE,
+            variants=(
+                (
+                    "calibrate",
+                    Variant(
+                        help="calibrate against a `batchbench sim` started here",
+                        group=CALIBRATE_SIM,
+                    ),
+                ),
+            ),
+        ),
+    )
+    sim_dp_ranks: int | None = option(
+        None,
+        Flag(
+            "sim-dp-ranks",
+            "data-parallel ranks of the simulator (default: its own default, 1)",
+            SIM,
+            parse=positive_uint,
+            metavar="N",
+        ),
+    )
+    sim_args: str | None = option(
+        None,
+        Flag(
+            "sim-args",
+            'more `batchbench sim` options as one string, e.g. "--speed 0 --fault-seed 3"',
+            SIM,
+            metavar="ARGS",
+            commands=WITH_CALIBRATE,
+            variants=(
+                ("calibrate", Variant(help="more `batchbench sim` options", group=CALIBRATE_SIM)),
+            ),
+        ),
+    )
     # measured window, objectives, server metrics and the report (strings parse as the
     # command line spells them: slo="ttft_p99=2s", goodput="ttft=2s", percentiles="50,99")
-    slo: tuple[Objective, ...] = ()
-    goodput: tuple[tuple[str, float], ...] = ()  # (metric, limit ms)
-    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
-    warmup: float = 0.0  # seconds: requests sent earlier are left out of the window
-    duration: float | None = None  # seconds: stop admitting then; requests in flight finish
-    window_trajectories: int | None = None  # stop once this many admitted after warm-up end
-    server_metrics: str | None = None  # a Prometheus text endpoint scraped during the run
-    server_metrics_interval: float = 1.0
-    server_metrics_jsonl: str | None = None
-    report_html: str | None = None
+    slo: tuple[Objective, ...] = option(
+        (),
+        Flag(
+            "slo",
+            "service-level objectives judged on the measured window, e.g. "
+            "ttft_p99=2s,itl_p99=100ms,e2e_p95=30s (METRIC_pPERCENTILE=DURATION, METRIC one of "
+            "ttft, itl, tpot, e2e; units required: us, ms, s, m) and goodput=95%% (the share "
+            "of good requests). Each verdict is pass, fail or unresolved (the window was too "
+            "short to tell, at 95%% confidence). ttft, itl and tpot need --stream",
+            WINDOW,
+            parse=from_usage_parser(parse_slo, "slo"),
+            metavar="OBJECTIVES",
+        ),
+        write=lambda objectives: {"slo": slo_text(objectives) or None},
+    )
+    goodput: tuple[tuple[str, float], ...] = option(
+        (),  # (metric, limit ms)
+        Flag(
+            "goodput",
+            "per-request thresholds, e.g. ttft=2s,itl=100ms: a request is good when it meets "
+            "all of them (itl: the request's mean gap between chunks). Reported as good "
+            "requests/s, goodput ratio and trajectory goodput (trajectories whose every "
+            "request was good, per minute). Default: the limits of the --slo latency "
+            "objectives",
+            WINDOW,
+            parse=from_usage_parser(parse_goodput, "goodput"),
+            metavar="THRESHOLDS",
+        ),
+        write=lambda thresholds: {"goodput": goodput_text(thresholds) or None},
+    )
+    percentiles: tuple[float, ...] = option(
+        DEFAULT_PERCENTILES,
+        Flag(
+            "percentiles",
+            "percentiles reported for TTFT, ITL, TPOT and latency in the JSON and CSV "
+            "(default: 50,90,95,99,99.9)",
+            WINDOW,
+            parse=from_usage_parser(parse_percentiles, "percentiles"),
+            metavar="LIST",
+        ),
+        write=lambda chosen: {"percentiles": ",".join(percentile_label(p)[1:] for p in chosen)},
+    )
+    warmup: float = option(
+        0.0,  # seconds: requests sent earlier are left out of the window
+        Flag(
+            "warmup",
+            "leave requests sent in the first S seconds out of the measured window (default: 0)",
+            WINDOW,
+            parse=non_negative_float,
+            metavar="S",
+            commands=AGENT_ONLY,  # a capacity search declares its own (per step, default 5)
+        ),
+    )
+    duration: float | None = option(
+        None,  # seconds: stop admitting then; requests in flight finish
+        Flag(
+            "duration",
+            "stop admitting agents after S seconds; pending tool delays end and requests in "
+            "flight finish (up to --request-timeout-secs). Not an interruption",
+            WINDOW,
+            parse=positive_finite,
+            metavar="S",
+            commands=AGENT_ONLY,  # each step of a search runs --warmup plus --window
+        ),
+    )
+    window_trajectories: int | None = option(
+        None,  # stop once this many admitted after warm-up end
+        Flag(
+            "window-trajectories",
+            "stop once N trajectories admitted after the warm-up have finished",
+            WINDOW,
+            parse=positive_uint,
+            metavar="N",
+            commands=AGENT_ONLY,  # a capacity search declares its own (per step)
+        ),
+    )
+    server_metrics: str | None = option(
+        None,  # a Prometheus text endpoint scraped during the run
+        Flag(
+            "server-metrics",
+            "scrape this Prometheus text endpoint (vLLM, SGLang or llama.cpp /metrics; a URL "
+            "without a path means /metrics) during the run: KV-cache use, running and "
+            "waiting requests, prefix-cache hits, per rank; `sim` with --sim scrapes the "
+            "simulator",
+            WINDOW,
+            metavar="URL",
+        ),
+    )
+    server_metrics_interval: float = option(
+        1.0,
+        Flag(
+            "server-metrics-interval",
+            "seconds between scrapes (default: %(default)s)",
+            WINDOW,
+            parse=positive_finite,
+            metavar="S",
+        ),
+    )
+    server_metrics_jsonl: str | None = option(
+        None,
+        Flag(
+            "server-metrics-jsonl",
+            "write every scrape as one JSON line (time and samples)",
+            WINDOW,
+            metavar="PATH",
+            commands=AGENT_ONLY,  # each step's results JSON holds its server metrics
+            output=True,
+        ),
+    )
+    report_html: str | None = option(
+        None,
+        Flag(
+            "report-html",
+            "write a self-contained HTML report with charts (needs the report extra: "
+            "pip install 'batchbench[report]')",
+            WINDOW,
+            metavar="PATH",
+            output=True,
+        ),
+    )
     # scale-out (docs/scale-out.md)
-    workers: int = 1  # processes on this machine; 0: auto (cores - 1)
-    shard: str | None = None  # "I/N" as given (I may name an environment variable)
-    start_at: float | None = None  # Unix time every shard starts its clock at
-    ramp_up: float | None = None  # seconds over which closed-loop agents start; None: default
+    workers: int = option(
+        1,  # processes on this machine; 0: auto (cores - 1)
+        Flag(
+            "workers",
+            "client processes on this machine, each with its own event loop driving a "
+            "disjoint share of the trajectories and of the routing slots (worker i owns slots "
+            "i, i+N, ...); one merged summary, CSV, JSON and events output. auto: one per "
+            "core but one (default: 1)",
+            SCALE,
+            parse=worker_count,
+            metavar="N",
+        ),
+        write=lambda count: {"workers": "auto" if count == 0 else count},
+    )
+    shard: str | None = option(
+        None,  # "I/N" as given (I may name an environment variable)
+        Flag(
+            "shard",
+            "run shard I (0-based) of N: the trajectories and routing slots a single run "
+            "would give that part, for runs split across machines. I may name an environment "
+            "variable holding the index: JOB_COMPLETION_INDEX/N in a Kubernetes Indexed Job. "
+            "Needs --results-json; `batchbench merge` joins the shards' results",
+            SCALE,
+            metavar="I/N",
+        ),
+    )
+    start_at: float | None = option(
+        None,  # Unix time every shard starts its clock at
+        Flag(
+            "start-at",
+            "prepare, then start the benchmark clock at TIME (ISO 8601 such as "
+            "2026-12-04T15:00:00Z, or Unix seconds), so shards on different machines start "
+            "together; a time already past starts at once, with a warning",
+            SCALE,
+            parse=start_time,
+            metavar="TIME",
+        ),
+    )
+    ramp_up: float | None = option(
+        None,  # seconds over which closed-loop agents start; None: default
+        Flag(
+            "ramp-up",
+            "closed loop: start the first wave of agents evenly over S seconds (slot s at "
+            "s/M of it) instead of all at once. Default: 0 up to 256 active agents, above that "
+            "one second per 1,000 agents (10,000 agents start over 10 s)",
+            SCALE,
+            parse=non_negative_float,
+            metavar="S",
+        ),
+    )
 
     # -- derived values ---------------------------------------------------------------
     @property
@@ -413,9 +954,7 @@ class RunConfig:
     def from_args(cls, argv: Sequence[str]) -> RunConfig:
         """A config from ``batchbench-agent`` arguments (``--config run.toml`` included);
         raises UsageError with the command line's message. ``--help`` prints and exits."""
-        from batchbench.cli.agent_args import config_from_argv
-
-        config = config_from_argv(argv)
+        config = config_from_argv(cls, argv)
         if config is None:
             raise SystemExit(0)
         return config
@@ -451,10 +990,11 @@ class RunConfig:
         remember(key)  # a server that echoes it cannot make the run print it
         return key
 
-    def check(self) -> None:
+    def check(self, *, combinations: bool = True) -> None:
         """The checks a command line gets after parsing, in the same order and words, for
         configs built in Python too; raises UsageError (ManifestError for a manifest that
-        cannot be opened)."""
+        cannot be opened). ``combinations=False``: the options that need or exclude another
+        were checked already (a command line checks them right after parsing)."""
         self._check_values()
         if self.replay and self.agents is not None:
             raise UsageError(
@@ -478,6 +1018,29 @@ class RunConfig:
             raise UsageError(
                 "a dry run needs --tokenizer-model (or --model, whose name it defaults to)"
             )
+        if combinations:
+            self.check_combinations()
+        self._check_choices()
+        self._check_window()
+        self._check_scale()
+        if not self.sim:
+            self._check_target()
+        key = self.resolved_api_key()
+        if key is not None:
+            check_api_key(key, self.api_key_env)
+        for flag, path in self.output_paths():
+            check_output_path(flag, path)
+        for name, value in self.shape_options:
+            sized = name.endswith(("-tokens", "-max")) and "latency" not in name
+            if sized and value > MAX_REQUEST_TOKENS:
+                raise UsageError(
+                    f"--{name} {value} is more than one request can hold "
+                    f"(at most {MAX_REQUEST_TOKENS} tokens)"
+                )
+
+    def check_combinations(self, routing_pair: tuple[bool, int | None] | None = None) -> None:
+        """Options that need another option, or exclude one (``routing_pair``: the two
+        --dp-rank-perfect-routing flags as given, which a config holds as one value)."""
         check_flag_combinations(
             replay=self.replay,
             replay_only=(
@@ -496,7 +1059,11 @@ class RunConfig:
             admission=self.admission,
             arrival_rate=self.arrival_rate,
             arrival_process=self.arrival_process,
+            routing_pair=routing_pair,
         )
+
+    def _check_choices(self) -> None:
+        """Values a command line's choices guarantee, for configs built in Python."""
         if self.admission not in (None, "closed-loop", "open-loop"):
             raise UsageError(f'invalid admission "{self.admission}" (closed-loop or open-loop)')
         if self.arrival_process not in (None, *ARRIVAL_PROCESSES):
@@ -509,22 +1076,6 @@ class RunConfig:
             raise UsageError("time-scale must be a positive finite number")
         if self.prompt_oracle not in ("none", "server"):
             raise UsageError(f'invalid prompt oracle "{self.prompt_oracle}" (none or server)')
-        self._check_window()
-        self._check_scale()
-        if not self.sim:
-            self._check_target()
-        key = self.resolved_api_key()
-        if key is not None:
-            check_api_key(key, self.api_key_env)
-        for flag, path in self.output_paths():
-            check_output_path(flag, path)
-        for name, value in self.shape_options:
-            sized = name.endswith(("-tokens", "-max")) and "latency" not in name
-            if sized and value > MAX_REQUEST_TOKENS:
-                raise UsageError(
-                    f"--{name} {value} is more than one request can hold "
-                    f"(at most {MAX_REQUEST_TOKENS} tokens)"
-                )
 
     def _check_values(self) -> None:
         """Types and ranges a command line's parser guarantees, for configs built in Python."""
@@ -700,90 +1251,20 @@ class RunConfig:
         _ = self.endpoint_url  # an unusable URL is a usage error before anything runs
 
     def output_paths(self) -> list[tuple[str, str]]:
-        """(option, path) of every file the run will write."""
-        paths = [
-            ("--results-csv", self.results_csv),
-            ("--results-json", self.results_json),
-            ("--agent-events-jsonl", self.agent_events_jsonl),
-            ("--request-events-jsonl", None if self.dry_run else self.request_events_jsonl),
-            ("--server-metrics-jsonl", self.server_metrics_jsonl),
-            ("--report-html", self.report_html),
-        ]
-        return [(flag, path) for flag, path in paths if path is not None]
+        """(option, path) of every file the run will write (a dry run writes no request
+        events)."""
+        paths = []
+        for name, field_name in output_fields(type(self)):
+            path = getattr(self, field_name)
+            if path is not None and not (self.dry_run and name == "request-events-jsonl"):
+                paths.append((f"--{name}", path))
+        return paths
 
     # -- writing ----------------------------------------------------------------------
     def options(self) -> dict[str, object]:
         """Every option as ``batchbench-agent`` spells it (without the dashes), for a TOML
         file that ``--config`` reads back. The API key is never included."""
-        values: dict[str, object] = {
-            "model": self.model,
-            "tokenizer-model": self.tokenizer_model,
-            "tokenizer-download": self.tokenizer_download,
-            "host": self.host,
-            "endpoint": self.endpoint,
-            "api-key-env": self.api_key_env,
-            "agent-plans-jsonl": self.agent_plans_jsonl,
-            "agents": self.agents,
-            **dict(self.shape_options),
-            "seed": self.seed,
-            "replay-initial-overhead-tokens": self.replay_initial_overhead_tokens,
-            "replay-turn-overhead-tokens": self.replay_turn_overhead_tokens,
-            "calibrate": self.calibrate,
-            "no-prompt-correction": not self.prompt_correction,
-            "replay-reasoning": self.replay_reasoning,
-            "prompt-oracle": self.prompt_oracle,
-            "content-salt": self.content_salt,
-            "chat-template": self.chat_template,
-            "max-active-agents": self.max_active_agents,
-            "admission": self.admission,
-            "time-scale": self.time_scale,
-            "arrival-rate": self.arrival_rate,
-            "arrival-process": self.arrival_process,
-            "user-prefix": self.user_prefix,
-            "disable-user-tagging": not self.user_tagging,
-            "dp-rank-perfect-routing": self.dp_ranks is not None,
-            "dp-rank-perfect-routing-num": self.dp_ranks,
-            "stream": self.stream,
-            "request-timeout-secs": self.request_timeout_secs,
-            "max-response-bytes": self.max_response_bytes,
-            "max-retries": self.max_retries,
-            "retry-delay-ms": self.retry_delay_ms,
-            "max-retry-wait": self.max_retry_wait,
-            "max-failure-rate": self.max_failure_rate,
-            "sglang": self.sglang,
-            "ignore-eos": self.ignore_eos,
-            "verbose": self.verbose,
-            "dry-run": self.dry_run,
-            "grace-seconds": self.grace_seconds,
-            "no-preflight": not self.preflight,
-            "no-progress": not self.progress,
-            "results-csv": self.results_csv,
-            "results-json": self.results_json,
-            "agent-events-jsonl": self.agent_events_jsonl,
-            "request-events-jsonl": self.request_events_jsonl,
-            "sim": self.sim,
-            "sim-dp-ranks": self.sim_dp_ranks,
-            "sim-args": self.sim_args,
-            "slo": slo_text(self.slo) or None,
-            "goodput": goodput_text(self.goodput) or None,
-            "percentiles": ",".join(percentile_label(p)[1:] for p in self.percentiles),
-            "warmup": self.warmup,
-            "duration": self.duration,
-            "window-trajectories": self.window_trajectories,
-            "server-metrics": self.server_metrics,
-            "server-metrics-interval": self.server_metrics_interval,
-            "server-metrics-jsonl": self.server_metrics_jsonl,
-            "report-html": self.report_html,
-        }
-        values.update(
-            {
-                "workers": "auto" if self.workers == 0 else self.workers,
-                "shard": self.shard,
-                "start-at": self.start_at,
-                "ramp-up": self.ramp_up,
-            }
-        )
-        return {name: value for name, value in values.items() if value is not None}
+        return option_values(self)
 
     def to_toml(self, salt_used: str | None = None) -> str:
         """The options as a TOML document (one ``name = value`` line each). Output paths,
@@ -798,7 +1279,7 @@ class RunConfig:
         options = self.options()
         if self.content_salt is None and salt_used is not None:
             options["content-salt"] = salt_used
-        commented = set(OUTPUT_OPTIONS)
+        commented = {name for name, _field in output_fields(type(self))}
         if self.content_salt is None:
             commented.add("content-salt")
         for name, value in options.items():
@@ -807,14 +1288,8 @@ class RunConfig:
         return "\n".join(lines) + "\n"
 
 
-OUTPUT_OPTIONS = (
-    "results-csv",
-    "results-json",
-    "agent-events-jsonl",
-    "request-events-jsonl",
-    "server-metrics-jsonl",
-    "report-html",
-)
+# the options that name a file the run writes (an options file shows them as comments)
+OUTPUT_OPTIONS = tuple(name for name, _field in output_fields(RunConfig))
 TOML_INT_MAX = (1 << 63) - 1
 
 

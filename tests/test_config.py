@@ -8,10 +8,10 @@ import re
 import pytest
 
 from batchbench.cli.agent_args import config_from_argv
-from batchbench.cli.argtypes import suggestion
 from batchbench.cli.sim import build_parser as sim_parser
 from batchbench.config import ApiKey, RunConfig
 from batchbench.errors import UsageError
+from batchbench.options.parser import suggestion
 
 
 def usage_error(argv: list[str]) -> str:

@@ -12,8 +12,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parents[1] / "batchbench"
 ROOT = "batchbench"
 
@@ -32,6 +30,7 @@ records of a run       | batchbench.results.failures batchbench.results.lifecycl
                        | batchbench.results.slo batchbench.results.confidence
                        | batchbench.results.promsummary batchbench.results.progress
 client and simulator   | batchbench.drive batchbench.sim batchbench.results.scrape
+option declarations    | batchbench.options
 configuration          | batchbench.config
 results                | batchbench.results
 shards                 | batchbench.scale
@@ -59,12 +58,8 @@ def _layers(table: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
 
 LAYERS = _layers(_LAYER_TABLE)
 
-# Edges known to be wrong and removed on another branch: (importer, imported) -> why kept.
-KNOWN_EXCEPTIONS = {
-    # The one-declaration-per-option branch stops config from importing the command line
-    # (RunConfig.from_args); after merging it, delete this entry and the xfail below.
-    ("batchbench.config", "batchbench.cli.agent_args"): "RunConfig.from_args, until options",
-}
+# Edges known to be wrong and kept for a reason: (importer, imported) -> why (none today).
+KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 # The registry of the compiled hot paths names each one's pure-Python twin (for --version,
 # the tests and the benchmarks): the only module that reaches into other packages' privates.
@@ -281,7 +276,6 @@ def test_the_rules_see_what_they_check():
     assert _private_scope("batchbench.stages.console.Silent") is None
 
 
-@pytest.mark.xfail(strict=True, reason="config imports the command line until the options merge")
 def test_config_does_not_import_the_command_line():
     assert not any(
         i.importer == "batchbench.config" and i.imported.startswith("batchbench.cli")

@@ -7,8 +7,11 @@ import math
 import numpy as np
 import pytest
 
-from batchbench.cli.agent_args import parse_agent_args, resolve_shape
+from batchbench.cli.agent_args import parse_agent_args
+from batchbench.config import RunConfig
 from batchbench.errors import UsageError
+from batchbench.options.declare import field_values
+from batchbench.options.shape import resolve_shape
 from batchbench.plan.sampling import (
     FamilyFlags,
     FixedSpec,
@@ -25,7 +28,8 @@ from batchbench.rng import mix_seed, splitmix64, standard_normal
 
 
 def shape_of(*argv: str) -> SampledShape:
-    return resolve_shape(parse_agent_args(list(argv)))
+    options = field_values(RunConfig, parse_agent_args(list(argv)))["shape_options"]
+    return resolve_shape(dict(options))
 
 
 def test_fixed_and_lognormal_validation():

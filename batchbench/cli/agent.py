@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 
 from batchbench.api import OutputError, RunResult, run
 from batchbench.cli.agent_args import config_from_argv
-from batchbench.errors import BatchbenchError, UsageError
+from batchbench.cli.exits import exit_status
 from batchbench.results.report import (
     dry_run_lines,
     live_lines,
@@ -102,23 +102,7 @@ def lost_worker_lines(result: RunResult) -> None:
 
 def run_console(argv: Sequence[str] | None, prog: str) -> int:
     """Errors as one line on stderr: 1 at run time, 2 for usage, 130 for Ctrl+C."""
-    try:
-        return main(argv, prog=prog)
-    except UsageError as exc:
-        sys.stdout.flush()
-        print(f"Error: {exc}", file=sys.stderr)
-        return 2
-    except BatchbenchError as exc:
-        sys.stdout.flush()
-        print(f"Error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:  # a file or socket problem not wrapped above: still one line
-        sys.stdout.flush()
-        print(f"Error: {redact(str(exc))}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("Error: interrupted", file=sys.stderr)
-        return 130
+    return exit_status(lambda: main(argv, prog=prog))
 
 
 def console_main() -> None:

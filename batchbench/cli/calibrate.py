@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 import orjson
 
-from batchbench.cli.agent_args import add_chat_template_flag, add_target_flags
-from batchbench.cli.argtypes import CommandParser, positive_finite
-from batchbench.config import RunConfig, api_key_from
-from batchbench.errors import BatchbenchError, UsageError
+from batchbench.cli.exits import exit_status
+from batchbench.config import RunConfig
+from batchbench.errors import UsageError
+from batchbench.options.declare import add_run_options, field_values
+from batchbench.options.parser import CommandParser, parse_or_help
+from batchbench.options.sections import CALIBRATE_SIM, PROBES, TARGET
 from batchbench.stages.hosting import event_loop_runner
 from batchbench.stages.prepare import calibrate_target, reply_accounting
 from batchbench.stages.target import check_target, start_sim
@@ -29,81 +32,36 @@ with what the server counted. `batchbench-agent --calibrate` does the same befor
 
 
 def build_parser(prog: str) -> CommandParser:
+    """The target and the probes' options as batchbench-agent declares them (see
+    ``RunConfig``), and --json."""
     parser = CommandParser(
-        prog=prog,
-        allow_abbrev=False,
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=prog, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    add_target_flags(parser.add_argument_group("target and model"))
-    probes = parser.add_argument_group("probes (as in batchbench-agent)")
-    probes.add_argument("--sglang", action="store_true", help="send max_new_tokens/min_new_tokens")
-    probes.add_argument("--ignore-eos", action="store_true", help='add "ignore_eos": true')
-    probes.add_argument("--stream", action="store_true", help="stream the probe replies")
-    probes.add_argument(
-        "--disable-user-tagging", action="store_true", help="send no user field in the probes"
-    )
-    probes.add_argument(
-        "--request-timeout-secs",
-        type=positive_finite,
-        default=60,
-        metavar="S",
-        help="timeout of one probe request (default: %(default)s)",
-    )
-    add_chat_template_flag(probes)
+    add_run_options(parser, RunConfig, "calibrate", groups=(TARGET, PROBES))
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    sim = parser.add_argument_group("embedded simulator")
-    sim.add_argument(
-        "--sim", action="store_true", help="calibrate against a `batchbench sim` started here"
-    )
-    sim.add_argument("--sim-args", metavar="ARGS", help="more `batchbench sim` options")
+    add_run_options(parser, RunConfig, "calibrate", groups=(CALIBRATE_SIM,))
     return parser
 
 
 def run(argv: Sequence[str], prog: str = "batchbench calibrate") -> int:
     """0 after printing the calibration; 1 when the server cannot be calibrated; 2 on misuse."""
-    try:
-        try:
-            args = build_parser(prog).parse_args(list(argv))
-        except SystemExit as exc:
-            return 0 if exc.code in (0, None) else 2
-        if args.sim_args is not None and not args.sim:
-            raise UsageError("--sim-args requires --sim")
-        return _calibrate(probe_config(args), args.json)
-    except UsageError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        return 2
-    except BatchbenchError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("Error: interrupted", file=sys.stderr)
-        return 130
+    return exit_status(lambda: _run(argv, prog))
+
+
+def _run(argv: Sequence[str], prog: str) -> int:
+    args = parse_or_help(build_parser(prog), argv)
+    if args is None:  # --help printed
+        return 0
+    if args.sim_args is not None and not args.sim:
+        raise UsageError("--sim-args requires --sim")
+    return _calibrate(probe_config(args), args.json)
 
 
 def probe_config(args: argparse.Namespace) -> RunConfig:
     """The probes' settings, as a run configuration (the options mean what they mean in
-    batchbench-agent)."""
-    return RunConfig(
-        model=args.model,
-        host=args.host,
-        endpoint=args.endpoint,
-        api_key=api_key_from(args.api_key, args.api_key_env),
-        api_key_env=args.api_key_env,
-        tokenizer_model=args.tokenizer_model,
-        sglang=args.sglang,
-        ignore_eos=args.ignore_eos,
-        stream=args.stream,
-        user_tagging=not args.disable_user_tagging,
-        request_timeout_secs=args.request_timeout_secs,
-        chat_template=args.chat_template,
-        sim=args.sim,
-        sim_args=args.sim_args,
-    )
+    batchbench-agent). --tokenizer-download is accepted but, as before, not passed on."""
+    return replace(RunConfig(**field_values(RunConfig, args)), tokenizer_download=False)
 
 
 class _StderrNotes:

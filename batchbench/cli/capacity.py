@@ -17,20 +17,18 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from batchbench.capacity.api import check_capacity_config, run_capacity, write_capacity_report
 from batchbench.capacity.render import header, step_row
 from batchbench.capacity.search import UNRESOLVED, Bounds, Search, StepRecord
 from batchbench.capacity.steps import StepInterrupted, WindowPlan, least_samples
-from batchbench.cli.agent_args import (
-    build_parser,
-    check_companions,
-    config_from_namespace,
-    parse_with_config,
-)
-from batchbench.cli.argtypes import non_negative_float, positive_finite, positive_uint, uint
+from batchbench.cli.agent_args import build_parser, check_companions, config_from_namespace
+from batchbench.cli.exits import exit_status
 from batchbench.config import RunConfig
-from batchbench.errors import BatchbenchError, UsageError
+from batchbench.errors import UsageError
+from batchbench.options.parser import CommandParser, parse_with_config
+from batchbench.options.values import non_negative_float, positive_finite, positive_uint, uint
 
 PROG = "batchbench capacity"
 DEFAULT_WINDOW_SECONDS = 30.0
@@ -83,14 +81,20 @@ REFUSED = (
 )  # fmt: skip
 
 
-def build_capacity_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    """batchbench-agent's parser with a "capacity search" group (which takes over --warmup
-    and --window-trajectories) and the options a search sets itself refused."""
-    parser = build_parser(prog)
-    parser.description = DESCRIPTION
-    parser.epilog = EPILOG
-    parser.conflict_handler = "resolve"  # the group below replaces a few agent options
-    group = parser.add_argument_group("capacity search")
+def build_capacity_parser(prog: str = PROG) -> CommandParser:
+    """batchbench-agent's options that apply to a search, after a "capacity search" section
+    (with the search's own --warmup and --window-trajectories); the options a search sets
+    itself are refused."""
+    return build_parser(
+        prog,
+        command="capacity",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        own=("capacity search", add_search_flags),
+    )
+
+
+def add_search_flags(group: Any) -> None:
     group.add_argument(
         "--output-dir",
         metavar="DIR",
@@ -161,10 +165,6 @@ def build_capacity_parser(prog: str = PROG) -> argparse.ArgumentParser:
         group.add_argument(flag, dest=f"refused_{dest}", help=argparse.SUPPRESS)
     group.add_argument("--dry-run", dest="refused_dry_run", action="store_true",
                         help=argparse.SUPPRESS)  # fmt: skip
-    parser.set_defaults(dry_run=False, **{dest: None for _flag, dest, _why in REFUSED})
-    groups = parser._action_groups  # the search's options first in --help
-    groups.insert(2, groups.pop(groups.index(group)))
-    return parser
 
 
 def parse_capacity_args(argv: Sequence[str]) -> argparse.Namespace | None:
@@ -191,7 +191,6 @@ def parse_capacity_args(argv: Sequence[str]) -> argparse.Namespace | None:
             "a capacity search needs --slo: the objectives each step must meet, e.g. "
             "--slo ttft_p99=2s (with --stream) or --slo e2e_p95=30s"
         )
-    args.workers_available = "--workers" in parser._option_string_actions
     return args
 
 
@@ -371,7 +370,7 @@ def main(argv: Sequence[str]) -> int:
             listener=listener,
             started=started,
             warn=_warn,
-            workers_available=args.workers_available,
+            workers_available=True,  # the advice may name --workers: a search takes it
         )
     finally:
         ticker.stop()
@@ -391,26 +390,7 @@ def main(argv: Sequence[str]) -> int:
 def run(argv: list[str]) -> int:
     """``batchbench capacity ARGS``: errors as one line on stderr (see the module's exit
     statuses)."""
-    try:
-        return main(argv)
-    except UsageError as exc:
-        sys.stdout.flush()
-        print(f"Error: {exc}", file=sys.stderr)
-        return 2
-    except StepInterrupted as exc:
-        sys.stdout.flush()
-        print(
-            f"Error: {exc}; the finished steps are kept, run the same command to resume",
-            file=sys.stderr,
-        )
-        return exc.exit_status
-    except (BatchbenchError, OSError) as exc:
-        sys.stdout.flush()
-        print(f"Error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(
-            "Error: interrupted; the finished steps are kept, run the same command to resume",
-            file=sys.stderr,
-        )
-        return 130
+    return exit_status(lambda: main(argv), resume_note=RESUME_NOTE)
+
+
+RESUME_NOTE = "the finished steps are kept, run the same command to resume"

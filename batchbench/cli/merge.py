@@ -9,8 +9,9 @@ from collections.abc import Sequence
 
 import orjson
 
-from batchbench.cli.argtypes import CommandParser, parse_or_status
+from batchbench.cli.exits import parsed_or_status
 from batchbench.errors import BatchbenchError
+from batchbench.options.parser import CommandParser
 
 DESCRIPTION = """\
 Merge the results of a run split with --shard I/N (on one machine or many) into the
@@ -35,7 +36,6 @@ shards do not belong together, 2 on misuse."""
 def build_parser(prog: str) -> CommandParser:
     parser = CommandParser(
         prog=prog,
-        allow_abbrev=False,
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -78,7 +78,7 @@ def _load(path: str):
 
 
 def run(argv: Sequence[str], prog: str = "batchbench merge") -> int:
-    args = parse_or_status(build_parser(prog), argv)
+    args = parsed_or_status(build_parser(prog), argv)
     if isinstance(args, int):
         return args
     # lazy: the merge's modules load once the arguments parsed (--help answers at once)

@@ -7,8 +7,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from batchbench.cli.argtypes import CommandParser, parse_or_status
+from batchbench.cli.exits import parsed_or_status
 from batchbench.errors import BatchbenchError
+from batchbench.options.parser import CommandParser
 
 DESCRIPTION = """\
 Write one self-contained HTML file (it opens offline: plotly.js is inlined, nothing is
@@ -40,7 +41,6 @@ line names the file and the field), 2 on misuse."""
 def build_parser(prog: str) -> CommandParser:
     parser = CommandParser(
         prog=prog,
-        allow_abbrev=False,
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -67,7 +67,7 @@ def build_parser(prog: str) -> CommandParser:
 
 def run(argv: Sequence[str], prog: str = "batchbench report") -> int:
     """0 when the report was written, 1 on bad input, 2 on misuse."""
-    args = parse_or_status(build_parser(prog), argv)
+    args = parsed_or_status(build_parser(prog), argv)
     if isinstance(args, int):
         return args
     from batchbench.report import load_documents, write_report  # lazy: parsed first (--help)

@@ -8,19 +8,21 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from aiohttp import web
 
-from batchbench.cli.argtypes import (
+from batchbench.errors import BatchbenchError, UsageError
+from batchbench.lifeline import die_with_parent, on_eof
+from batchbench.options.parser import CommandParser
+from batchbench.options.values import (
     finite_above_zero,
     finite_at_least_zero,
     int_at_least,
     rate,
+    share,
     status_codes,
-    suggestion,
 )
-from batchbench.errors import BatchbenchError
-from batchbench.lifeline import die_with_parent, on_eof
 from batchbench.sim.faults import Fault, FaultPlan
 from batchbench.sim.overheads import measure_overheads
 from batchbench.sim.server import SimConfig, SimServer
@@ -48,23 +50,21 @@ thousands of tokens in the batch) / 1000, all divided by --speed. A step process
 --max-num-batched-tokens (one per decoding sequence, the rest chunked prefill)."""
 
 
-class SimArgumentParser(argparse.ArgumentParser):
-    """Usage errors exit 2 with the usage line, and name the closest option to a typo."""
-
-    def error(self, message: str):
-        super().error(suggestion(self, message))
-
-
-def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
-    defaults = ServingModel()
-    parser = SimArgumentParser(
+def build_parser(prog: str = "batchbench sim") -> CommandParser:
+    parser = CommandParser(
         prog=prog,
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,
     )
-    server = parser.add_argument_group("server")
+    add_server_flags(parser.add_argument_group("server"))
+    add_serving_flags(parser.add_argument_group("serving model (per rank)"))
+    add_fault_flags(parser.add_argument_group("fault injection (rates are per request, in [0, 1])"))
+    return parser
+
+
+def add_server_flags(server: Any) -> None:
+    """Where it listens, what it serves and how it renders and replies."""
     server.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
     server.add_argument(
         "--port",
@@ -116,7 +116,7 @@ def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
     )
     server.add_argument(
         "--reasoning-share",
-        type=_share,
+        type=share,
         default=0.0,
         metavar="FRACTION",
         help="share of replies that think first, as a reasoning model behind a reasoning "
@@ -174,7 +174,10 @@ def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
         "--replay-initial-overhead-tokens and --replay-turn-overhead-tokens) and exit",
     )
 
-    model = parser.add_argument_group("serving model (per rank)")
+
+def add_serving_flags(model: Any) -> None:
+    """The per-rank serving model (defaults: ``ServingModel``'s)."""
+    defaults = ServingModel()
     model.add_argument(
         "--dp-ranks", type=int_at_least(1), default=1, help="data-parallel ranks (default 1)"
     )
@@ -239,7 +242,9 @@ def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
         "queue are unused (a zero-latency backend for client benchmarks) (default %(default)g)",
     )
 
-    faults = parser.add_argument_group("fault injection (rates are per request, in [0, 1])")
+
+def add_fault_flags(faults: Any) -> None:
+    """Deterministic fault injection."""
     faults.add_argument(
         "--fault-seed", type=int_at_least(0), default=0, help="seed of the fault draws"
     )
@@ -288,7 +293,6 @@ def build_parser(prog: str = "batchbench sim") -> argparse.ArgumentParser:
         default=1000.0,
         help="latency spike in ms, real time whatever --speed (default %(default)g)",
     )
-    return parser
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -369,23 +373,16 @@ def tie_to_parent(parent_pid: int) -> None:
     on_eof(sys.stdin.fileno(), lambda: os.kill(os.getpid(), signal.SIGTERM))
 
 
-def _share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 1")
-    return value
-
-
 def _warn(text: str) -> None:
     print(text, file=sys.stderr)
 
 
 def run(argv: Sequence[str], prog: str = "batchbench sim") -> int:
     parser = build_parser(prog)
-    args = parser.parse_args(list(argv))
+    try:
+        args = parser.parse_args(list(argv))
+    except UsageError as exc:  # in argparse's own form, which its users know
+        parser.exit_with_usage(str(exc))
     if args.parent_pid is not None:
         tie_to_parent(args.parent_pid)
     try:

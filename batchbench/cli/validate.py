@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from batchbench.cli.argtypes import CommandParser, parse_or_status
+from batchbench.cli.exits import parsed_or_status
 from batchbench.errors import ManifestError
+from batchbench.options.parser import CommandParser
 from batchbench.plan.manifest import Manifest, read_manifest_file, validate_manifest
 
 DESCRIPTION = """\
@@ -34,7 +35,6 @@ Exit status: 0 when every file is valid, 1 when any file is invalid or cannot be
 def build_parser(prog: str) -> CommandParser:
     parser = CommandParser(
         prog=prog,
-        allow_abbrev=False,
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -49,7 +49,7 @@ def build_parser(prog: str) -> CommandParser:
 
 def run(argv: Sequence[str], prog: str = "batchbench validate") -> int:
     """0 when every file is valid, 1 when any is not, 2 on misuse."""
-    args = parse_or_status(build_parser(prog), argv)
+    args = parsed_or_status(build_parser(prog), argv)
     if isinstance(args, int):
         return args
     reports = [check_file(path) for path in args.files]

@@ -1,0 +1,164 @@
+"""The one argparse parser class of every command, and the reading of a TOML options file
+(``--config``) into a parser's defaults."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+import tomllib
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from batchbench.errors import UsageError
+
+_UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse that raises UsageError (one line, exit status 2, a suggestion for a
+    misspelled option) instead of printing usage and exiting, and that keeps the actions it
+    was given, so the options can be looked up without argparse's private attributes. A
+    command that wants argparse's own form (usage line, then ``prog: error: ...``) calls
+    ``exit_with_usage``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.declared_actions: list[argparse.Action] = []  # before argparse adds --help
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.declared_actions.append(action)
+        return action
+
+    def add_argument_group(self, *args: Any, **kwargs: Any) -> Any:
+        group = super().add_argument_group(*args, **kwargs)
+        add = group.add_argument
+
+        def add_and_keep(*args: Any, **kwargs: Any) -> argparse.Action:
+            action = add(*args, **kwargs)
+            self.declared_actions.append(action)
+            return action
+
+        group.add_argument = add_and_keep  # type: ignore[method-assign]
+        return group
+
+    def action_for(self, option_string: str) -> argparse.Action | None:
+        for action in self.declared_actions:
+            if option_string in action.option_strings:
+                return action
+        return None
+
+    def long_options(self) -> list[str]:
+        return [o for a in self.declared_actions for o in a.option_strings if o.startswith("--")]
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(suggestion(self, message))
+
+    def exit_with_usage(self, message: str) -> NoReturn:
+        """argparse's usage error: the usage line and ``prog: error: message``, status 2."""
+        super().error(message)
+
+
+def suggestion(parser: CommandParser, message: str) -> str:
+    """``message`` with `` (did you mean --x?)`` for each unknown option close to a known one."""
+    match = _UNRECOGNIZED.match(message)
+    if match is None:
+        return message
+    known = parser.long_options()
+    hints = []
+    for word in match.group(1).split():
+        if not word.startswith("--"):
+            continue
+        name = word.split("=", 1)[0]
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+        if close:
+            hints.append((name, close[0]))
+    if not hints:
+        return message
+    if len(hints) == 1:
+        return f"{message} (did you mean {hints[0][1]}?)"
+    listed = ", ".join(f"{close} for {name}" for name, close in hints)
+    return f"{message} (did you mean {listed}?)"
+
+
+def parse_or_help(parser: CommandParser, argv: Sequence[str]) -> argparse.Namespace | None:
+    """The parsed arguments; None after ``--help`` or ``--version`` printed (a usage error
+    raises UsageError)."""
+    try:
+        return parser.parse_args(list(argv))
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            return None
+        raise
+
+
+def parse_with_config(parser: CommandParser, argv: Sequence[str]) -> argparse.Namespace | None:
+    """Parse with the --config file's values as defaults; None after ``--help`` or
+    ``--version`` printed (a usage error raises as the parser does)."""
+    argv = list(argv)
+    path = config_file_argument(argv)
+    if path is not None and not {"-h", "--help", "--version"} & set(argv):
+        parser.set_defaults(**toml_defaults(parser, path))
+    return parse_or_help(parser, argv)
+
+
+def config_file_argument(argv: list[str]) -> str | None:
+    """The value of --config (the last one), read before the real parse."""
+    path = None
+    for index, word in enumerate(argv):
+        if word == "--":
+            break
+        if word == "--config":
+            if index + 1 >= len(argv):
+                raise UsageError("argument --config: expected one argument")
+            path = argv[index + 1]
+        elif word.startswith("--config="):
+            path = word.split("=", 1)[1]
+    return path
+
+
+def toml_defaults(parser: CommandParser, path: str) -> dict[str, object]:
+    """The file's options as parser defaults; every value goes through the option's own
+    type check, so a file accepts exactly what the command line accepts."""
+    try:
+        with open(path, "rb") as handle:
+            document = tomllib.load(handle)
+    except OSError as exc:
+        raise UsageError(f"--config {path}: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--config {path}: invalid TOML: {exc}") from None
+    defaults: dict[str, object] = {}
+    for name, value in document.items():
+        action = parser.action_for(f"--{name}")
+        if name in ("config", "help", "version"):
+            raise UsageError(f'{path}: "{name}" cannot be set in an options file')
+        if action is None:
+            hint = suggestion(parser, f"unrecognized arguments: --{name}")
+            hint = hint.split("(", 1)[1].rstrip(")") if "(" in hint else ""
+            raise UsageError(f'{path}: unknown option "{name}"' + (f" ({hint})" if hint else ""))
+        defaults[action.dest] = _toml_option(path, name, action, value)
+    return defaults
+
+
+def _toml_option(path: str, name: str, action: argparse.Action, value: object) -> object:
+    if action.nargs == 0:  # a switch (store_true): the file says whether it is on
+        if not isinstance(value, bool):
+            raise UsageError(f"{path}: {name}: expected true or false")
+        return value
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise UsageError(f"{path}: {name}: expected a string or a number")
+    text = repr(value) if isinstance(value, float) else str(value)
+    if action.type is None:
+        converted: object = text
+    else:
+        assert not isinstance(action.type, str)  # these parsers name no registered types
+        try:
+            converted = action.type(text)
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            raise UsageError(f"{path}: {name}: {exc}") from None
+    if action.choices is not None and converted not in action.choices:
+        choices = ", ".join(map(str, action.choices))
+        raise UsageError(f"{path}: {name}: invalid choice {text!r} (choose from {choices})")
+    return converted
