@@ -137,11 +137,11 @@ class BlockRun:
 class BlockRequests:
     """The ``RequestBuilder`` of a block trajectory: one per trajectory."""
 
-    __slots__ = ("_agent", "_blocks", "_explain", "_overhead", "_state", "sizing")
+    __slots__ = ("_blocks", "_explain", "_overhead", "_state", "_turns", "sizing")
 
     def __init__(self, blocks: BlockRun, agent: int, prepared: BlockPrepared) -> None:
         self._blocks = blocks
-        self._agent = agent
+        self._turns = blocks.run.workload.turns(agent)
         self._state = prepared.state
         self.sizing = prepared.sizing
         self._explain = 0  # shared tokens the current request's cache could hold
@@ -207,7 +207,7 @@ class BlockRequests:
         """The next request's blocks (after a reset, from an empty seed cache)."""
         blocks = self._blocks
         state = self._state
-        following = blocks.run.workload.turns(self._agent)[turn + 1]
+        following = self._turns[turn + 1]
         if blocks.run.workload.reset_before[following]:
             state.reset()
         self.sizing = await blocks.fill(state, following)

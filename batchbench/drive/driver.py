@@ -282,18 +282,34 @@ class HttpAgentLoop:
                 exchange = await self._exchange(body, streamed, identity, figures, planned)
                 reply = exchange.reply
                 if reply is None:
-                    return exchange.ended or Outcome.FAILED
+                    assert exchange.ended is not None  # no reply: the agent ends here
+                    return exchange.ended
                 explainable = builder.served(turn, request, reply)
-                self._succeeded(identity, figures, turn, fresh, planned, exchange, explainable)
+                served, completion = reply.prompt_tokens, reply.completion_tokens
+                started, elapsed = exchange.started, exchange.elapsed
+                assert started is not None and elapsed is not None  # it was sent
+                recorder.request_succeeded(
+                    figures, identity.rank, served, completion, reply.cached_tokens, elapsed,
+                    reply.ttft, reply.gaps, reply.tpot, exchange.attempts, exchange.errors,
+                    started,
+                )  # fmt: skip
+                recorder.request_fidelity(
+                    figures, turn, sizing.target, served, completion, planned_output, fresh,
+                    explainable, exchange.attempts,
+                )  # fmt: skip
+                recorder.request_done(figures, served, completion)
                 rendered = builder.replied(turn, request, reply)
-                if not isinstance(rendered, asyncio.Future):
+                counting = None  # a long reply's count, made on a worker thread
+                if isinstance(rendered, asyncio.Future):
+                    counting, rendered = rendered, None
+                elif recorder.request_events is not None:
                     self._write_event(identity, planned, exchange, rendered)
                 delay = float(latency_ms[request]) / 1000.0
                 if turn < last and (delay > 0 or overlap) and not shutdown.stopped:
                     building = asyncio.ensure_future(builder.build(turn))
-                if isinstance(rendered, asyncio.Future):
+                if counting is not None:
                     whole = await self._counted_after_delay(
-                        identity, planned, exchange, rendered, delay
+                        identity, planned, exchange, counting, delay
                     )
                 else:
                     whole = await self._tool_delay(delay) if delay > 0 else True
@@ -302,31 +318,6 @@ class HttpAgentLoop:
         finally:
             await abandon(building)
         return Outcome.COMPLETED
-
-    def _succeeded(
-        self,
-        identity: AgentIdentity,
-        figures: AgentFigures,
-        turn: int,
-        fresh: bool,
-        planned: PlannedRequest,
-        exchange: Exchange,
-        explainable: int,
-    ) -> None:
-        """Record a successful request (``explainable``: the cache a fresh one could hit)."""
-        recorder = self.recorder
-        reply, started, elapsed = exchange.reply, exchange.started, exchange.elapsed
-        assert reply is not None and started is not None and elapsed is not None  # succeeded
-        served, completion = reply.prompt_tokens, reply.completion_tokens
-        recorder.request_succeeded(
-            figures, identity.rank, served, completion, reply.cached_tokens, elapsed, reply.ttft,
-            reply.gaps, reply.tpot, exchange.attempts, exchange.errors, started,
-        )  # fmt: skip
-        recorder.request_fidelity(
-            figures, turn, planned.sizing.target, served, completion, planned.planned_output,
-            fresh, explainable, exchange.attempts,
-        )  # fmt: skip
-        recorder.request_done(figures, served, completion)
 
     async def _tool_delay(self, delay: float) -> bool:
         """Sleep the tool call's latency; False when a shutdown cut it short."""

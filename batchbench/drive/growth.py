@@ -10,7 +10,7 @@ is in flight.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -78,6 +78,7 @@ class GrowthRequests:
         "_run",
         "_served",
         "_sizer",
+        "_turns",
         "oracle_seconds",
         "sizing",
     )
@@ -85,6 +86,7 @@ class GrowthRequests:
     def __init__(self, run: AgentRun, agent: int, prepared: Prepared) -> None:
         self._run = run
         self._agent = agent
+        self._turns = run.workload.turns(agent)
         fidelity = run.fidelity
         self._sizer = TrajectorySizer(run.workload, agent, fidelity.framing, fidelity.correct)
         self._conversation = Conversation(run.settings.body.model)
@@ -109,7 +111,7 @@ class GrowthRequests:
         """The conversation so far and ``fields``; starts making the next turn's text."""
         run = self._run
         workload = run.workload
-        turns = workload.turns(self._agent)
+        turns = self._turns
         last = len(turns) - 1
         following_reset = self._following_reset = turn < last and bool(
             workload.reset_before[turns[turn + 1]]
@@ -159,16 +161,12 @@ class GrowthRequests:
         self._counting = counting
         return counting
 
-    async def build(self, turn: int) -> None:
+    def build(self, turn: int) -> Awaitable[None]:
         """The next request: its tool result appended, or a fresh prompt after a reset."""
-        counting = self._counting
-        counted = await counting if isinstance(counting, asyncio.Future) else counting
-        if self._following_reset:
-            await self._build_reset(turn)
-        else:
-            await self._build_appended(turn, counted)
+        return self._build_reset(turn) if self._following_reset else self._build_appended(turn)
 
     async def _build_reset(self, turn: int) -> None:
+        # A reply before a reset is not counted (nothing renders it).
         run, agent, sizer = self._run, self._agent, self._sizer
         factory = run.factory
         sizing = sizer.fresh(turn + 1)
@@ -185,7 +183,9 @@ class GrowthRequests:
         self._conversation.reset(text)
         self.sizing, self.oracle_seconds, self._previous = sizing, seconds, None
 
-    async def _build_appended(self, turn: int, counted: int | None) -> None:
+    async def _build_appended(self, turn: int) -> None:
+        counting = self._counting
+        counted = await counting if isinstance(counting, asyncio.Future) else counting
         run, agent, sizer = self._run, self._agent, self._sizer
         factory = run.factory
         conversation = self._conversation
