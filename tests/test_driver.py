@@ -40,6 +40,7 @@ from stubserver import (
 import batchbench
 import batchbench.stages.execute as execute_stage
 from batchbench.cli.agent import main
+from batchbench.results.events import RequestEvent
 from batchbench.results.report import (
     CSV_COLUMNS,
     EXTRA_CSV_COLUMNS,
@@ -1621,3 +1622,53 @@ def test_sigkill_leaves_whole_jsonl_lines(stub, tmp_path):
     rows = read_jsonl(files["requests"])
     assert len(rows) >= 1 and all(list(r) == REQUEST_EVENT_FIELDS for r in rows)
     assert not files["csv"].exists()
+
+
+REQUEST_EVENT_KEYS = [
+    "agent_id",
+    "trajectory_id",
+    "invocation",
+    "routing_slot",
+    "dp_rank",
+    "target_prompt_tokens",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "start_offset_seconds",
+    "latency_seconds",
+    "ttft_seconds",
+    "attempts",
+    "status",
+    "error",
+    "error_kind",
+    "status_code",
+    "errors",
+    "prompt_drift",
+    "prompt_correction_tokens",
+    "correction_note",
+    "planned_output_tokens",
+    "output_drift",
+    "reply_rendered_tokens",
+    "oracle_seconds",
+]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        (3, "t-3", 2, 5, 1, 900, 901, 50, 640, 1.25, 0.5, 0.0625, 1, "ok", None, None, None,
+         [], 1, -4, None, 50, 0, 48, None),
+        (0, "x", 1, 0, None, 10, None, None, None, None, None, None, 3, "failed",
+         "HTTP 500", "http_status", 500,
+         [{"attempt": 1, "kind": "http_status", "status": 500, "message": "HTTP 500"}],
+         None, 0, "too short", 7, None, None, 0.003),
+    ],
+)  # fmt: skip
+def test_a_request_event_is_the_same_line_as_the_dict_it_replaced(values):
+    """The typed record serialises to the bytes of the 25-key dict the driver used to
+    build, keys in the documented order (docs/outputs.md)."""
+    event = RequestEvent(*values)
+    line = orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE)
+    expected = orjson.dumps(dict(zip(REQUEST_EVENT_KEYS, values, strict=True)))
+    assert line == expected + b"\n"
+    assert list(orjson.loads(line)) == REQUEST_EVENT_KEYS

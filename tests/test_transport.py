@@ -2,8 +2,8 @@
 the request bytes it writes, keep-alive reuse, body framing, gzip and deflate, interim
 responses, error bodies, redirects handed to aiohttp, connect and disconnect errors, the
 total timeout, the connection limit, cancellation, stale connections (and the one resend
-on a kept-alive connection closed under a request), a failing sink, and parity with the
-aiohttp transport.
+on a kept-alive connection closed under a request, counted up to the results), a failing
+sink, and parity with the aiohttp transport.
 
 Crafted responses come from raw ``asyncio.start_server`` servers that each test starts on its
 own loop; every test runs on asyncio and on uvloop (``batchbench-agent`` runs uvloop).
@@ -28,6 +28,7 @@ import pytest
 import uvloop
 from stubserver import Recorded, Reply, Stream, StubServer, chat_completion, delta_chunk, sse
 
+from batchbench import RunConfig, run_async
 from batchbench.drive.driver import transport_kind
 from batchbench.drive.transport import (
     AiohttpTransport,
@@ -1398,3 +1399,30 @@ def test_redirect_loops_and_long_chains_name_their_hops(run):
     origin = url.rsplit("/hop/", 1)[0]
     assert str(chain) == f"too many redirects (more than 10): {url} → … → {origin}/hop/11"
     assert len(chain_server.requests) == 11  # the first request and ten hops
+
+
+def test_requests_the_server_closed_under_reach_the_results_as_resent(run, tmp_path):
+    """A whole run against a server that reads the 2nd and the 4th request it gets on a
+    kept-alive connection and closes without answering: each is sent again at once on a new
+    connection (no failed attempt, no retry), and the results say exactly 2 resent."""
+    answer = send(ok(json.dumps(chat_completion(prompt_tokens=40, completion_tokens=5)).encode()))
+    plans = tmp_path / "plans.jsonl"
+    turns = [{"prompt_tokens": 24 + 16 * n, "output_tokens": 5} for n in range(4)]
+    plans.write_text(json.dumps({"schema_version": 1, "trajectory_id": "t", "requests": turns}))
+
+    async def scenario():
+        async with RawServer(answer, drop, answer, drop, answer) as server:
+            config = RunConfig(
+                host=f"http://{HOST}:{server.port}", agent_plans_jsonl=str(plans), seed=7,
+                tokenizer_model="deepseek-v3", prompt_correction=False, content_salt="test",
+                model="m", preflight=False, results_json=str(tmp_path / "r.json"),
+            )  # fmt: skip
+            result = await run_async(config)
+        return result, server.connection_numbers
+
+    result, numbers = run(scenario())
+    metrics = json.loads((tmp_path / "r.json").read_text())["metrics"]
+    assert (metrics["successful_requests"], metrics["attempts"], metrics["retries"]) == (4, 4, 0)
+    assert metrics["resent_requests"] == 2 and metrics["errors_by_kind"] == {}
+    assert numbers == [1, 1, 2, 2, 3, 3]  # each resend on a new connection, kept alive after
+    assert result.exit_status == 0

@@ -13,6 +13,12 @@ closed; gzip and deflate bodies; ``Retry-After``; redirects (the first hop's tar
 handed to aiohttp, which follows the rest as before); connect failures told apart from
 disconnects. TLS and proxies stay with aiohttp (:class:`AiohttpTransport`).
 
+Inside it, a ``_Connection`` is the socket's lifetime (the idle check, the close) and an
+``_Exchange``, made per request, is that request's response as it is parsed. One case is
+sent twice: a request that went out on a kept-alive connection which the server closed
+within a round trip, before any byte of an answer (``_resendable``), goes again once on a
+new connection; the pool's ``resent`` counts those (``resent_requests`` in the results).
+
 Both transports answer ``send(body, headers, sink)`` with ``(status, body, retry_after)``;
 with a ``sink``, the body of a 2xx response goes to ``sink(data, arrived)`` read by read
 instead (``arrived`` is the ``perf_counter`` time of the read), and ``body`` is empty;
@@ -62,8 +68,9 @@ DEFAULT_MAX_RESPONSE_BYTES = 64 << 20
 IN_FLIGHT_FACTOR = 2
 DECODE_STEP = 1 << 20  # gzip/deflate output is taken this much at a time
 # A kept-alive connection that ends this soon after a request went out on it, with no byte
-# of an answer, was closed by the server before it read the request (a loopback or LAN
-# round trip): the request is sent again. Later, the server may have worked on it.
+# of an answer, was closed by the server as the request crossed it (a loopback or LAN round
+# trip): the request is sent again, once, and counted (``_resendable`` says exactly when).
+# Later, the server may have worked on it.
 RESEND_WINDOW_SECONDS = 0.05
 # Readable or hung up while idle: the server closed it, or sent bytes nobody asked for.
 _STALE_EVENTS = select.POLLIN | select.POLLERR | select.POLLHUP | getattr(select, "POLLRDHUP", 0)
@@ -332,40 +339,17 @@ class _Decoder:
 
 
 class _Connection(asyncio.Protocol):
-    """One keep-alive connection: writes a request, parses its response."""
+    """One keep-alive connection: the socket's lifetime, the idle check, and the exchange
+    (one request and its response) it carries at a time."""
 
     def __init__(self, pool: PlainHttpTransport) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
         self.closed = False
-        self.waiter: asyncio.Future | None = None
-        self.stream_sink: Sink | None = None  # where a 2xx body goes (None: kept whole)
-        self.sink: Sink | None = None  # where this response's body goes
-        self.chunks: list[bytes] = []
-        self.status = 0
-        self.retry_after: str | None = None
-        self.location: str | None = None
-        self.decoder: _Decoder | None = None
-        self.framed = False  # Content-Length or chunked: the body does not end at EOF
-        self.headers_done = False
-        self.reusable = False
-        self.arrived = 0.0
-        self.failure: BaseException | None = None
+        self.exchange: _Exchange | None = None  # the request in flight, if any
         self.served = 0  # responses completed on this connection
         self.poller: select.poll | None = None  # watches the idle socket for a close
-        self.written_at = 0.0
-        self.lost_at = 0.0
-        self.answered = False  # the final response of the current request is complete
-        self.received = False  # a byte of the current response arrived
-        self.limit = pool.max_response_bytes
-        self.size = 0  # bytes of this response: its head as received, its body decoded
-        self.held = 0  # of its whole body, the bytes counted in the pool's ``buffered``
-        self.length = -1  # its Content-Length, if it said one
-        self.content_type: str | None = None
-        self.on_type: TypeSink | None = None
-        self.head_reads: list[bytes] = []  # this exchange's reads until its head was parsed
-        self.deduplicating = False  # a repeated Content-Length: the head is being gathered
+        self.lost_at = 0.0  # when the connection ended (perf_counter)
 
     # -- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -382,9 +366,128 @@ class _Connection(asyncio.Protocol):
                 self.poller = poller
 
     def data_received(self, data: bytes) -> None:
-        if self.waiter is None:  # bytes nobody asked for: the connection cannot be reused
+        exchange = self.exchange
+        if exchange is None:  # bytes nobody asked for: the connection cannot be reused
             self.abort()
             return
+        exchange.feed(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost_at = time.perf_counter()
+        self.closed = True
+        self.pool._closed(self)
+        if self.exchange is not None:
+            self.exchange.connection_ended()
+
+    # -- lifetime --------------------------------------------------------------------------
+    def stale(self) -> bool:
+        """True when the idle connection can no longer carry a request: the server closed
+        it (or wrote to it) and the loop has not read that yet. One poll, no waiting."""
+        if self.closed:
+            return True
+        if self.poller is None:
+            return False
+        try:
+            return bool(self.poller.poll(0))
+        except OSError:
+            return True
+
+    def abort(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.pool._closed(self)
+            if self.transport is not None:
+                self.transport.abort()
+
+    def fail(self, exc: BaseException) -> None:
+        """End the exchange in flight with ``exc`` (if any) and the connection with it."""
+        if self.exchange is not None:
+            self.exchange.fail(exc)
+        else:
+            self.abort()
+
+    def open_exchange(self, sink: Sink | None, on_type: TypeSink | None) -> _Exchange:
+        """A new exchange for the next request on this connection."""
+        exchange = self.exchange = _Exchange(self, self.pool.loop.create_future(), sink, on_type)
+        return exchange
+
+
+class _Exchange:
+    """One request on a connection and its response as it is parsed (llhttp calls this
+    object back): the head, the body kept whole or handed to a sink read by read, and
+    whether the connection may carry another request. Made per request, so no state of
+    one response can leak into the next."""
+
+    __slots__ = (
+        "answered",
+        "arrived",
+        "chunks",
+        "connection",
+        "content_type",
+        "decoder",
+        "deduplicating",
+        "failure",
+        "framed",
+        "head_reads",
+        "headers_done",
+        "held",
+        "length",
+        "limit",
+        "location",
+        "on_type",
+        "parser",
+        "received",
+        "retry_after",
+        "reusable",
+        "sink",
+        "size",
+        "status",
+        "stream_sink",
+        "waiter",
+        "written_at",
+    )
+
+    def __init__(
+        self,
+        connection: _Connection,
+        waiter: asyncio.Future,
+        stream_sink: Sink | None,
+        on_type: TypeSink | None,
+    ) -> None:
+        self.connection = connection
+        self.waiter = waiter
+        self.stream_sink = stream_sink  # where a 2xx body goes (None: kept whole)
+        self.on_type = on_type
+        self.limit = connection.pool.max_response_bytes
+        self.parser = httptools.HttpResponseParser(self)
+        self.written_at = 0.0  # when the request went out (perf_counter)
+        self.received = False  # a byte of the response arrived
+        self.arrived = 0.0  # when the last read arrived
+        self.held = 0  # of its whole body, the bytes counted in the pool's ``buffered``
+        self.head_reads: list[bytes] = []  # the reads until the head was parsed
+        self.deduplicating = False  # a repeated Content-Length: the head is being gathered
+        self.reset_response()
+
+    def reset_response(self) -> None:
+        """Ready for a response: the first, or the real one after an interim response."""
+        self.chunks: list[bytes] = []
+        self.size = 0  # bytes of this response: its head as received, its body decoded
+        self.length = -1  # its Content-Length, if it said one
+        self.content_type: str | None = None
+        self.status = 0
+        self.retry_after: str | None = None
+        self.location: str | None = None
+        self.decoder: _Decoder | None = None
+        self.framed = False  # Content-Length or chunked: the body does not end at EOF
+        self.headers_done = False
+        self.reusable = False
+        self.failure: BaseException | None = None
+        self.sink: Sink | None = None  # where this response's body goes
+        self.answered = False  # the final response is complete
+
+    # -- reads -----------------------------------------------------------------------------
+    def feed(self, data: bytes) -> None:
+        """One read of the connection."""
         self.arrived = time.perf_counter()
         self.received = True
         if not self.headers_done:
@@ -398,23 +501,23 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserCallbackError:
             if self.answered and self.failure is None:  # unasked bytes after the answer
                 self._deliver()
-                self.abort()
+                self.connection.abort()
                 return
             failure = self.failure or DisconnectError("response handling failed")
-            self._fail(failure)
+            self.fail(failure)
             return
         except httptools.HttpParserError as exc:
             if str(exc) == "Duplicate Content-Length":
                 self.deduplicating = True  # parsed again once the whole head is here
                 self._gather_head()
                 return
-            self._fail(DisconnectError(f"invalid HTTP response: {exc}"))
+            self.fail(DisconnectError(f"invalid HTTP response: {exc}"))
             return
         except httptools.HttpParserUpgrade:
-            self._fail(DisconnectError("invalid HTTP response: an unasked protocol upgrade"))
+            self.fail(DisconnectError("invalid HTTP response: an unasked protocol upgrade"))
             return
         if not self.headers_done and self.size > self.limit:  # a head that never ends
-            self._fail(ResponseTooLargeError(too_large_text(self.limit, " in its head")))
+            self.fail(ResponseTooLargeError(too_large_text(self.limit, " in its head")))
             return
         self._deliver()
 
@@ -423,9 +526,9 @@ class _Connection(asyncio.Protocol):
         if b"\r\n\r\n" in b"".join(self.head_reads):
             self.deduplicating = False
             if not self._refeed_deduplicated():
-                self._fail(DisconnectError("invalid HTTP response: Duplicate Content-Length"))
+                self.fail(DisconnectError("invalid HTTP response: Duplicate Content-Length"))
         elif self.size > self.limit:
-            self._fail(ResponseTooLargeError(too_large_text(self.limit, " in its head")))
+            self.fail(ResponseTooLargeError(too_large_text(self.limit, " in its head")))
 
     def _refeed_deduplicated(self) -> bool:
         """A head that repeats one Content-Length value (RFC 9110 allows it; llhttp does
@@ -451,12 +554,11 @@ class _Connection(asyncio.Protocol):
             kept.append(line)
         if seen < 2:
             return False  # the duplicate was elsewhere (an interim response's head)
-        self._reset_response()
-        self.size = 0
+        self.reset_response()
         self.head_reads = []
         self.parser = httptools.HttpResponseParser(self)
         # The replayed head goes through the same path, the refeed counted once.
-        self.data_received(b"\r\n".join(kept) + data[end:])
+        self.feed(b"\r\n".join(kept) + data[end:])
         return True
 
     def _deliver(self) -> None:
@@ -471,7 +573,7 @@ class _Connection(asyncio.Protocol):
             try:
                 sink(data, self.arrived)
             except BaseException as exc:
-                self._fail(exc)
+                self.fail(exc)
                 return
             # What the sink holds as a line not ended yet counts in the pool's budget:
             # a stream of one endless line is held whole, like a body.
@@ -480,19 +582,14 @@ class _Connection(asyncio.Protocol):
                 end = data.rfind(b"\r")
             # ``held`` counted the line waiting before this read, and this read.
             waiting = len(data) - end - 1 if end >= 0 else self.held
-            self.pool.buffered += waiting - self.held
+            self.connection.pool.buffered += waiting - self.held
             self.held = waiting
-        if self.answered:
-            waiter = self.waiter
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
+        if self.answered and not self.waiter.done():
+            self.waiter.set_result(None)
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost_at = time.perf_counter()
-        self.closed = True
-        self.pool._closed(self)
-        waiter = self.waiter
-        if waiter is None or waiter.done():
+    def connection_ended(self) -> None:
+        """The connection closed under this exchange."""
+        if self.waiter.done():
             return
         if self.headers_done and not self.framed:
             # A body that ends with the connection (no length, not chunked) is complete.
@@ -501,9 +598,9 @@ class _Connection(asyncio.Protocol):
             self._deliver()
             return
         if self.headers_done:
-            self._fail(DisconnectError("Response payload is not completed: connection closed"))
+            self.fail(DisconnectError("Response payload is not completed: connection closed"))
         else:
-            self._fail(DisconnectError("Server disconnected"))
+            self.fail(DisconnectError("Server disconnected"))
 
     # -- llhttp callbacks ------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -572,7 +669,7 @@ class _Connection(asyncio.Protocol):
             raise self.failure
         # Held until the response is complete (kept whole) or the read is delivered (a
         # sink, which then says what it still holds).
-        pool = self.pool
+        pool = self.connection.pool
         self.held += len(body)
         pool.buffered += len(body)
         if pool.buffered > IN_FLIGHT_FACTOR * self.limit:
@@ -584,105 +681,85 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         status = self.status
         if 100 <= status < 200:  # an interim response: the real one follows
-            self._reset_response()
+            self.reset_response()
             return
         if self.decoder is not None:
             try:
                 tail = self.decoder.flush()
             except zlib.error as exc:
-                self._fail(DisconnectError(f"Can not decode content-encoding: {exc}"))
+                self.fail(DisconnectError(f"Can not decode content-encoding: {exc}"))
                 return
             if tail:
                 self.size += len(tail)
                 if self.size > self.limit:
                     detail = f" after {self.decoder.encoding} decoding"
-                    self._fail(ResponseTooLargeError(too_large_text(self.limit, detail)))
+                    self.fail(ResponseTooLargeError(too_large_text(self.limit, detail)))
                     return
                 self.chunks.append(tail)
-        if not self.closed:
+        if not self.connection.closed:
             self.reusable = self.parser.should_keep_alive()
-        self.served += 1
+        self.connection.served += 1
         self.answered = True  # the waiter is answered once the read is delivered
 
-    # -- exchange --------------------------------------------------------------------------
-    def _reset_response(self) -> None:
-        self.chunks = []
-        self.size = 0
-        self.length = -1
-        self.content_type = None
-        self.status = 0
-        self.retry_after = None
-        self.location = None
-        self.decoder = None
-        self.framed = False
-        self.headers_done = False
-        self.reusable = False
-        self.failure = None
-        self.sink = None
-        self.answered = False
-
-    def _fail(self, exc: BaseException) -> None:
+    # -- outcome ---------------------------------------------------------------------------
+    def fail(self, exc: BaseException) -> None:
+        """End the exchange with ``exc``; the connection cannot be trusted any more."""
         # What the response held goes now, not when a garbage collection finds the cycle
-        # the error makes (its traceback holds this connection, which held the error).
+        # the error makes (its traceback holds this exchange, which held the error).
         self.chunks = []
         self.failure = None
         waiter = self.waiter
-        if waiter is not None and not waiter.done():
+        if not waiter.done():
             waiter.set_exception(exc)
-        self.abort()
+        self.connection.abort()
 
-    def stale(self) -> bool:
-        """True when the idle connection can no longer carry a request: the server closed
-        it (or wrote to it) and the loop has not read that yet. One poll, no waiting."""
-        if self.closed:
-            return True
-        if self.poller is None:
-            return False
-        try:
-            return bool(self.poller.poll(0))
-        except OSError:
-            return True
+    def expire(self) -> None:
+        self.fail(TimeoutError())
 
-    def abort(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.pool._closed(self)
-            if self.transport is not None:
-                self.transport.abort()
-
-    async def exchange(
-        self,
-        head: bytes,
-        body: bytes,
-        sink: Sink | None,
-        deadline: float,
-        on_type: TypeSink | None = None,
-    ) -> None:
+    async def run(self, head: bytes, body: bytes, deadline: float) -> None:
         """Writes the request and waits for the whole response; at ``deadline`` (loop
         time) the wait ends in TimeoutError and the connection is closed."""
-        self._reset_response()
-        self.head_reads = []
-        self.deduplicating = False
-        self.received = False
-        self.stream_sink = sink
-        self.on_type = on_type
-        loop = self.pool.loop
-        waiter = self.waiter = loop.create_future()
-        expiry = loop.call_at(deadline, self._expire)
+        connection = self.connection
+        pool = connection.pool
+        expiry = pool.loop.call_at(deadline, self.expire)
         self.written_at = time.perf_counter()
-        assert self.transport is not None  # the pool hands out connected connections
-        self.transport.writelines((head, body))
+        assert connection.transport is not None  # the pool hands out connected connections
+        connection.transport.writelines((head, body))
         try:
-            await waiter
+            await self.waiter
         finally:
             expiry.cancel()
-            self.waiter = None
-            self.stream_sink = self.sink = self.on_type = None
-            self.pool.buffered -= self.held
+            connection.exchange = None
+            # The body's share of the pool's budget is given back, the sinks let go.
+            pool.buffered -= self.held
             self.held = 0
+            self.stream_sink = self.sink = self.on_type = None
+            # The parser calls this object back: dropping it breaks the cycle, so the
+            # exchange goes by reference counting, not by a garbage collection per request.
+            del self.parser
 
-    def _expire(self) -> None:
-        self._fail(TimeoutError())
+    def body(self) -> bytes:
+        """The whole body of a response kept whole."""
+        return b"".join(self.chunks) if self.chunks else b""
+
+
+def _resendable(reused: bool, connection: _Connection, exchange: _Exchange) -> bool:
+    """Whether a request whose connection broke goes again (once, on a new connection).
+
+    Exactly when all of these hold: the connection had carried a response before (it was
+    kept alive, not new), no byte of this response arrived, and the connection ended
+    within ``RESEND_WINDOW_SECONDS`` of the request being written. That is a server
+    closing an idle keep-alive connection as the request crossed it (llama.cpp's server
+    closes every connection after a stream while its headers say keep-alive; the idle
+    check catches the close when it arrived first). The window is a round trip: a server
+    that read the request and closed within it without answering gets the POST twice (each
+    such request is counted in ``resent``, the results' ``resent_requests``); a later
+    close may follow work on the request, and fails it as a disconnect instead."""
+    return (
+        reused
+        and not exchange.received
+        and connection.lost_at - exchange.written_at <= RESEND_WINDOW_SECONDS
+    )
 
 
 class PlainHttpTransport:
@@ -770,34 +847,23 @@ class PlainHttpTransport:
                         raise first from None  # the resend's failure is not the request's
                     raise
             reused = connection.served > 0
+            exchange = connection.open_exchange(sink, on_type)
             try:
-                await connection.exchange(head, body, sink, deadline, on_type)
+                await exchange.run(head, body, deadline)
                 break
             except DisconnectError as exc:
                 connection.abort()
                 if first is not None:
-                    raise first from None
-                if (
-                    not reused
-                    or connection.received
-                    or connection.lost_at - connection.written_at > RESEND_WINDOW_SECONDS
-                ):
+                    raise first from None  # the resend broke too: report the first break
+                if not _resendable(reused, connection, exchange):
                     raise
-                # A kept-alive connection the server closed as the request went out
-                # (llama.cpp's server closes every connection after a stream, while its
-                # headers say keep-alive; the idle check catches the close when it has
-                # arrived first). Nothing was answered and the close came within a round
-                # trip: the request goes again, once, on a new connection.
-                first = exc
+                first = exc  # sent again, once, on a new connection
                 self.resent += 1
             except BaseException:
                 connection.abort()
                 raise
-        status = connection.status
-        body_bytes = b"".join(connection.chunks) if connection.chunks else b""
-        retry_after = connection.retry_after
-        location = connection.location
-        self._release(connection)
+        self._release(connection, exchange.reusable)
+        status, location = exchange.status, exchange.location
         if status in REDIRECT_STATUSES and location:
             if self._fallback is None:
                 self._fallback = self._fallback_factory()
@@ -805,7 +871,7 @@ class PlainHttpTransport:
                 return await follow_redirects(
                     self._fallback, self.url, status, location, body, headers, sink, on_type
                 )
-        return status, body_bytes, retry_after
+        return status, exchange.body(), exchange.retry_after
 
     # -- the pool ----------------------------------------------------------------------------
     def _idle_connection(self) -> _Connection | None:
@@ -825,11 +891,10 @@ class PlainHttpTransport:
         while True:
             if self._closing:
                 raise DisconnectError("transport closed")
-            while idle and not fresh:
-                connection = idle.pop()
-                if not connection.stale():
+            if not fresh:
+                connection = self._idle_connection()
+                if connection is not None:
                     return connection
-                connection.abort()
             if not self.limit or self._open < self.limit:
                 break
             if idle:
@@ -887,8 +952,9 @@ class PlainHttpTransport:
         reason = (exc.strerror or str(exc)) if exc is not None else "no address"
         return f"Cannot connect to host {self.host}:{self.port} [{reason}]"
 
-    def _release(self, connection: _Connection) -> None:
-        if connection.reusable and not connection.closed:
+    def _release(self, connection: _Connection, reusable: bool) -> None:
+        """Back to the idle list when its last response allows it, else closed."""
+        if reusable and not connection.closed:
             self._idle.append(connection)
             self._wake()
         else:
@@ -919,7 +985,7 @@ class PlainHttpTransport:
             if not waiter.done():
                 waiter.set_exception(DisconnectError("transport closed"))
         for connection in list(self._live):
-            connection._fail(DisconnectError("transport closed"))
+            connection.fail(DisconnectError("transport closed"))
         self._idle.clear()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, overload
 
 import orjson
@@ -21,6 +22,41 @@ from batchbench.results.lifecycle import TrajectoryRecord
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
 REQUEST_FLUSH_SECONDS = 0.25
 REQUEST_FLUSH_BYTES = 1 << 18
+
+
+@dataclass(slots=True)
+class RequestEvent:
+    """One logical request's line of ``--request-events-jsonl`` (docs/outputs.md).
+
+    orjson writes a dataclass's fields in their declared order, so this order is the
+    file's key order: the line is the same bytes as the dict it replaced, without
+    building that dict per request."""
+
+    agent_id: int
+    trajectory_id: str
+    invocation: int
+    routing_slot: int
+    dp_rank: int | None
+    target_prompt_tokens: int
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cached_tokens: int | None
+    start_offset_seconds: float | None
+    latency_seconds: float | None
+    ttft_seconds: float | None
+    attempts: int
+    status: str  # ok, failed or cancelled
+    error: str | None
+    error_kind: str | None
+    status_code: int | None
+    errors: list[dict[str, object]]
+    prompt_drift: int | None
+    prompt_correction_tokens: int
+    correction_note: str | None
+    planned_output_tokens: int
+    output_drift: int | None
+    reply_rendered_tokens: int | None
+    oracle_seconds: float | None
 
 
 class JsonlFile:
