@@ -8,6 +8,7 @@ Imports under ``if TYPE_CHECKING:`` never run: they are held to the privacy rule
 from __future__ import annotations
 
 import ast
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -281,3 +282,17 @@ def test_config_does_not_import_the_command_line():
         i.importer == "batchbench.config" and i.imported.startswith("batchbench.cli")
         for i in RUNTIME
     )
+
+
+def test_every_package_is_installed():
+    """A package missing from pyproject's list imports from a checkout but not from a wheel."""
+    listed = set(
+        tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"][
+            "packages"
+        ]
+    )
+    found = {
+        ".".join(init.parent.relative_to(PACKAGE.parent).parts)
+        for init in PACKAGE.rglob("__init__.py")
+    }
+    assert found == listed
