@@ -58,7 +58,7 @@ from batchbench.results.lifecycle import EngineResult
 from batchbench.results.metrics import RunTotals, StreamSamples
 from batchbench.results.progress import Progress, progress_wanted
 from batchbench.results.recording import ClientHealth, FidelityFigures, RankFigures, Recorder
-from batchbench.results.report import (
+from batchbench.results.console import (
     banner_lines,
     csv_row,
     dry_run_lines,

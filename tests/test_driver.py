@@ -40,7 +40,7 @@ from stubserver import (
 import batchbench
 import batchbench.api as api_module
 from batchbench.cli.agent import main
-from batchbench.results.report import (
+from batchbench.results.console import (
     CSV_COLUMNS,
     EXTRA_CSV_COLUMNS,
     FIDELITY_CSV_COLUMNS,

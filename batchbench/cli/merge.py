@@ -115,7 +115,7 @@ def run(argv: Sequence[str], prog: str = "batchbench merge") -> int:
         sys.stdout.flush()
         print(f"Error: {exc}", file=sys.stderr)
         return 1
-    from batchbench.results.report import banner_lines
+    from batchbench.results.console import banner_lines
 
     ConsoleOutput().lines(banner_lines(result.config, result.setup))
     print(

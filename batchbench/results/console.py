@@ -1,5 +1,6 @@
 """What a run prints and writes: banner, dry-run lines, summary, CSV and JSON, all from
-the run's named records (see docs/outputs.md)."""
+the run's named records (see docs/outputs.md). Named for the console it mostly serves;
+the HTML report is ``batchbench.report``."""
 
 from __future__ import annotations
 
