@@ -53,11 +53,6 @@ from batchbench.drive.wire import (
 from batchbench.errors import BatchbenchError, UsageError
 from batchbench.plan.manifest import Manifest, hash_manifest, load_manifest
 from batchbench.plan.workload import Workload, compile_manifest, compile_sampled
-from batchbench.results.events import JsonlFile, LifecycleWriter
-from batchbench.results.lifecycle import EngineResult
-from batchbench.results.metrics import RunTotals, StreamSamples
-from batchbench.results.progress import Progress, progress_wanted
-from batchbench.results.recording import ClientHealth, FidelityFigures, RankFigures, Recorder
 from batchbench.results.console import (
     banner_lines,
     csv_row,
@@ -66,6 +61,11 @@ from batchbench.results.console import (
     write_csv,
     write_json,
 )
+from batchbench.results.events import JsonlFile, LifecycleWriter
+from batchbench.results.lifecycle import EngineResult
+from batchbench.results.metrics import RunTotals, StreamSamples
+from batchbench.results.progress import Progress, progress_wanted
+from batchbench.results.recording import ClientHealth, FidelityFigures, RankFigures, Recorder
 from batchbench.results.scrape import ServerMetricsScraper
 from batchbench.results.sections import distributions, rank_rows
 from batchbench.results.summary import LiveFigures, RunSetup, Summary, build_summary

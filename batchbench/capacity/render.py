@@ -6,7 +6,6 @@ document's answer are the same strings, and tests can check them exactly.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from batchbench.capacity.search import (
     Search,
     StepRecord,
 )
+from batchbench.results.formatting import TABLE_MISSING, fixed, latency, percent, ratio_percent
 from batchbench.results.slo import Objective
 
 # (title, width): numbers right-aligned, the client column left-aligned, the verdict last.
@@ -36,29 +36,11 @@ COLUMNS = (
     ("client", 12),
     ("verdict", 0),
 )
-DASH = "-"
 
 
 def format_ms(ms: float | None) -> str:
-    """A latency with three significant digits in its natural unit: ``130 ms``, ``1.83 s``."""
-    if ms is None or not math.isfinite(ms):
-        return DASH
-    if abs(ms) >= 999.5:
-        seconds = ms / 1000.0
-        return f"{seconds:.3g} s" if abs(seconds) < 999.5 else f"{seconds:.0f} s"
-    return f"{ms:.3g} ms"
-
-
-def _percent(value: float | None, scale: float = 1.0) -> str:
-    if value is None or not math.isfinite(value):
-        return DASH
-    return f"{value * scale:.1f}%"
-
-
-def _number(value: float | None, digits: int) -> str:
-    if value is None or not math.isfinite(value):
-        return DASH
-    return f"{value:.{digits}f}"
+    """A latency in the table's spelling: ``130 ms``, ``1.83 s``, ``-`` when missing."""
+    return latency(ms, TABLE_MISSING)
 
 
 def _latency(window: dict[str, Any], key: str, label: str) -> float | None:
@@ -95,16 +77,16 @@ def step_row(record: StepRecord, note: str | None = None) -> str:
     duration = window.get("duration_seconds")
     cells = [
         str(record.agents),
-        f"{duration:.1f} s" if isinstance(duration, int | float) else DASH,
-        _number(window.get("requests_per_second"), 2),
-        _number(window.get("output_tokens_per_second"), 1),
+        fixed(duration, 1, " s", TABLE_MISSING),
+        fixed(window.get("requests_per_second"), 2, missing=TABLE_MISSING),
+        fixed(window.get("output_tokens_per_second"), 1, missing=TABLE_MISSING),
         format_ms(_latency(window, "ttft_ms", "p50")),
         format_ms(_latency(window, "ttft_ms", "p99")),
         format_ms(_latency(window, "itl_ms", "p99")),
         format_ms(_latency(window, "e2e_ms", "p95")),
-        _percent(goodput.get("goodput_ratio"), 100.0),
-        _percent(window.get("cache_hit_percent")),
-        client if isinstance(client, str) else DASH,
+        ratio_percent(goodput.get("goodput_ratio"), TABLE_MISSING),
+        percent(window.get("cache_hit_percent"), TABLE_MISSING),
+        client if isinstance(client, str) else TABLE_MISSING,
         verdict_text(record)
         + (f"; {note}" if note else "")
         + (" (resumed)" if record.resumed else ""),
@@ -141,7 +123,7 @@ def attainment_text(outcome: dict[str, Any]) -> str:
     )
     return (
         f"{outcome.get('objective')} attainment "
-        f"{_percent(outcome.get('attainment'), 100.0)}{interval}"
+        f"{ratio_percent(outcome.get('attainment'), TABLE_MISSING)}{interval}"
     )
 
 
@@ -203,7 +185,7 @@ def _human(name: str, objectives: Sequence[Objective]) -> str:
 
 def _value(outcome: dict[str, Any]) -> str:
     if outcome.get("metric") == "goodput":
-        return _percent(outcome.get("attainment"), 100.0)
+        return ratio_percent(outcome.get("attainment"), TABLE_MISSING)
     return format_ms(outcome.get("value_ms"))
 
 

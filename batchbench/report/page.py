@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from batchbench.errors import BatchbenchError
-from batchbench.report.format import DASH, finite, get, number, percent, ratio_percent, text
+from batchbench.report.format import get, text
 from batchbench.report.load import (
     NOTES_KEY,
     STEPS_KEY,
@@ -22,6 +22,7 @@ from batchbench.report.load import (
     labels,
     validate,
 )
+from batchbench.results.formatting import MISSING, finite, number, percent, ratio_percent
 
 PLOTLY_MISSING = "the HTML report needs plotly: pip install 'batchbench[report]'"
 
@@ -320,7 +321,7 @@ class Page:
             return
         for name, metrics in present:
             self.note(
-                f"{name}: {metrics.get('url') or DASH} ({metrics.get('dialect') or 'unknown'}), "
+                f"{name}: {metrics.get('url') or MISSING} ({metrics.get('dialect') or 'unknown'}), "
                 f"{number(metrics.get('scrapes'))} scrapes every "
                 f"{number(metrics.get('interval_seconds'))} s, "
                 f"{number(metrics.get('failed_scrapes'))} failed."
@@ -547,7 +548,7 @@ def slo_cells(objective: dict[str, Any]) -> list[tuple[str, str]]:
     quantile = objective.get("quantile")
     if objective.get("metric") == "goodput":
         limit = f"≥ {ratio_percent(quantile)} good"
-        value = DASH
+        value = MISSING
     else:
         limit = f"≤ {number(objective.get('limit_ms'))} ms"
         value = _interval(
@@ -573,7 +574,7 @@ def slo_cells(objective: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _interval(value: Any, low: Any, high: Any, fmt: Callable[[Any], str] = number) -> str:
     if finite(value) is None:
-        return DASH
+        return MISSING
     if finite(low) is None and finite(high) is None:
         return fmt(value)
     bounds = [fmt(b) if finite(b) is not None else "?" for b in (low, high)]
@@ -584,8 +585,8 @@ def concept_cells(value: Any) -> list[tuple[str, str]]:
     """A server-metrics concept for one rank: a single value, or summary statistics."""
     stats = ("mean", "min", "p50", "p90", "p99", "max")
     if isinstance(value, dict):
-        return [("value", DASH)] + [(s, number(value.get(s))) for s in stats]
-    return [("value", number(value))] + [(s, DASH) for s in stats]
+        return [("value", MISSING)] + [(s, number(value.get(s))) for s in stats]
+    return [("value", number(value))] + [(s, MISSING) for s in stats]
 
 
 # (field, header, value of a step) for the capacity steps table.

@@ -16,6 +16,7 @@ from batchbench.config import RunConfig
 from batchbench.errors import BatchbenchError
 from batchbench.plan.sampling import describe_latency, short_float
 from batchbench.plan.workload import Workload
+from batchbench.results.formatting import MISSING, csv_cell, fixed, flag
 from batchbench.results.lifecycle import EngineResult
 from batchbench.results.metrics import percentile
 from batchbench.results.recording import DriftFigures
@@ -52,10 +53,6 @@ __all__ = [
 ]
 
 Failure = tuple[int, str, int, str]  # (agent, trajectory id, invocation, error)
-
-
-def _bool(value: bool) -> str:
-    return "true" if value else "false"
 
 
 def scale_lines(config: RunConfig, setup: RunSetup) -> list[str]:
@@ -140,7 +137,7 @@ def banner_lines(config: RunConfig, setup: RunSetup) -> list[str]:
     routing = f"enabled ({config.dp_ranks} ranks)" if config.dp_ranks else "disabled"
     lines += [
         f"Output token params: {token_params}",
-        f"Ignore EOS: {_bool(config.ignore_eos)}",
+        f"Ignore EOS: {flag(config.ignore_eos)}",
         f"DP-rank perfect routing: {routing}",
         f"Per-agent user tagging: {'enabled' if config.user_tagging else 'disabled'}",
         f"Content salt: {setup.content_salt}",
@@ -201,7 +198,7 @@ def dry_run_lines(workload: Workload, result: EngineResult) -> Iterable[str]:
                 f"tool_call_latency_ms={int(latency[request])} trajectory_id={ident} "
                 f"routing_slot={record.routing_slot} admitted_at_ms={admitted_ms} "
                 f"target_prompt_tokens={target[request]} "
-                f"reset_before={_bool(bool(reset[request]) and number > 1)}"
+                f"reset_before={flag(bool(reset[request]) and number > 1)}"
             )
             if in_blocks:
                 assert blocks is not None  # has_blocks
@@ -209,18 +206,14 @@ def dry_run_lines(workload: Workload, result: EngineResult) -> Iterable[str]:
                 live = int(blocks.live[rows.start : rows.stop].sum())
                 line += f" blocks={len(rows)} live_blocks={live}"
             if stream is not None and stream[request] >= 0:
-                line += f" stream={_bool(bool(stream[request]))}"
+                line += f" stream={flag(bool(stream[request]))}"
             if cap is not None and cap[request] > 0:
                 line += f" max_tokens={cap[request]}"
             yield line
 
 
-def _ms(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
-
-
 def _percentile_line(label: str, p50: float | None, p90: float | None, p99: float | None) -> str:
-    return f"{label}: p50={_ms(p50)} p90={_ms(p90)} p99={_ms(p99)}"
+    return f"{label}: p50={fixed(p50)} p90={fixed(p90)} p99={fixed(p99)}"
 
 
 def summary_lines(
@@ -458,9 +451,7 @@ def live_lines(live: LiveFigures) -> list[str]:
             lines.append("  " + "  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
         req = rank_imbalance([r.requests for r in live.ranks])
         tok = rank_imbalance([r.input_tokens for r in live.ranks])
-        lines.append(
-            f"Rank imbalance (max/mean): requests {_ratio(req)}, input tokens {_ratio(tok)}"
-        )
+        lines.append(f"Rank imbalance (max/mean): requests {fixed(req)}, input tokens {fixed(tok)}")
     health = live.health
     if health is not None:
         per_k = health.cpu_seconds_per_1000_requests
@@ -471,8 +462,9 @@ def live_lines(live: LiveFigures) -> list[str]:
         else:  # a per-1000 figure from a handful of requests would be mostly start-up
             cost = f" ({per_k:.2f} ms per request over {live.requests} requests)"
         lines.append(
-            f"Client health: event-loop lag p50={_ms_unit(health.lag_p50_ms)} "
-            f"p99={_ms_unit(health.lag_p99_ms)} max={_ms_unit(health.lag_max_ms)}; "
+            f"Client health: event-loop lag p50={fixed(health.lag_p50_ms, unit='ms')} "
+            f"p99={fixed(health.lag_p99_ms, unit='ms')} "
+            f"max={fixed(health.lag_max_ms, unit='ms')}; "
             f"client CPU {health.cpu_seconds:.2f}s{cost}; "
             f"peak in-flight requests {health.peak_in_flight}"
         )
@@ -487,7 +479,7 @@ def server_rank_lines(rows: Sequence[dict]) -> list[str]:
 
     def cell(value) -> str:
         if value is None:
-            return "n/a"
+            return MISSING
         return (
             f"{value:.2f}"
             if isinstance(value, float) and not value.is_integer()
@@ -505,31 +497,13 @@ def server_rank_lines(rows: Sequence[dict]) -> list[str]:
         lines.append("  " + "  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
     requests = [int(r["requests"]) for r in rows if r.get("requests") is not None]
     if len(requests) == len(rows) > 1:
-        lines.append(f"Rank imbalance (max/mean): requests {_ratio(rank_imbalance(requests))}")
+        lines.append(f"Rank imbalance (max/mean): requests {fixed(rank_imbalance(requests))}")
     return lines
-
-
-def _ms_unit(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}ms"
-
-
-def _ratio(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
-
-
-def _cell(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return _bool(value)
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
 
 
 def csv_row(summary: Summary) -> list[str]:
     """The single data row, one cell per summary field in column order."""
-    return [_cell(getattr(summary, name)) for name in ALL_CSV_COLUMNS]
+    return [csv_cell(getattr(summary, name)) for name in ALL_CSV_COLUMNS]
 
 
 def write_csv(path: str, row: list[str], extra: Sequence[tuple[str, str]] = ()) -> None:
