@@ -16,6 +16,7 @@ from batchbench.config import RunConfig
 from batchbench.errors import BatchbenchError
 from batchbench.plan.sampling import describe_latency, short_float
 from batchbench.plan.workload import Workload
+from batchbench.results.documents import fidelity_results_view
 from batchbench.results.formatting import MISSING, csv_cell, fixed, flag
 from batchbench.results.lifecycle import EngineResult
 from batchbench.results.metrics import percentile
@@ -572,44 +573,13 @@ def summary_document(
         ],
     }
     if live is not None:
-        document["fidelity"] = fidelity_document(live)
+        document["fidelity"] = fidelity_results_view(
+            live.fidelity, live.server_cached_tokens, live.framing
+        )
         document["ranks"] = [{"rank": i, **dataclasses.asdict(r)} for i, r in enumerate(live.ranks)]
         if live.health is not None:
             document["client_health"] = dataclasses.asdict(live.health)
     return document
-
-
-def _drift_document(figures: DriftFigures) -> dict:
-    return {
-        "requests": figures.requests,
-        "exact": figures.exact,
-        "exact_percent": figures.exact_percent,
-        "mean_abs_drift": figures.mean_abs,
-        "max_abs_drift": figures.max_abs if figures.requests else None,
-        "histogram": {str(k): v for k, v in sorted(figures.histogram.items())},
-    }
-
-
-def fidelity_document(live: LiveFigures) -> dict:
-    """The fidelity section of the results JSON: figures, drift histograms and drift by
-    turn index (0-based request number within its trajectory)."""
-    fidelity = live.fidelity
-    return {
-        "prompt": _drift_document(fidelity.prompt),
-        "output": _drift_document(fidelity.output),
-        "prompt_by_turn": {
-            str(turn): _drift_document(figures)
-            for turn, figures in sorted(fidelity.prompt_by_turn.items())
-        },
-        "corrected_requests": fidelity.corrected_requests,
-        "correction_limited_requests": fidelity.limited_requests,
-        "inexact_tool_blocks": fidelity.inexact_tool_blocks,
-        "oracle_queries": fidelity.oracle_queries,
-        "oracle_seconds_total": sum(fidelity.oracle_seconds),
-        "explainable_cached_input_tokens": fidelity.explainable_cached_tokens,
-        "server_cached_input_tokens": live.server_cached_tokens,
-        "framing": live.framing,
-    }
 
 
 def write_json(path: str, document: dict) -> None:

@@ -1,0 +1,145 @@
+"""The fidelity document: one model (``FidelityFigures``) and the two JSON views of it.
+
+The two views write different keys on purpose:
+
+- ``fidelity_results_view`` is the ``fidelity`` section of the results JSON, for people
+  and their scripts: derived figures (exact share, mean drift, histograms keyed by the
+  drift as text and sorted), plus the server's cached tokens and the learned framing.
+- ``fidelity_shard_view`` is the ``live.fidelity`` part of a shard's raw data, for the
+  merge: raw counters that add up across shards (the sum of drifts, not their mean;
+  histograms as pairs). ``fidelity_from_shard_view`` reads it back, ``add_fidelity`` adds
+  shards together; the oracle's timings travel as an array beside it.
+
+Both views keep the keys, order and values earlier versions wrote, so files written by
+them still load and new files stay byte-identical.
+
+Documents are plain dataclasses rather than msgspec or pydantic models: neither is a
+dependency of the package, orjson already writes the JSON, and a document needs no
+validation beyond what its reader checks (a damaged shard is reported by
+``batchbench.scale.partial``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batchbench.results.recording import DriftFigures, FidelityFigures
+
+
+def drift_results_view(figures: DriftFigures) -> dict[str, Any]:
+    """One drift distribution as the results JSON shows it."""
+    return {
+        "requests": figures.requests,
+        "exact": figures.exact,
+        "exact_percent": figures.exact_percent,
+        "mean_abs_drift": figures.mean_abs,
+        "max_abs_drift": figures.max_abs if figures.requests else None,
+        "histogram": {str(k): v for k, v in sorted(figures.histogram.items())},
+    }
+
+
+def fidelity_results_view(
+    fidelity: FidelityFigures, server_cached_tokens: int | None, framing: dict | None
+) -> dict[str, Any]:
+    """The fidelity section of the results JSON: figures, drift histograms and drift by
+    turn index (0-based request number within its trajectory)."""
+    return {
+        "prompt": drift_results_view(fidelity.prompt),
+        "output": drift_results_view(fidelity.output),
+        "prompt_by_turn": {
+            str(turn): drift_results_view(figures)
+            for turn, figures in sorted(fidelity.prompt_by_turn.items())
+        },
+        "corrected_requests": fidelity.corrected_requests,
+        "correction_limited_requests": fidelity.limited_requests,
+        "inexact_tool_blocks": fidelity.inexact_tool_blocks,
+        "oracle_queries": fidelity.oracle_queries,
+        "oracle_seconds_total": sum(fidelity.oracle_seconds),
+        "explainable_cached_input_tokens": fidelity.explainable_cached_tokens,
+        "server_cached_input_tokens": server_cached_tokens,
+        "framing": framing,
+    }
+
+
+# Counters of FidelityFigures that shards add up, in the order the shard view writes them.
+FIDELITY_COUNTERS = (
+    "corrected_requests",
+    "limited_requests",
+    "oracle_queries",
+    "explainable_cached_tokens",
+    "inexact_tool_blocks",
+)
+
+
+def drift_shard_view(figures: DriftFigures) -> dict[str, Any]:
+    """One drift distribution as raw counters."""
+    return {
+        "requests": figures.requests,
+        "exact": figures.exact,
+        "abs_sum": figures.abs_sum,
+        "max_abs": figures.max_abs,
+        "histogram": [[drift, count] for drift, count in figures.histogram.items()],
+    }
+
+
+def fidelity_shard_view(fidelity: FidelityFigures) -> dict[str, Any]:
+    """The fidelity a shard hands to the merge (its oracle timings go as an array)."""
+    return {
+        "prompt": drift_shard_view(fidelity.prompt),
+        "output": drift_shard_view(fidelity.output),
+        "prompt_by_turn": [
+            [turn, drift_shard_view(figures)] for turn, figures in fidelity.prompt_by_turn.items()
+        ],
+        **{name: getattr(fidelity, name) for name in FIDELITY_COUNTERS},
+    }
+
+
+def drift_from_shard_view(document: dict[str, Any]) -> DriftFigures:
+    return DriftFigures(
+        requests=int(document["requests"]),
+        exact=int(document["exact"]),
+        abs_sum=int(document["abs_sum"]),
+        max_abs=int(document["max_abs"]),
+        histogram={int(drift): int(count) for drift, count in document["histogram"]},
+    )
+
+
+def fidelity_from_shard_view(
+    document: dict[str, Any], oracle_seconds: list[float] | None = None
+) -> FidelityFigures:
+    """The figures ``fidelity_shard_view`` wrote, with the oracle timings beside them."""
+    return FidelityFigures(
+        prompt=drift_from_shard_view(document["prompt"]),
+        output=drift_from_shard_view(document["output"]),
+        prompt_by_turn={
+            int(turn): drift_from_shard_view(figures)
+            for turn, figures in document["prompt_by_turn"]
+        },
+        oracle_seconds=list(oracle_seconds or ()),
+        **{name: int(document[name]) for name in FIDELITY_COUNTERS},
+    )
+
+
+def _add_drift(part: DriftFigures, into: DriftFigures) -> None:
+    into.requests += part.requests
+    into.exact += part.exact
+    into.abs_sum += part.abs_sum
+    into.max_abs = max(into.max_abs, part.max_abs)
+    for drift, count in part.histogram.items():
+        into.histogram[drift] = into.histogram.get(drift, 0) + count
+
+
+def add_fidelity(parts: list[FidelityFigures]) -> FidelityFigures:
+    """Several shards' fidelity as one run's: counters and histograms added, turns in
+    order, oracle timings joined in shard order."""
+    total = FidelityFigures()
+    for part in parts:
+        _add_drift(part.prompt, total.prompt)
+        _add_drift(part.output, total.output)
+        for turn, figures in part.prompt_by_turn.items():
+            _add_drift(figures, total.prompt_by_turn.setdefault(turn, DriftFigures()))
+        for name in FIDELITY_COUNTERS:
+            setattr(total, name, getattr(total, name) + getattr(part, name))
+        total.oracle_seconds.extend(part.oracle_seconds)
+    total.prompt_by_turn = dict(sorted(total.prompt_by_turn.items()))
+    return total
