@@ -663,10 +663,10 @@ async def _run_loaded(
     if shard is not None:
         from batchbench.scale.snapshot import snapshot
 
+        # A dry run's lines need the workload, which a merge may not have.
+        lines = list(dry_run_lines(workload, engine)) if config.dry_run else None
         data = snapshot(config, setup, (shard.index, shard.count), counts, engine, live,
-                        lifecycle, wall_origin)  # fmt: skip
-        if config.dry_run:  # the lines need the workload, which a merge may not have
-            data.meta["dry_run_lines"] = list(dry_run_lines(workload, engine))
+                        lifecycle, wall_origin, dry_run_lines=lines)  # fmt: skip
         result = replace(result, shard_data=data)
     return write_outputs(result, out)
 

@@ -162,7 +162,7 @@ def merge(shards: list[ShardData]) -> MergedRun:
             window_end=max(window_ends) if window_ends else None,
             server_metrics=next((d.server_metrics for d in lives if d.server_metrics), None),
         )
-    lines = [line for document in documents for line in document.dry_run_lines]
+    lines = [line for document in documents for line in document.dry_run_lines or ()]
     lines.sort(key=_line_agent)  # stable: each agent's lines stay in invocation order
     return MergedRun(
         config, setup, engine, live, lifecycle, planned, offsets, tuple(shards), base,
@@ -248,7 +248,7 @@ def _recorder(
     config: RunConfig,
 ) -> Recorder:
     recorder = MergedRecorder(dp_ranks=config.dp_ranks, goodput=config.goodput_thresholds)
-    recorder.processes = sum(document.processes for document in documents)
+    recorder.processes = sum(document.process_count for document in documents)
     totals = recorder.totals
     errors = ErrorTally()
     server_cached: int | None = None

@@ -13,7 +13,7 @@ Plain dataclasses (see ``batchbench.results.documents`` for why not msgspec or p
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from batchbench.results.documents import fidelity_from_shard_view, fidelity_shard_view
@@ -213,8 +213,12 @@ class ShardDocument:
     engine: EngineDocument
     lifecycle: tuple[dict[str, Any], ...]  # agent lifecycle events, as written
     live: LiveShard | None  # None: a dry run
-    processes: int = 1  # client processes behind it (workers of one shard)
-    dry_run_lines: tuple[str, ...] = field(default=())
+    processes: int | None = None  # client processes behind it (None: not written, one)
+    dry_run_lines: tuple[str, ...] | None = None  # a dry run's lines, when written
+
+    @property
+    def process_count(self) -> int:
+        return 1 if self.processes is None else self.processes
 
     def to_meta(self) -> dict[str, Any]:
         """The wire form, before ``capture`` stamps the format and version."""
@@ -228,6 +232,16 @@ class ShardDocument:
             "lifecycle": list(self.lifecycle),
             "live": self.live.to_json() if self.live is not None else None,
         }
+
+    def trailing_meta(self) -> dict[str, Any]:
+        """The keys written after ``capture`` stamps the format (where earlier versions
+        wrote them): only those that are set."""
+        trailing: dict[str, Any] = {}
+        if self.processes is not None:
+            trailing["processes"] = self.processes
+        if self.dry_run_lines is not None:
+            trailing["dry_run_lines"] = list(self.dry_run_lines)
+        return trailing
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> ShardDocument:
@@ -243,8 +257,8 @@ class ShardDocument:
             engine=EngineDocument.from_json(meta["engine"]),
             lifecycle=tuple(meta["lifecycle"]),
             live=LiveShard.from_json(live) if live else None,
-            processes=int(meta.get("processes", 1)),
-            dry_run_lines=tuple(meta.get("dry_run_lines", ())),
+            processes=int(meta["processes"]) if "processes" in meta else None,
+            dry_run_lines=tuple(meta["dry_run_lines"]) if "dry_run_lines" in meta else None,
         )
 
 

@@ -61,8 +61,11 @@ def snapshot(
     live: Any | None,
     lifecycle: Sequence[dict[str, Any]],
     wall_origin: float,
+    processes: int | None = None,
+    dry_run_lines: Sequence[str] | None = None,
 ) -> ShardData:
-    """A finished shard as ``ShardData``. ``planned``: (trajectories, requests) it owned."""
+    """A finished shard as ``ShardData``. ``planned``: (trajectories, requests) it owned;
+    ``processes``: the worker processes that ran it; ``dry_run_lines``: a dry run's."""
     recorder = live.recorder if live is not None else None
     document = ShardDocument(
         shard=shard,
@@ -73,8 +76,12 @@ def snapshot(
         engine=EngineDocument.of(engine),
         lifecycle=tuple(lifecycle),
         live=None if live is None else _live(config, live),
+        processes=processes,
+        dry_run_lines=None if dry_run_lines is None else tuple(dry_run_lines),
     )
-    return capture(document.to_meta(), recorder)
+    data = capture(document.to_meta(), recorder)
+    data.meta.update(document.trailing_meta())
+    return data
 
 
 def _live(config: RunConfig, live: Any) -> LiveShard:
