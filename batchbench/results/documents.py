@@ -21,6 +21,7 @@ validation beyond what its reader checks (a damaged shard is reported by
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from batchbench.results.recording import DriftFigures, FidelityFigures
@@ -143,3 +144,97 @@ def add_fidelity(parts: list[FidelityFigures]) -> FidelityFigures:
         total.oracle_seconds.extend(part.oracle_seconds)
     total.prompt_by_turn = dict(sorted(total.prompt_by_turn.items()))
     return total
+
+
+# -- the measured window, read back ---------------------------------------------------------
+def _number(value: Any) -> int | float | None:
+    """A JSON number as it is (bools are not numbers here), else None."""
+    return None if isinstance(value, bool) or not isinstance(value, int | float) else value
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeView:
+    """One SLO outcome of a window (``ObjectiveOutcome`` as the JSON holds it), every
+    figure optional: a document of an earlier version, or a hand-edited one, may lack it."""
+
+    objective: str | None
+    metric: str | None
+    verdict: str | None
+    quantile: int | float | None
+    samples: int | None
+    attainment: int | float | None
+    attainment_low: int | float | None
+    attainment_high: int | float | None
+    value_ms: int | float | None
+
+    @classmethod
+    def read(cls, document: dict[str, Any]) -> OutcomeView:
+        samples = document.get("samples")
+        return cls(
+            objective=None if document.get("objective") is None else str(document["objective"]),
+            metric=_text(document.get("metric")),
+            verdict=_text(document.get("verdict")),
+            quantile=_number(document.get("quantile")),
+            samples=samples if isinstance(samples, int) and not isinstance(samples, bool) else None,
+            attainment=_number(document.get("attainment")),
+            attainment_low=_number(document.get("attainment_low")),
+            attainment_high=_number(document.get("attainment_high")),
+            value_ms=_number(document.get("value_ms")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WindowView:
+    """The results JSON ``window`` section (``WindowFigures.as_dict``) as readers use it:
+    the capacity search and its table read a step's window through this, whichever
+    version wrote it; a figure the document lacks is None."""
+
+    duration_seconds: int | float | None
+    requests_per_second: int | float | None
+    output_tokens_per_second: int | float | None
+    cache_hit_percent: int | float | None
+    goodput_ratio: int | float | None
+    latency: dict[str, dict[str, Any]]  # metric -> its statistics, as written
+    slo: tuple[OutcomeView, ...]
+    slo_verdict: str | None
+    client_verdict: str | None
+    client_reason: str | None
+
+    @classmethod
+    def read(cls, document: Any) -> WindowView:
+        window = _mapping(document)
+        slo = window.get("slo")
+        client = _mapping(window.get("client"))
+        return cls(
+            duration_seconds=_number(window.get("duration_seconds")),
+            requests_per_second=_number(window.get("requests_per_second")),
+            output_tokens_per_second=_number(window.get("output_tokens_per_second")),
+            cache_hit_percent=_number(window.get("cache_hit_percent")),
+            goodput_ratio=_number(_mapping(window.get("goodput")).get("goodput_ratio")),
+            latency={
+                key: stats
+                for key, stats in _mapping(window.get("latency")).items()
+                if isinstance(stats, dict)
+            },
+            slo=tuple(
+                OutcomeView.read(outcome)
+                for outcome in (slo if isinstance(slo, list) else [])
+                if isinstance(outcome, dict)
+            ),
+            slo_verdict=_text(window.get("slo_verdict")),
+            client_verdict=_text(client.get("verdict")),
+            client_reason=_text(client.get("reason")),
+        )
+
+    def percentile(self, metric: str, label: str) -> int | float | None:
+        """A latency percentile (``ttft_ms``, ``p99``) in ms, None when not measured."""
+        stats = self.latency.get(metric)
+        return None if stats is None else _number(_mapping(stats.get("percentiles")).get(label))
