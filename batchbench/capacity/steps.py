@@ -157,7 +157,7 @@ def _needed_factor(
             continue
         name = str(outcome.objective)
         samples, attainment, required = outcome.samples, outcome.attainment, outcome.quantile
-        if samples is None or samples <= 0 or attainment is None:
+        if not isinstance(samples, int) or samples <= 0 or attainment is None:
             candidate = (math.inf, f"no {name} samples in the window")
         elif required is None:
             continue

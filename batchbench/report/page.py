@@ -22,6 +22,7 @@ from batchbench.report.load import (
     labels,
     validate,
 )
+from batchbench.results.documents import DriftView, OutcomeView, WindowView
 from batchbench.results.formatting import MISSING, finite, number, percent, ratio_percent
 
 PLOTLY_MISSING = "the HTML report needs plotly: pip install 'batchbench[report]'"
@@ -180,7 +181,7 @@ class Page:
                     ("timestamp", text(document.get("timestamp"))),
                     ("batchbench_version", text(document.get("batchbench_version"))),
                     ("verdict", text(verdict)),
-                    ("slo_verdict", text(get(document, "window", "slo_verdict"))),
+                    ("slo_verdict", text(WindowView.read(document.get("window")).slo_verdict)),
                 ]
             )
         self.table(
@@ -194,11 +195,13 @@ class Page:
             answer = get(document, "answer", "text")
             if isinstance(answer, str):
                 sentences.append(f'<li class="bb-answer">{html.escape(prefix + answer)}</li>')
-            for side in ("client", "server"):
-                verdict = get(document, "window", side, "verdict")
-                reason = get(document, "window", side, "reason")
-                if isinstance(reason, str) and reason:
-                    judged = f" ({verdict})" if isinstance(verdict, str) else ""
+            window = WindowView.read(document.get("window"))
+            for side, verdict, reason in (
+                ("client", window.client_verdict, window.client_reason),
+                ("server", window.server_verdict, window.server_reason),
+            ):
+                if reason:
+                    judged = f" ({verdict})" if verdict is not None else ""
                     line = f"{prefix}{side.capitalize()}{judged}: {reason}"
                     sentences.append(f"<li>{html.escape(line)}</li>")
             if document.get("interrupted"):
@@ -229,9 +232,8 @@ class Page:
             )
         slo_rows = []
         for name, document in runs:
-            for objective in get(document, "window", "slo") or []:
-                if isinstance(objective, dict):
-                    slo_rows.append([("file", text(name)), *slo_cells(objective)])
+            for objective in WindowView.read(document.get("window")).slo:
+                slo_rows.append([("file", text(name)), *slo_cells(objective)])
         if slo_rows:
             self.table(
                 "bb-slo",
@@ -292,18 +294,18 @@ class Page:
         rows = []
         for name, fidelity in series:
             for side in ("prompt", "output"):
-                figures = fidelity.get(side)
-                if not isinstance(figures, dict):
+                figures = DriftView.read(fidelity.get(side))
+                if figures is None:
                     continue
                 rows.append(
                     [
                         ("file", text(name)),
                         ("side", side),
-                        ("requests", number(figures.get("requests"))),
-                        ("exact", number(figures.get("exact"))),
-                        ("exact_percent", percent(figures.get("exact_percent"))),
-                        ("mean_abs_drift", number(figures.get("mean_abs_drift"))),
-                        ("max_abs_drift", number(figures.get("max_abs_drift"))),
+                        ("requests", number(figures.requests)),
+                        ("exact", number(figures.exact)),
+                        ("exact_percent", percent(figures.exact_percent)),
+                        ("mean_abs_drift", number(figures.mean_abs_drift)),
+                        ("max_abs_drift", number(figures.max_abs_drift)),
                     ]
                 )
         self.table(
@@ -543,32 +545,26 @@ def headline_value(document: dict[str, Any], field: str) -> Any:
     return get(metrics, name) if name else None
 
 
-def slo_cells(objective: dict[str, Any]) -> list[tuple[str, str]]:
+def slo_cells(objective: OutcomeView) -> list[tuple[str, str]]:
     """One SLO outcome: its limit, value and attainment, each with its interval."""
-    quantile = objective.get("quantile")
-    if objective.get("metric") == "goodput":
-        limit = f"≥ {ratio_percent(quantile)} good"
+    if objective.metric == "goodput":
+        limit = f"≥ {ratio_percent(objective.quantile)} good"
         value = MISSING
     else:
-        limit = f"≤ {number(objective.get('limit_ms'))} ms"
-        value = _interval(
-            objective.get("value_ms"), objective.get("value_low_ms"), objective.get("value_high_ms")
-        )
+        limit = f"≤ {number(objective.limit_ms)} ms"
+        value = _interval(objective.value_ms, objective.value_low_ms, objective.value_high_ms)
     attainment = _interval(
-        objective.get("attainment"),
-        objective.get("attainment_low"),
-        objective.get("attainment_high"),
-        ratio_percent,
+        objective.attainment, objective.attainment_low, objective.attainment_high, ratio_percent
     )
-    within = f"{number(objective.get('within'))} / {number(objective.get('samples'))}"
+    within = f"{number(objective.within)} / {number(objective.samples)}"
     return [
-        ("objective", text(objective.get("objective"))),
+        ("objective", text(objective.objective)),
         ("limit", html.escape(limit)),
         ("value", html.escape(value)),
-        ("required", ratio_percent(quantile)),
+        ("required", ratio_percent(objective.quantile)),
         ("attainment", html.escape(attainment)),
         ("within", within),
-        ("verdict", text(objective.get("verdict"))),
+        ("verdict", text(objective.verdict)),
     ]
 
 

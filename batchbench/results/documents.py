@@ -163,39 +163,53 @@ def _mapping(value: Any) -> dict[str, Any]:
 @dataclass(frozen=True, slots=True)
 class OutcomeView:
     """One SLO outcome of a window (``ObjectiveOutcome`` as the JSON holds it), every
-    figure optional: a document of an earlier version, or a hand-edited one, may lack it."""
+    figure optional: a document of an earlier version, or a hand-edited one, may lack it.
+    Numbers stay as the JSON wrote them (an integer stays an integer)."""
 
     objective: str | None
     metric: str | None
     verdict: str | None
     quantile: int | float | None
-    samples: int | None
+    limit_ms: int | float | None
+    value_ms: int | float | None
+    value_low_ms: int | float | None
+    value_high_ms: int | float | None
+    samples: int | float | None
+    within: int | float | None
     attainment: int | float | None
     attainment_low: int | float | None
     attainment_high: int | float | None
-    value_ms: int | float | None
 
     @classmethod
     def read(cls, document: dict[str, Any]) -> OutcomeView:
-        samples = document.get("samples")
+        objective = document.get("objective")
         return cls(
-            objective=None if document.get("objective") is None else str(document["objective"]),
+            objective=None if objective is None else str(objective),
             metric=_text(document.get("metric")),
             verdict=_text(document.get("verdict")),
-            quantile=_number(document.get("quantile")),
-            samples=samples if isinstance(samples, int) and not isinstance(samples, bool) else None,
-            attainment=_number(document.get("attainment")),
-            attainment_low=_number(document.get("attainment_low")),
-            attainment_high=_number(document.get("attainment_high")),
-            value_ms=_number(document.get("value_ms")),
+            **{name: _number(document.get(name)) for name in _OUTCOME_NUMBERS},
         )
+
+
+_OUTCOME_NUMBERS = (
+    "quantile",
+    "limit_ms",
+    "value_ms",
+    "value_low_ms",
+    "value_high_ms",
+    "samples",
+    "within",
+    "attainment",
+    "attainment_low",
+    "attainment_high",
+)
 
 
 @dataclass(frozen=True, slots=True)
 class WindowView:
     """The results JSON ``window`` section (``WindowFigures.as_dict``) as readers use it:
-    the capacity search and its table read a step's window through this, whichever
-    version wrote it; a figure the document lacks is None."""
+    the capacity search, its table and the HTML report read a window through this,
+    whichever version wrote it; a figure the document lacks is None."""
 
     duration_seconds: int | float | None
     requests_per_second: int | float | None
@@ -207,12 +221,14 @@ class WindowView:
     slo_verdict: str | None
     client_verdict: str | None
     client_reason: str | None
+    server_verdict: str | None
+    server_reason: str | None
 
     @classmethod
     def read(cls, document: Any) -> WindowView:
         window = _mapping(document)
         slo = window.get("slo")
-        client = _mapping(window.get("client"))
+        client, server = _mapping(window.get("client")), _mapping(window.get("server"))
         return cls(
             duration_seconds=_number(window.get("duration_seconds")),
             requests_per_second=_number(window.get("requests_per_second")),
@@ -232,9 +248,35 @@ class WindowView:
             slo_verdict=_text(window.get("slo_verdict")),
             client_verdict=_text(client.get("verdict")),
             client_reason=_text(client.get("reason")),
+            server_verdict=_text(server.get("verdict")),
+            server_reason=_text(server.get("reason")),
         )
 
     def percentile(self, metric: str, label: str) -> int | float | None:
         """A latency percentile (``ttft_ms``, ``p99``) in ms, None when not measured."""
         stats = self.latency.get(metric)
         return None if stats is None else _number(_mapping(stats.get("percentiles")).get(label))
+
+
+@dataclass(frozen=True, slots=True)
+class DriftView:
+    """One side (prompt or output) of the results JSON's fidelity section, read back."""
+
+    requests: int | float | None
+    exact: int | float | None
+    exact_percent: int | float | None
+    mean_abs_drift: int | float | None
+    max_abs_drift: int | float | None
+
+    @classmethod
+    def read(cls, document: Any) -> DriftView | None:
+        """None when the side is not there."""
+        if not isinstance(document, dict):
+            return None
+        return cls(
+            requests=_number(document.get("requests")),
+            exact=_number(document.get("exact")),
+            exact_percent=_number(document.get("exact_percent")),
+            mean_abs_drift=_number(document.get("mean_abs_drift")),
+            max_abs_drift=_number(document.get("max_abs_drift")),
+        )
