@@ -16,7 +16,14 @@ from batchbench.config import RunConfig
 from batchbench.errors import BatchbenchError
 from batchbench.plan.sampling import describe_latency, short_float
 from batchbench.plan.workload import Workload
-from batchbench.results.documents import fidelity_results_view
+from batchbench.results.documents import (
+    ConfigurationSection,
+    FailureRow,
+    LiveSections,
+    ManifestSection,
+    SummaryDocument,
+    fidelity_results_view,
+)
 from batchbench.results.formatting import MISSING, csv_cell, fixed, flag
 from batchbench.results.lifecycle import EngineResult
 from batchbench.results.metrics import percentile
@@ -529,57 +536,54 @@ def summary_document(
     live: LiveFigures | None = None,
 ) -> dict:
     """The whole summary as one JSON document (``--results-json``)."""
-    document: dict = {
-        "batchbench_version": __version__,
-        "timestamp": setup.timestamp,
-        "interrupted": summary.interrupted,
-        "interrupted_by": live.interrupted_by if live is not None else None,
-        "dry_run": config.dry_run,
-        "manifest": {
-            "path": config.agent_plans_jsonl,
-            "sha256": setup.manifest_sha256,
-            "schema_version": setup.schema_version,
-        },
-        "configuration": {
-            "model": config.model,
-            "tokenizer_model": config.tokenizer,
-            "tokenizer_file": setup.tokenizer_source,
-            "endpoint": config.endpoint_url,
-            "host": config.host,
-            "workload_mode": config.workload_mode,
-            "agents": setup.agents,
-            "max_active_agents": config.max_active_agents,
-            "admission": config.admission_mode,
-            "time_scale": config.time_scale_factor,
-            "replay_initial_overhead_tokens": setup.replay_initial_overhead_tokens,
-            "replay_turn_overhead_tokens": setup.replay_turn_overhead_tokens,
-            "sglang": config.sglang,
-            "ignore_eos": config.ignore_eos,
-            "stream": live.streaming if live is not None else False,
-            "dp_rank_perfect_routing_num": config.dp_ranks,
-            "user_tagging": config.user_tagging,
-            "seed": config.seed,
-            "content_salt": setup.content_salt,
-            "prompt_correction": config.prompt_correction,
-            "replay_reasoning": config.replay_reasoning,
-            "prompt_oracle": config.prompt_oracle,
-            "chat_template": setup.chat_template,
-            "calibration": setup.calibration,
-        },
-        "metrics": summary.as_dict(),
-        "failures": [
-            {"agent_id": a, "trajectory_id": t, "invocation": i, "error": err}
-            for a, t, i, err in failures
-        ],
-    }
+    live_sections = None
     if live is not None:
-        document["fidelity"] = fidelity_results_view(
-            live.fidelity, live.server_cached_tokens, live.framing
+        live_sections = LiveSections(
+            fidelity=fidelity_results_view(live.fidelity, live.server_cached_tokens, live.framing),
+            ranks=[{"rank": i, **dataclasses.asdict(r)} for i, r in enumerate(live.ranks)],
+            client_health=dataclasses.asdict(live.health) if live.health is not None else None,
         )
-        document["ranks"] = [{"rank": i, **dataclasses.asdict(r)} for i, r in enumerate(live.ranks)]
-        if live.health is not None:
-            document["client_health"] = dataclasses.asdict(live.health)
-    return document
+    return SummaryDocument(
+        batchbench_version=__version__,
+        timestamp=setup.timestamp,
+        interrupted=summary.interrupted,
+        interrupted_by=live.interrupted_by if live is not None else None,
+        dry_run=config.dry_run,
+        manifest=ManifestSection(
+            path=config.agent_plans_jsonl,
+            sha256=setup.manifest_sha256,
+            schema_version=setup.schema_version,
+        ),
+        configuration=ConfigurationSection(
+            model=config.model,
+            tokenizer_model=config.tokenizer,
+            tokenizer_file=setup.tokenizer_source,
+            endpoint=config.endpoint_url,
+            host=config.host,
+            workload_mode=config.workload_mode,
+            agents=setup.agents,
+            max_active_agents=config.max_active_agents,
+            admission=config.admission_mode,
+            time_scale=config.time_scale_factor,
+            replay_initial_overhead_tokens=setup.replay_initial_overhead_tokens,
+            replay_turn_overhead_tokens=setup.replay_turn_overhead_tokens,
+            sglang=config.sglang,
+            ignore_eos=config.ignore_eos,
+            stream=live.streaming if live is not None else False,
+            dp_rank_perfect_routing_num=config.dp_ranks,
+            user_tagging=config.user_tagging,
+            seed=config.seed,
+            content_salt=setup.content_salt,
+            prompt_correction=config.prompt_correction,
+            replay_reasoning=config.replay_reasoning,
+            prompt_oracle=config.prompt_oracle,
+            chat_template=setup.chat_template,
+            calibration=setup.calibration,
+        ),
+        metrics=summary.as_dict(),
+        failures=tuple(FailureRow(a, t, i, err) for a, t, i, err in failures),
+        live=live_sections,
+    ).to_json()
 
 
 def write_json(path: str, document: dict) -> None:

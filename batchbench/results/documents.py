@@ -21,7 +21,7 @@ validation beyond what its reader checks (a damaged shard is reported by
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from batchbench.results.recording import DriftFigures, FidelityFigures
@@ -144,6 +144,102 @@ def add_fidelity(parts: list[FidelityFigures]) -> FidelityFigures:
         total.oracle_seconds.extend(part.oracle_seconds)
     total.prompt_by_turn = dict(sorted(total.prompt_by_turn.items()))
     return total
+
+
+# -- the results JSON, written ------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ManifestSection:
+    """Which manifest a run replayed (all None for a sampled workload's path and hash)."""
+
+    path: str | None
+    sha256: str | None
+    schema_version: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigurationSection:
+    """The run's configuration as the results JSON states it, fields in written order."""
+
+    model: str | None
+    tokenizer_model: str | None
+    tokenizer_file: str
+    endpoint: str | None
+    host: str | None
+    workload_mode: str
+    agents: int
+    max_active_agents: int | None
+    admission: str
+    time_scale: float
+    replay_initial_overhead_tokens: int | None
+    replay_turn_overhead_tokens: int | None
+    sglang: bool
+    ignore_eos: bool
+    stream: bool
+    dp_rank_perfect_routing_num: int | None
+    user_tagging: bool
+    seed: int | None
+    content_salt: str
+    prompt_correction: bool
+    replay_reasoning: str
+    prompt_oracle: str
+    chat_template: str | None
+    calibration: dict | None
+
+
+@dataclass(frozen=True, slots=True)
+class FailureRow:
+    """A failed agent: where it stopped and why."""
+
+    agent_id: int
+    trajectory_id: str
+    invocation: int
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class LiveSections:
+    """What only a live run adds to the results JSON."""
+
+    fidelity: dict[str, Any]  # ``fidelity_results_view``
+    ranks: list[dict[str, Any]]
+    client_health: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryDocument:
+    """The results JSON as the run writes it (``--results-json``), before the measured
+    window's sections and a shard's section are added; ``to_json`` keeps the key order
+    earlier versions wrote."""
+
+    batchbench_version: str
+    timestamp: str
+    interrupted: bool
+    interrupted_by: str | None
+    dry_run: bool
+    manifest: ManifestSection
+    configuration: ConfigurationSection
+    metrics: dict[str, Any]  # ``Summary.as_dict``: the CSV's columns by name
+    failures: tuple[FailureRow, ...]
+    live: LiveSections | None
+
+    def to_json(self) -> dict[str, Any]:
+        document: dict[str, Any] = {
+            "batchbench_version": self.batchbench_version,
+            "timestamp": self.timestamp,
+            "interrupted": self.interrupted,
+            "interrupted_by": self.interrupted_by,
+            "dry_run": self.dry_run,
+            "manifest": asdict(self.manifest),
+            "configuration": asdict(self.configuration),
+            "metrics": self.metrics,
+            "failures": [asdict(failure) for failure in self.failures],
+        }
+        if self.live is not None:
+            document["fidelity"] = self.live.fidelity
+            document["ranks"] = self.live.ranks
+            if self.live.client_health is not None:
+                document["client_health"] = self.live.client_health
+        return document
 
 
 # -- the measured window, read back ---------------------------------------------------------
