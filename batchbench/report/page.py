@@ -181,7 +181,7 @@ class Page:
                     ("timestamp", text(document.get("timestamp"))),
                     ("batchbench_version", text(document.get("batchbench_version"))),
                     ("verdict", text(verdict)),
-                    ("slo_verdict", text(WindowView.read(document.get("window")).slo_verdict)),
+                    ("slo_verdict", text(_window(document).slo_verdict)),
                 ]
             )
         self.table(
@@ -195,7 +195,7 @@ class Page:
             answer = get(document, "answer", "text")
             if isinstance(answer, str):
                 sentences.append(f'<li class="bb-answer">{html.escape(prefix + answer)}</li>')
-            window = WindowView.read(document.get("window"))
+            window = _window(document)
             for side, verdict, reason in (
                 ("client", window.client_verdict, window.client_reason),
                 ("server", window.server_verdict, window.server_reason),
@@ -232,7 +232,7 @@ class Page:
             )
         slo_rows = []
         for name, document in runs:
-            for objective in WindowView.read(document.get("window")).slo:
+            for objective in _window(document).slo:
                 slo_rows.append([("file", text(name)), *slo_cells(objective)])
         if slo_rows:
             self.table(
@@ -470,8 +470,9 @@ def _verdict_class(value: str) -> str:
 # -- table contents -----------------------------------------------------------------------
 
 
-def _latency(key: str, percentile: str) -> Callable[[dict[str, Any]], Any]:
-    return lambda d: get(d, "window", "latency", key, "percentiles", percentile)
+def _window(document: dict[str, Any]) -> WindowView:
+    """The measured window of a run or a capacity step (empty when it has none)."""
+    return WindowView.read(document.get("window"))
 
 
 # (field, header, formatter); values come from headline_value.
@@ -495,24 +496,25 @@ HEADLINE: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("slo_verdict", "SLO", lambda v: text(v)),
 )
 
-_WINDOW_PATHS: dict[str, tuple[str, ...]] = {
-    "requests": ("requests",),
-    "failed_requests": ("failed_requests",),
-    "duration_seconds": ("duration_seconds",),
-    "requests_per_second": ("requests_per_second",),
-    "output_tokens_per_second": ("output_tokens_per_second",),
-    "ttft_p50_ms": ("latency", "ttft_ms", "percentiles", "p50"),
-    "ttft_p99_ms": ("latency", "ttft_ms", "percentiles", "p99"),
-    "itl_p50_ms": ("latency", "itl_ms", "percentiles", "p50"),
-    "itl_p99_ms": ("latency", "itl_ms", "percentiles", "p99"),
-    "e2e_p50_ms": ("latency", "e2e_ms", "percentiles", "p50"),
-    "e2e_p99_ms": ("latency", "e2e_ms", "percentiles", "p99"),
-    "good_requests_per_second": ("goodput", "good_requests_per_second"),
-    "goodput_ratio": ("goodput", "goodput_ratio"),
-    "good_trajectories_per_minute": ("goodput", "good_trajectories_per_minute"),
-    "cache_hit_percent": ("cache_hit_percent",),
-    "client_verdict": ("client", "verdict"),
-    "slo_verdict": ("slo_verdict",),
+# Where each headline figure is in a measured window.
+_FROM_WINDOW: dict[str, Callable[[WindowView], Any]] = {
+    "requests": lambda w: w.requests,
+    "failed_requests": lambda w: w.failed_requests,
+    "duration_seconds": lambda w: w.duration_seconds,
+    "requests_per_second": lambda w: w.requests_per_second,
+    "output_tokens_per_second": lambda w: w.output_tokens_per_second,
+    "ttft_p50_ms": lambda w: w.percentile("ttft_ms", "p50"),
+    "ttft_p99_ms": lambda w: w.percentile("ttft_ms", "p99"),
+    "itl_p50_ms": lambda w: w.percentile("itl_ms", "p50"),
+    "itl_p99_ms": lambda w: w.percentile("itl_ms", "p99"),
+    "e2e_p50_ms": lambda w: w.percentile("e2e_ms", "p50"),
+    "e2e_p99_ms": lambda w: w.percentile("e2e_ms", "p99"),
+    "good_requests_per_second": lambda w: w.good_requests_per_second,
+    "goodput_ratio": lambda w: w.goodput_ratio,
+    "good_trajectories_per_minute": lambda w: w.good_trajectories_per_minute,
+    "cache_hit_percent": lambda w: w.cache_hit_percent,
+    "client_verdict": lambda w: w.client_verdict,
+    "slo_verdict": lambda w: w.slo_verdict,
 }
 
 # The whole-run summary's names, for documents without a measured window.
@@ -535,7 +537,7 @@ def headline_value(document: dict[str, Any], field: str) -> Any:
     """A headline figure: from the measured window, else from the whole-run summary."""
     window = document.get("window")
     if isinstance(window, dict):
-        return get(window, *_WINDOW_PATHS[field])
+        return _FROM_WINDOW[field](WindowView.read(window))
     metrics = document.get("metrics")
     if field == "cache_hit_percent":
         cached = finite(get(metrics, "server_cached_input_tokens"))
@@ -591,20 +593,19 @@ STEP_COLUMNS: tuple[tuple[str, str, Callable[[dict[str, Any]], str]], ...] = (
     ("phase", "phase", lambda s: text(s.get("phase"))),
     ("verdict", "verdict", lambda s: text(s.get("verdict"))),
     ("extensions", "extensions", lambda s: number(s.get("extensions"))),
-    ("requests", "requests", lambda s: number(get(s, "window", "requests"))),
-    ("requests_per_second", "req/s", lambda s: number(get(s, "window", "requests_per_second"))),
+    ("requests", "requests", lambda s: number(_window(s).requests)),
+    ("requests_per_second", "req/s", lambda s: number(_window(s).requests_per_second)),
     ("output_tokens_per_second", "output tok/s",
-     lambda s: number(get(s, "window", "output_tokens_per_second"))),
-    ("ttft_p50_ms", "TTFT p50 (ms)", lambda s: number(_latency("ttft_ms", "p50")(s))),
-    ("ttft_p99_ms", "TTFT p99 (ms)", lambda s: number(_latency("ttft_ms", "p99")(s))),
-    ("itl_p99_ms", "ITL p99 (ms)", lambda s: number(_latency("itl_ms", "p99")(s))),
-    ("e2e_p95_ms", "E2E p95 (ms)", lambda s: number(_latency("e2e_ms", "p95")(s))),
-    ("goodput_ratio", "goodput",
-     lambda s: ratio_percent(get(s, "window", "goodput", "goodput_ratio"))),
+     lambda s: number(_window(s).output_tokens_per_second)),
+    ("ttft_p50_ms", "TTFT p50 (ms)", lambda s: number(_window(s).percentile("ttft_ms", "p50"))),
+    ("ttft_p99_ms", "TTFT p99 (ms)", lambda s: number(_window(s).percentile("ttft_ms", "p99"))),
+    ("itl_p99_ms", "ITL p99 (ms)", lambda s: number(_window(s).percentile("itl_ms", "p99"))),
+    ("e2e_p95_ms", "E2E p95 (ms)", lambda s: number(_window(s).percentile("e2e_ms", "p95"))),
+    ("goodput_ratio", "goodput", lambda s: ratio_percent(_window(s).goodput_ratio)),
     ("good_trajectories_per_minute", "good trajectories/min",
-     lambda s: number(get(s, "window", "goodput", "good_trajectories_per_minute"))),
-    ("cache_hit_percent", "cache hit", lambda s: percent(get(s, "window", "cache_hit_percent"))),
-    ("client_verdict", "client", lambda s: text(get(s, "window", "client", "verdict"))),
+     lambda s: number(_window(s).good_trajectories_per_minute)),
+    ("cache_hit_percent", "cache hit", lambda s: percent(_window(s).cache_hit_percent)),
+    ("client_verdict", "client", lambda s: text(_window(s).client_verdict)),
     ("results_json", "results", lambda s: text(s.get("results_json"))),
     ("note", "note", lambda s: text(s.get("note")) if s.get("note") else ""),
 )  # fmt: skip

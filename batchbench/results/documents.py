@@ -307,11 +307,15 @@ class WindowView:
     the capacity search, its table and the HTML report read a window through this,
     whichever version wrote it; a figure the document lacks is None."""
 
+    requests: int | float | None
+    failed_requests: int | float | None
     duration_seconds: int | float | None
     requests_per_second: int | float | None
     output_tokens_per_second: int | float | None
     cache_hit_percent: int | float | None
+    good_requests_per_second: int | float | None
     goodput_ratio: int | float | None
+    good_trajectories_per_minute: int | float | None
     latency: dict[str, dict[str, Any]]  # metric -> its statistics, as written
     slo: tuple[OutcomeView, ...]
     slo_verdict: str | None
@@ -325,12 +329,17 @@ class WindowView:
         window = _mapping(document)
         slo = window.get("slo")
         client, server = _mapping(window.get("client")), _mapping(window.get("server"))
+        goodput = _mapping(window.get("goodput"))
         return cls(
+            requests=_number(window.get("requests")),
+            failed_requests=_number(window.get("failed_requests")),
             duration_seconds=_number(window.get("duration_seconds")),
             requests_per_second=_number(window.get("requests_per_second")),
             output_tokens_per_second=_number(window.get("output_tokens_per_second")),
             cache_hit_percent=_number(window.get("cache_hit_percent")),
-            goodput_ratio=_number(_mapping(window.get("goodput")).get("goodput_ratio")),
+            good_requests_per_second=_number(goodput.get("good_requests_per_second")),
+            goodput_ratio=_number(goodput.get("goodput_ratio")),
+            good_trajectories_per_minute=_number(goodput.get("good_trajectories_per_minute")),
             latency={
                 key: stats
                 for key, stats in _mapping(window.get("latency")).items()
