@@ -17,7 +17,7 @@ from batchbench import RunConfig, RunResult, Summary, run, run_async
 from batchbench.api import OutputError
 from batchbench.cli.agent_args import config_from_argv
 from batchbench.errors import BatchbenchError, UsageError
-from batchbench.results.report import ALL_CSV_COLUMNS, csv_row
+from batchbench.results.console import ALL_CSV_COLUMNS, csv_row
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "trajectory-replay" / "plans.jsonl"
 

@@ -40,8 +40,7 @@ from stubserver import (
 import batchbench
 import batchbench.stages.execute as execute_stage
 from batchbench.cli.agent import main
-from batchbench.results.events import RequestEvent
-from batchbench.results.report import (
+from batchbench.results.console import (
     CSV_COLUMNS,
     EXTRA_CSV_COLUMNS,
     FIDELITY_CSV_COLUMNS,
@@ -49,6 +48,7 @@ from batchbench.results.report import (
     LOSS_CSV_COLUMNS,
     OUTCOME_CSV_COLUMNS,
 )
+from batchbench.results.events import RequestEvent
 from batchbench.text.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from batchbench.cli.agent import main
-from batchbench.results.report import (
+from batchbench.results.console import (
     CSV_COLUMNS,
     EXTRA_CSV_COLUMNS,
     FIDELITY_CSV_COLUMNS,

@@ -22,7 +22,6 @@ _LAYER_TABLE = """
 foundations            | batchbench batchbench.errors batchbench.secrets batchbench.rng
                        | batchbench.lifeline batchbench._impl batchbench._native
 shard arithmetic       | batchbench.scale.partition
-html report            | batchbench.report
 plans                  | batchbench.plan
 text                   | batchbench.text
 records of a run       | batchbench.results.failures batchbench.results.lifecycle
@@ -30,6 +29,8 @@ records of a run       | batchbench.results.failures batchbench.results.lifecycl
                        | batchbench.results.events batchbench.results.recording
                        | batchbench.results.slo batchbench.results.confidence
                        | batchbench.results.promsummary batchbench.results.progress
+                       | batchbench.results.formatting batchbench.results.documents
+html report            | batchbench.report
 client and simulator   | batchbench.drive batchbench.sim batchbench.results.scrape
 option declarations    | batchbench.options
 configuration          | batchbench.config

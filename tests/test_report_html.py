@@ -28,7 +28,7 @@ from batchbench.report import (
     write_report,
 )
 from batchbench.report.charts import VERDICT_COLORS
-from batchbench.report.format import DASH, number, percent, ratio_percent
+from batchbench.results.formatting import MISSING, number, percent, ratio_percent
 
 # The report is pure Python: its end-to-end tests run once (see the marker in conftest).
 pytestmark = pytest.mark.native_pass_only
@@ -166,11 +166,11 @@ def six(values: list) -> list:
 def test_formatting_is_the_documented_one():
     values = (7, 12345, 2.100739, 201.671, 1010.0166, 30000.0, 4290225.5, 0.0123, 0.0, None)
     assert [number(v) for v in values] == [
-        "7", "12,345", "2.10", "201.7", "1,010.0", "30,000", "4,290,226", "0.0123", "0.00", DASH,
+        "7", "12,345", "2.10", "201.7", "1,010.0", "30,000", "4,290,226", "0.0123", "0.00", MISSING,
     ]  # fmt: skip
-    assert number(float("nan")) == DASH and number(True) == "yes"
+    assert number(float("nan")) == MISSING and number(True) == "yes"
     assert percent(36.54384830855419) == "36.5%" and ratio_percent(0.91666) == "91.7%"
-    assert percent(None) == DASH
+    assert percent(None) == MISSING
 
 
 def test_report_of_a_real_run_has_every_chart_and_the_json_values(runs, tmp_path, capsys):
@@ -309,7 +309,7 @@ def test_report_of_a_real_run_has_every_chart_and_the_json_values(runs, tmp_path
     configuration = {r["option"]: r["value"] for r in parser.tables["bb-configuration"]}
     assert configuration["model"] == "batchbench-sim"
     assert configuration["stream"] == "true"
-    assert configuration["max_active_agents"] == DASH
+    assert configuration["max_active_agents"] == MISSING
 
 
 def test_two_runs_overlay_their_cdfs_with_one_row_each(runs, tmp_path):
@@ -482,7 +482,7 @@ def test_an_older_document_falls_back_to_the_whole_run_summary(runs, tmp_path):
     assert row["cache_hit_percent"] == percent(
         metrics["server_cached_input_tokens"] / metrics["total_input_tokens"] * 100
     )
-    assert row["goodput_ratio"] == DASH
+    assert row["goodput_ratio"] == MISSING
     assert set(parser.charts) == {"bb-ranks", "bb-fidelity"}
     text = "".join(parser.text)
     assert "old.json: no measured window in the document" in text
@@ -763,7 +763,7 @@ def test_documents_built_in_memory_are_checked_like_files(runs):
     document["window"]["slo"] = tuple(document["window"]["slo"])  # as JSON would write it
     document["window"]["requests_per_second"] = float("nan")  # JSON null
     parser, _ = parse(render_html([document]))
-    assert parser.tables["bb-headline"][0]["requests_per_second"] == DASH
+    assert parser.tables["bb-headline"][0]["requests_per_second"] == MISSING
     assert len(parser.tables["bb-slo"]) == 3
     for bad, message in (
         ({**document, "window": "x"}, 'document 1: window must be an object, not a string ("x")'),

@@ -6,7 +6,6 @@ document's answer are the same strings, and tests can check them exactly.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +18,8 @@ from batchbench.capacity.search import (
     Search,
     StepRecord,
 )
+from batchbench.results.documents import OutcomeView, WindowView
+from batchbench.results.formatting import TABLE_MISSING, fixed, latency, percent, ratio_percent
 from batchbench.results.slo import Objective
 
 # (title, width): numbers right-aligned, the client column left-aligned, the verdict last.
@@ -36,37 +37,11 @@ COLUMNS = (
     ("client", 12),
     ("verdict", 0),
 )
-DASH = "-"
 
 
 def format_ms(ms: float | None) -> str:
-    """A latency with three significant digits in its natural unit: ``130 ms``, ``1.83 s``."""
-    if ms is None or not math.isfinite(ms):
-        return DASH
-    if abs(ms) >= 999.5:
-        seconds = ms / 1000.0
-        return f"{seconds:.3g} s" if abs(seconds) < 999.5 else f"{seconds:.0f} s"
-    return f"{ms:.3g} ms"
-
-
-def _percent(value: float | None, scale: float = 1.0) -> str:
-    if value is None or not math.isfinite(value):
-        return DASH
-    return f"{value * scale:.1f}%"
-
-
-def _number(value: float | None, digits: int) -> str:
-    if value is None or not math.isfinite(value):
-        return DASH
-    return f"{value:.{digits}f}"
-
-
-def _latency(window: dict[str, Any], key: str, label: str) -> float | None:
-    stats = (window.get("latency") or {}).get(key)
-    if not isinstance(stats, dict):
-        return None
-    value = (stats.get("percentiles") or {}).get(label)
-    return value if isinstance(value, int | float) else None
+    """A latency in the table's spelling: ``130 ms``, ``1.83 s``, ``-`` when missing."""
+    return latency(ms, TABLE_MISSING)
 
 
 def header() -> str:
@@ -89,22 +64,19 @@ def _line(cells: Sequence[str]) -> str:
 def step_row(record: StepRecord, note: str | None = None) -> str:
     """One table row: the step's window figures and its verdict (``; note`` after it, and
     ``(resumed)`` for a step read back from an earlier run)."""
-    window = record.window or {}
-    goodput = window.get("goodput") or {}
-    client = (window.get("client") or {}).get("verdict")
-    duration = window.get("duration_seconds")
+    window = WindowView.read(record.window)
     cells = [
         str(record.agents),
-        f"{duration:.1f} s" if isinstance(duration, int | float) else DASH,
-        _number(window.get("requests_per_second"), 2),
-        _number(window.get("output_tokens_per_second"), 1),
-        format_ms(_latency(window, "ttft_ms", "p50")),
-        format_ms(_latency(window, "ttft_ms", "p99")),
-        format_ms(_latency(window, "itl_ms", "p99")),
-        format_ms(_latency(window, "e2e_ms", "p95")),
-        _percent(goodput.get("goodput_ratio"), 100.0),
-        _percent(window.get("cache_hit_percent")),
-        client if isinstance(client, str) else DASH,
+        fixed(window.duration_seconds, 1, " s", TABLE_MISSING),
+        fixed(window.requests_per_second, 2, missing=TABLE_MISSING),
+        fixed(window.output_tokens_per_second, 1, missing=TABLE_MISSING),
+        format_ms(window.percentile("ttft_ms", "p50")),
+        format_ms(window.percentile("ttft_ms", "p99")),
+        format_ms(window.percentile("itl_ms", "p99")),
+        format_ms(window.percentile("e2e_ms", "p95")),
+        ratio_percent(window.goodput_ratio, TABLE_MISSING),
+        percent(window.cache_hit_percent, TABLE_MISSING),
+        window.client_verdict if window.client_verdict is not None else TABLE_MISSING,
         verdict_text(record)
         + (f"; {note}" if note else "")
         + (" (resumed)" if record.resumed else ""),
@@ -112,43 +84,36 @@ def step_row(record: StepRecord, note: str | None = None) -> str:
     return _line(cells)
 
 
-def _outcomes(record: StepRecord) -> list[dict[str, Any]]:
-    slo = (record.window or {}).get("slo")
-    return [o for o in slo if isinstance(o, dict)] if isinstance(slo, list) else []
-
-
-def deciding_outcome(record: StepRecord) -> dict[str, Any] | None:
+def deciding_outcome(record: StepRecord) -> OutcomeView | None:
     """The objective that decided the verdict: the first that failed, the first left
     unresolved, or (for a pass) the one closest to failing."""
-    outcomes = _outcomes(record)
+    outcomes = WindowView.read(record.window).slo
     if not outcomes:
         return None
     for verdict in (FAIL, UNRESOLVED):
         if record.verdict == verdict:
-            chosen = next((o for o in outcomes if o.get("verdict") == verdict), None)
+            chosen = next((o for o in outcomes if o.verdict == verdict), None)
             return chosen or outcomes[0]
-    return min(outcomes, key=lambda o: (o.get("attainment_low") or 0.0) - (o.get("quantile") or 0))
+    return min(outcomes, key=lambda o: (o.attainment_low or 0.0) - (o.quantile or 0))
 
 
-def attainment_text(outcome: dict[str, Any]) -> str:
+def attainment_text(outcome: OutcomeView) -> str:
     """``ttft_p99 attainment 99.6% [99.1, 99.8]``: the share of samples within the limit
     and its 95 % confidence interval."""
-    low, high = outcome.get("attainment_low"), outcome.get("attainment_high")
+    low, high = outcome.attainment_low, outcome.attainment_high
     interval = (
-        f" [{low * 100.0:.1f}, {high * 100.0:.1f}]"
-        if isinstance(low, int | float) and isinstance(high, int | float)
-        else ""
+        f" [{low * 100.0:.1f}, {high * 100.0:.1f}]" if low is not None and high is not None else ""
     )
     return (
-        f"{outcome.get('objective')} attainment "
-        f"{_percent(outcome.get('attainment'), 100.0)}{interval}"
+        f"{outcome.objective} attainment "
+        f"{ratio_percent(outcome.attainment, TABLE_MISSING)}{interval}"
     )
 
 
 def client_figures(window: dict[str, Any] | None) -> str | None:
     """The figures in the client verdict's sentence (lag and CPU share)."""
-    reason = ((window or {}).get("client") or {}).get("reason")
-    if not isinstance(reason, str):
+    reason = WindowView.read(window).client_reason
+    if reason is None:
         return None
     match = re.search(r"\(([^()]*)\)", reason)
     return match.group(1) if match else reason
@@ -201,18 +166,18 @@ def _human(name: str, objectives: Sequence[Objective]) -> str:
     return found.human if found is not None else name
 
 
-def _value(outcome: dict[str, Any]) -> str:
-    if outcome.get("metric") == "goodput":
-        return _percent(outcome.get("attainment"), 100.0)
-    return format_ms(outcome.get("value_ms"))
+def _value(outcome: OutcomeView) -> str:
+    if outcome.metric == "goodput":
+        return ratio_percent(outcome.attainment, TABLE_MISSING)
+    return format_ms(outcome.value_ms)
 
 
 def held_text(record: StepRecord, objectives: Sequence[Objective]) -> str:
     """``TTFT p99 ≤ 2 s (1.83 s) and ITL p99 ≤ 100 ms (80.4 ms)``."""
-    outcomes = _outcomes(record)
+    outcomes = WindowView.read(record.window).slo
     if not outcomes:
         return " and ".join(o.human for o in objectives) or "the objectives"
-    parts = [f"{_human(str(o.get('objective')), objectives)} ({_value(o)})" for o in outcomes]
+    parts = [f"{_human(str(o.objective), objectives)} ({_value(o)})" for o in outcomes]
     return " and ".join(parts)
 
 
@@ -221,14 +186,13 @@ def broken_text(record: StepRecord, objectives: Sequence[Objective], named: bool
     with their values (``ITL p99 ≤ 100 ms (131 ms)``); ``named`` always names them."""
     if record.note is not None:
         return f"it ({record.note})" if not named else f"the objectives ({record.note})"
-    failed = [o for o in _outcomes(record) if o.get("verdict") == FAIL]
+    outcomes = WindowView.read(record.window).slo
+    failed = [o for o in outcomes if o.verdict == FAIL]
     if not failed:
         return "it"
-    if len(_outcomes(record)) == 1 and not named:
+    if len(outcomes) == 1 and not named:
         return f"it ({_value(failed[0])})"
-    return " and ".join(
-        f"{_human(str(o.get('objective')), objectives)} ({_value(o)})" for o in failed
-    )
+    return " and ".join(f"{_human(str(o.objective), objectives)} ({_value(o)})" for o in failed)
 
 
 CLIENT_ADVICE_WORKERS = "more worker processes (--workers)"
@@ -312,9 +276,9 @@ def _not_concluded(
         what = "the step"
         figures = ""
     else:
-        what = _human(str(outcome.get("objective")), objectives)
-        quantile = outcome.get("quantile")
-        needed = f", {quantile * 100.0:g}% needed" if isinstance(quantile, int | float) else ""
+        what = _human(str(outcome.objective), objectives)
+        quantile = outcome.quantile
+        needed = f", {quantile * 100.0:g}% needed" if quantile is not None else ""
         figures = f" ({attainment_text(outcome).split(' ', 1)[1]}{needed})"
     return (
         f"Capacity: not concluded: at {at} {what} stayed unresolved{tries}{figures}; "

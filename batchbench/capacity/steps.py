@@ -12,7 +12,7 @@ deployment that errors at that load does not hold it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,6 +22,7 @@ from batchbench.capacity.search import CLIENT_BOUND, FAIL, UNRESOLVED, StepFunct
 from batchbench.config import RunConfig
 from batchbench.errors import BatchbenchError
 from batchbench.results.confidence import attainment_verdict
+from batchbench.results.documents import OutcomeView, WindowView
 from batchbench.results.slo import duration_text
 
 EXIT_REQUESTS_FAILED = 3  # batchbench.api: more requests failed than --max-failure-rate allows
@@ -128,10 +129,9 @@ class WindowPlan:
         (``samples_needed`` x 1.25), from the sample rate the attempt measured; at least
         twice and at most 8 times its window."""
         seconds, trajectories = self.used_by(record)
-        window = record.window or {}
-        duration = window.get("duration_seconds")
-        duration = float(duration) if isinstance(duration, int | float) else 0.0
-        factor, reason = _needed_factor(window.get("slo"), seconds, trajectories, duration)
+        window = WindowView.read(record.window)
+        duration = float(window.duration_seconds or 0.0)
+        factor, reason = _needed_factor(window.slo, seconds, trajectories, duration)
         if factor > MAX_EXTENSION_FACTOR:
             reason += f"; capped at {MAX_EXTENSION_FACTOR:g}×"
         elif factor < MIN_EXTENSION_FACTOR:
@@ -145,20 +145,22 @@ class WindowPlan:
 
 
 def _needed_factor(
-    outcomes: Any, seconds: float | None, trajectories: int | None, duration: float
+    outcomes: Sequence[OutcomeView],
+    seconds: float | None,
+    trajectories: int | None,
+    duration: float,
 ) -> tuple[float, str]:
     """(factor, reason): how much longer the window must be for the undecided objective
     that needs the most, and one clause saying so (factor inf when no length would do)."""
     worst: tuple[float, str] | None = None
-    for outcome in outcomes if isinstance(outcomes, list) else []:
-        if not isinstance(outcome, dict) or outcome.get("verdict") != UNRESOLVED:
+    for outcome in outcomes:
+        if outcome.verdict != UNRESOLVED:
             continue
-        name = str(outcome.get("objective"))
-        samples, attainment = outcome.get("samples"), outcome.get("attainment")
-        required = outcome.get("quantile")
-        if not isinstance(samples, int) or samples <= 0 or not isinstance(attainment, float | int):
+        name = str(outcome.objective)
+        samples, attainment, required = outcome.samples, outcome.attainment, outcome.quantile
+        if not isinstance(samples, int) or samples <= 0 or attainment is None:
             candidate = (math.inf, f"no {name} samples in the window")
-        elif not isinstance(required, float | int):
+        elif required is None:
             continue
         else:
             needed = samples_needed(float(attainment), float(required))
@@ -215,12 +217,12 @@ def judge(
     window: dict[str, Any], exit_status: int, failed: int, total: int
 ) -> tuple[str, str | None]:
     """(verdict, note) of a finished step from its window and the run's exit status."""
-    if (window.get("client") or {}).get("verdict") == CLIENT_BOUND:
+    view = WindowView.read(window)
+    if view.client_verdict == CLIENT_BOUND:
         return CLIENT_BOUND, None
     if exit_status == EXIT_REQUESTS_FAILED:
         return FAIL, f"{failed} of {total} requests failed"
-    verdict = window.get("slo_verdict")
-    return (verdict if isinstance(verdict, str) else UNRESOLVED), None
+    return (view.slo_verdict if view.slo_verdict is not None else UNRESOLVED), None
 
 
 class StepRunner:

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from batchbench.api import OutputError, RunResult, run
 from batchbench.cli.agent_args import config_from_argv
 from batchbench.cli.exits import exit_status
-from batchbench.results.report import (
+from batchbench.results.console import (
     dry_run_lines,
     live_lines,
     server_rank_lines,

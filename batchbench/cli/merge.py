@@ -116,7 +116,7 @@ def run(argv: Sequence[str], prog: str = "batchbench merge") -> int:
         sys.stdout.flush()
         print(f"Error: {exc}", file=sys.stderr)
         return 1
-    from batchbench.results.report import banner_lines  # lazy: as the merge above
+    from batchbench.results.console import banner_lines  # lazy: as the merge above
 
     ConsoleOutput().lines(banner_lines(result.config, result.setup))
     print(

@@ -15,7 +15,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from batchbench.report.format import finite, get, number, ratio_percent
+from batchbench.report.format import get
+from batchbench.results.formatting import finite, number, rank_order, ratio_percent
 
 # Trace colours by document (or rank), and step colours by verdict.
 PALETTE = (
@@ -376,7 +377,7 @@ def server_metrics_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | No
             by_rank = get(metrics_series, concept)
             if not isinstance(by_rank, dict):
                 continue
-            for rank, values in sorted(by_rank.items(), key=lambda item: _rank_order(item[0])):
+            for rank, values in sorted(by_rank.items(), key=lambda item: rank_order(item[0])):
                 name = f"rank {rank}" if rank != "all" else "all ranks"
                 if len(series) > 1:
                     name = f"{label}: {name}"
@@ -399,10 +400,6 @@ def server_metrics_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | No
         return None
     fig.update_xaxes(title_text="seconds since the run started", row=3, col=1)
     return _finish(fig, "bb-server-metrics", 640, title={"text": "Server metrics over time"})
-
-
-def _rank_order(rank: str) -> tuple[int, int | str]:
-    return (0, int(rank)) if rank.isdigit() else (1, rank)
 
 
 def _steps_by_agents(capacity: dict[str, Any]) -> list[dict[str, Any]]:

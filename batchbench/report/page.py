@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from batchbench.errors import BatchbenchError
-from batchbench.report.format import DASH, finite, get, number, percent, ratio_percent, text
+from batchbench.report.format import get, text
 from batchbench.report.load import (
     NOTES_KEY,
     STEPS_KEY,
@@ -22,6 +22,8 @@ from batchbench.report.load import (
     labels,
     validate,
 )
+from batchbench.results.documents import DriftView, OutcomeView, WindowView
+from batchbench.results.formatting import MISSING, finite, number, percent, ratio_percent
 
 PLOTLY_MISSING = "the HTML report needs plotly: pip install 'batchbench[report]'"
 
@@ -179,7 +181,7 @@ class Page:
                     ("timestamp", text(document.get("timestamp"))),
                     ("batchbench_version", text(document.get("batchbench_version"))),
                     ("verdict", text(verdict)),
-                    ("slo_verdict", text(get(document, "window", "slo_verdict"))),
+                    ("slo_verdict", text(_window(document).slo_verdict)),
                 ]
             )
         self.table(
@@ -193,11 +195,13 @@ class Page:
             answer = get(document, "answer", "text")
             if isinstance(answer, str):
                 sentences.append(f'<li class="bb-answer">{html.escape(prefix + answer)}</li>')
-            for side in ("client", "server"):
-                verdict = get(document, "window", side, "verdict")
-                reason = get(document, "window", side, "reason")
-                if isinstance(reason, str) and reason:
-                    judged = f" ({verdict})" if isinstance(verdict, str) else ""
+            window = _window(document)
+            for side, verdict, reason in (
+                ("client", window.client_verdict, window.client_reason),
+                ("server", window.server_verdict, window.server_reason),
+            ):
+                if reason:
+                    judged = f" ({verdict})" if verdict is not None else ""
                     line = f"{prefix}{side.capitalize()}{judged}: {reason}"
                     sentences.append(f"<li>{html.escape(line)}</li>")
             if document.get("interrupted"):
@@ -228,9 +232,8 @@ class Page:
             )
         slo_rows = []
         for name, document in runs:
-            for objective in get(document, "window", "slo") or []:
-                if isinstance(objective, dict):
-                    slo_rows.append([("file", text(name)), *slo_cells(objective)])
+            for objective in _window(document).slo:
+                slo_rows.append([("file", text(name)), *slo_cells(objective)])
         if slo_rows:
             self.table(
                 "bb-slo",
@@ -291,18 +294,18 @@ class Page:
         rows = []
         for name, fidelity in series:
             for side in ("prompt", "output"):
-                figures = fidelity.get(side)
-                if not isinstance(figures, dict):
+                figures = DriftView.read(fidelity.get(side))
+                if figures is None:
                     continue
                 rows.append(
                     [
                         ("file", text(name)),
                         ("side", side),
-                        ("requests", number(figures.get("requests"))),
-                        ("exact", number(figures.get("exact"))),
-                        ("exact_percent", percent(figures.get("exact_percent"))),
-                        ("mean_abs_drift", number(figures.get("mean_abs_drift"))),
-                        ("max_abs_drift", number(figures.get("max_abs_drift"))),
+                        ("requests", number(figures.requests)),
+                        ("exact", number(figures.exact)),
+                        ("exact_percent", percent(figures.exact_percent)),
+                        ("mean_abs_drift", number(figures.mean_abs_drift)),
+                        ("max_abs_drift", number(figures.max_abs_drift)),
                     ]
                 )
         self.table(
@@ -320,7 +323,7 @@ class Page:
             return
         for name, metrics in present:
             self.note(
-                f"{name}: {metrics.get('url') or DASH} ({metrics.get('dialect') or 'unknown'}), "
+                f"{name}: {metrics.get('url') or MISSING} ({metrics.get('dialect') or 'unknown'}), "
                 f"{number(metrics.get('scrapes'))} scrapes every "
                 f"{number(metrics.get('interval_seconds'))} s, "
                 f"{number(metrics.get('failed_scrapes'))} failed."
@@ -467,8 +470,9 @@ def _verdict_class(value: str) -> str:
 # -- table contents -----------------------------------------------------------------------
 
 
-def _latency(key: str, percentile: str) -> Callable[[dict[str, Any]], Any]:
-    return lambda d: get(d, "window", "latency", key, "percentiles", percentile)
+def _window(document: dict[str, Any]) -> WindowView:
+    """The measured window of a run or a capacity step (empty when it has none)."""
+    return WindowView.read(document.get("window"))
 
 
 # (field, header, formatter); values come from headline_value.
@@ -492,24 +496,25 @@ HEADLINE: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("slo_verdict", "SLO", lambda v: text(v)),
 )
 
-_WINDOW_PATHS: dict[str, tuple[str, ...]] = {
-    "requests": ("requests",),
-    "failed_requests": ("failed_requests",),
-    "duration_seconds": ("duration_seconds",),
-    "requests_per_second": ("requests_per_second",),
-    "output_tokens_per_second": ("output_tokens_per_second",),
-    "ttft_p50_ms": ("latency", "ttft_ms", "percentiles", "p50"),
-    "ttft_p99_ms": ("latency", "ttft_ms", "percentiles", "p99"),
-    "itl_p50_ms": ("latency", "itl_ms", "percentiles", "p50"),
-    "itl_p99_ms": ("latency", "itl_ms", "percentiles", "p99"),
-    "e2e_p50_ms": ("latency", "e2e_ms", "percentiles", "p50"),
-    "e2e_p99_ms": ("latency", "e2e_ms", "percentiles", "p99"),
-    "good_requests_per_second": ("goodput", "good_requests_per_second"),
-    "goodput_ratio": ("goodput", "goodput_ratio"),
-    "good_trajectories_per_minute": ("goodput", "good_trajectories_per_minute"),
-    "cache_hit_percent": ("cache_hit_percent",),
-    "client_verdict": ("client", "verdict"),
-    "slo_verdict": ("slo_verdict",),
+# Where each headline figure is in a measured window.
+_FROM_WINDOW: dict[str, Callable[[WindowView], Any]] = {
+    "requests": lambda w: w.requests,
+    "failed_requests": lambda w: w.failed_requests,
+    "duration_seconds": lambda w: w.duration_seconds,
+    "requests_per_second": lambda w: w.requests_per_second,
+    "output_tokens_per_second": lambda w: w.output_tokens_per_second,
+    "ttft_p50_ms": lambda w: w.percentile("ttft_ms", "p50"),
+    "ttft_p99_ms": lambda w: w.percentile("ttft_ms", "p99"),
+    "itl_p50_ms": lambda w: w.percentile("itl_ms", "p50"),
+    "itl_p99_ms": lambda w: w.percentile("itl_ms", "p99"),
+    "e2e_p50_ms": lambda w: w.percentile("e2e_ms", "p50"),
+    "e2e_p99_ms": lambda w: w.percentile("e2e_ms", "p99"),
+    "good_requests_per_second": lambda w: w.good_requests_per_second,
+    "goodput_ratio": lambda w: w.goodput_ratio,
+    "good_trajectories_per_minute": lambda w: w.good_trajectories_per_minute,
+    "cache_hit_percent": lambda w: w.cache_hit_percent,
+    "client_verdict": lambda w: w.client_verdict,
+    "slo_verdict": lambda w: w.slo_verdict,
 }
 
 # The whole-run summary's names, for documents without a measured window.
@@ -532,7 +537,7 @@ def headline_value(document: dict[str, Any], field: str) -> Any:
     """A headline figure: from the measured window, else from the whole-run summary."""
     window = document.get("window")
     if isinstance(window, dict):
-        return get(window, *_WINDOW_PATHS[field])
+        return _FROM_WINDOW[field](WindowView.read(window))
     metrics = document.get("metrics")
     if field == "cache_hit_percent":
         cached = finite(get(metrics, "server_cached_input_tokens"))
@@ -542,38 +547,32 @@ def headline_value(document: dict[str, Any], field: str) -> Any:
     return get(metrics, name) if name else None
 
 
-def slo_cells(objective: dict[str, Any]) -> list[tuple[str, str]]:
+def slo_cells(objective: OutcomeView) -> list[tuple[str, str]]:
     """One SLO outcome: its limit, value and attainment, each with its interval."""
-    quantile = objective.get("quantile")
-    if objective.get("metric") == "goodput":
-        limit = f"≥ {ratio_percent(quantile)} good"
-        value = DASH
+    if objective.metric == "goodput":
+        limit = f"≥ {ratio_percent(objective.quantile)} good"
+        value = MISSING
     else:
-        limit = f"≤ {number(objective.get('limit_ms'))} ms"
-        value = _interval(
-            objective.get("value_ms"), objective.get("value_low_ms"), objective.get("value_high_ms")
-        )
+        limit = f"≤ {number(objective.limit_ms)} ms"
+        value = _interval(objective.value_ms, objective.value_low_ms, objective.value_high_ms)
     attainment = _interval(
-        objective.get("attainment"),
-        objective.get("attainment_low"),
-        objective.get("attainment_high"),
-        ratio_percent,
+        objective.attainment, objective.attainment_low, objective.attainment_high, ratio_percent
     )
-    within = f"{number(objective.get('within'))} / {number(objective.get('samples'))}"
+    within = f"{number(objective.within)} / {number(objective.samples)}"
     return [
-        ("objective", text(objective.get("objective"))),
+        ("objective", text(objective.objective)),
         ("limit", html.escape(limit)),
         ("value", html.escape(value)),
-        ("required", ratio_percent(quantile)),
+        ("required", ratio_percent(objective.quantile)),
         ("attainment", html.escape(attainment)),
         ("within", within),
-        ("verdict", text(objective.get("verdict"))),
+        ("verdict", text(objective.verdict)),
     ]
 
 
 def _interval(value: Any, low: Any, high: Any, fmt: Callable[[Any], str] = number) -> str:
     if finite(value) is None:
-        return DASH
+        return MISSING
     if finite(low) is None and finite(high) is None:
         return fmt(value)
     bounds = [fmt(b) if finite(b) is not None else "?" for b in (low, high)]
@@ -584,8 +583,8 @@ def concept_cells(value: Any) -> list[tuple[str, str]]:
     """A server-metrics concept for one rank: a single value, or summary statistics."""
     stats = ("mean", "min", "p50", "p90", "p99", "max")
     if isinstance(value, dict):
-        return [("value", DASH)] + [(s, number(value.get(s))) for s in stats]
-    return [("value", number(value))] + [(s, DASH) for s in stats]
+        return [("value", MISSING)] + [(s, number(value.get(s))) for s in stats]
+    return [("value", number(value))] + [(s, MISSING) for s in stats]
 
 
 # (field, header, value of a step) for the capacity steps table.
@@ -594,20 +593,19 @@ STEP_COLUMNS: tuple[tuple[str, str, Callable[[dict[str, Any]], str]], ...] = (
     ("phase", "phase", lambda s: text(s.get("phase"))),
     ("verdict", "verdict", lambda s: text(s.get("verdict"))),
     ("extensions", "extensions", lambda s: number(s.get("extensions"))),
-    ("requests", "requests", lambda s: number(get(s, "window", "requests"))),
-    ("requests_per_second", "req/s", lambda s: number(get(s, "window", "requests_per_second"))),
+    ("requests", "requests", lambda s: number(_window(s).requests)),
+    ("requests_per_second", "req/s", lambda s: number(_window(s).requests_per_second)),
     ("output_tokens_per_second", "output tok/s",
-     lambda s: number(get(s, "window", "output_tokens_per_second"))),
-    ("ttft_p50_ms", "TTFT p50 (ms)", lambda s: number(_latency("ttft_ms", "p50")(s))),
-    ("ttft_p99_ms", "TTFT p99 (ms)", lambda s: number(_latency("ttft_ms", "p99")(s))),
-    ("itl_p99_ms", "ITL p99 (ms)", lambda s: number(_latency("itl_ms", "p99")(s))),
-    ("e2e_p95_ms", "E2E p95 (ms)", lambda s: number(_latency("e2e_ms", "p95")(s))),
-    ("goodput_ratio", "goodput",
-     lambda s: ratio_percent(get(s, "window", "goodput", "goodput_ratio"))),
+     lambda s: number(_window(s).output_tokens_per_second)),
+    ("ttft_p50_ms", "TTFT p50 (ms)", lambda s: number(_window(s).percentile("ttft_ms", "p50"))),
+    ("ttft_p99_ms", "TTFT p99 (ms)", lambda s: number(_window(s).percentile("ttft_ms", "p99"))),
+    ("itl_p99_ms", "ITL p99 (ms)", lambda s: number(_window(s).percentile("itl_ms", "p99"))),
+    ("e2e_p95_ms", "E2E p95 (ms)", lambda s: number(_window(s).percentile("e2e_ms", "p95"))),
+    ("goodput_ratio", "goodput", lambda s: ratio_percent(_window(s).goodput_ratio)),
     ("good_trajectories_per_minute", "good trajectories/min",
-     lambda s: number(get(s, "window", "goodput", "good_trajectories_per_minute"))),
-    ("cache_hit_percent", "cache hit", lambda s: percent(get(s, "window", "cache_hit_percent"))),
-    ("client_verdict", "client", lambda s: text(get(s, "window", "client", "verdict"))),
+     lambda s: number(_window(s).good_trajectories_per_minute)),
+    ("cache_hit_percent", "cache hit", lambda s: percent(_window(s).cache_hit_percent)),
+    ("client_verdict", "client", lambda s: text(_window(s).client_verdict)),
     ("results_json", "results", lambda s: text(s.get("results_json"))),
     ("note", "note", lambda s: text(s.get("note")) if s.get("note") else ""),
 )  # fmt: skip

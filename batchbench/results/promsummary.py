@@ -36,6 +36,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from batchbench.results.formatting import rank_order
 from batchbench.results.metrics import percentile
 
 MAX_SERIES_POINTS = 1000
@@ -310,7 +311,7 @@ class Timeline:
         combine = _mean if how == "mean" else math.fsum
         return {
             rank: [combine(values) if values else None for values in slots]
-            for rank, slots in sorted(parts.items(), key=_rank_order)
+            for rank, slots in sorted(parts.items(), key=_by_rank)
         }
 
     def _counter_bounds(self, start: float, end: float) -> tuple[float, float] | None:
@@ -344,7 +345,7 @@ class Timeline:
         totals: dict[str, float] = {}
         for entry in found:
             totals[entry.rank] = totals.get(entry.rank, 0.0) + self._increase(entry, bounds)
-        return dict(sorted(totals.items(), key=_rank_order))
+        return dict(sorted(totals.items(), key=_by_rank))
 
     def _hit_percent(
         self, bounds: tuple[float, float] | None, times: list[float]
@@ -378,7 +379,7 @@ class Timeline:
             assert entry.le is not None
             per_le[entry.le] = per_le.get(entry.le, 0.0) + self._increase(entry, bounds)
         out = {}
-        for rank, per_le in sorted(buckets.items(), key=_rank_order):
+        for rank, per_le in sorted(buckets.items(), key=_by_rank):
             ordered = sorted(per_le.items())
             out[rank] = {name: _round(histogram_quantile(q, ordered)) for name, q in QUANTILES}
         return out
@@ -475,6 +476,5 @@ def _downsample(count: int, limit: int) -> list[int]:
     return [round(i * step) for i in range(limit)]
 
 
-def _rank_order(item: tuple[str, Any]) -> tuple[int, int, str]:
-    rank = item[0]
-    return (0, int(rank), rank) if rank.isdigit() else (1, 0, rank)
+def _by_rank(item: tuple[str, Any]) -> tuple[int, int, str]:
+    return rank_order(item[0])

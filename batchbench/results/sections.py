@@ -8,6 +8,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+from batchbench.results.formatting import rank_order
 from batchbench.results.metrics import percentile
 from batchbench.results.recording import RankFigures
 from batchbench.results.window import Window, WindowFigures, WindowInputs, distribution
@@ -56,14 +57,14 @@ def rank_rows(
         return None
 
     rows = []
-    for label in sorted(labels, key=_rank_order):
+    for label in sorted(labels, key=rank_order):
         prompt, cached_share = (
             value("prompt_tokens", label),
             value("prefix_cache_hit_percent", label),
         )
         rows.append(
             {
-                "rank": _rank_order(label),
+                "rank": _rank_number(label),
                 "trajectories": None,
                 "requests": value("requests", label),
                 "input_tokens": prompt,
@@ -80,7 +81,9 @@ def rank_rows(
     return rows, "server"
 
 
-def _rank_order(label: str) -> int:
+def _rank_number(label: str) -> int:
+    """The ``rank`` field of a server-reported row: its number, or 2^30 for a label that
+    names no number."""
     return int(label) if label.isdigit() else 1 << 30
 
 

@@ -6,6 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from batchbench.results.formatting import (
+    MISSING,
+    csv_cell,
+    fixed,
+    measured_latency,
+    ratio_percent,
+)
 from batchbench.results.slo import Objective, duration_text, percentile_label
 from batchbench.results.window import MetricStats, ObjectiveOutcome, WindowFigures
 
@@ -17,14 +24,6 @@ LATENCY_ROWS = (
     ("agent_e2e_ms", "Agent end-to-end"),
 )
 CSV_METRICS = (("ttft_ms", "ttft"), ("itl_ms", "itl"), ("tpot_ms", "tpot"), ("e2e_ms", "e2e"))
-
-
-def _num(value: float | None, digits: int = 2) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
-
-def _percent(value: float | None) -> str:
-    return "n/a" if value is None else f"{value * 100.0:.1f}%"
 
 
 def latency_table(window: WindowFigures, percents: Sequence[float]) -> list[str]:
@@ -40,11 +39,11 @@ def latency_table(window: WindowFigures, percents: Sequence[float]) -> list[str]
             [
                 label,
                 str(stats.count),
-                _num(stats.mean),
-                _num(stats.min),
-                _num(stats.max),
-                _num(stats.std),
-                *(_num(stats.percentiles.get(name)) for name in labels),
+                fixed(stats.mean),
+                fixed(stats.min),
+                fixed(stats.max),
+                fixed(stats.std),
+                *(fixed(stats.percentiles.get(name)) for name in labels),
             ]
         )
     if not rows:
@@ -63,13 +62,13 @@ def outcome_text(outcome: ObjectiveOutcome, objective: Objective | None = None) 
     """``ttft_p99 ≤ 2 s: pass (1.83 s, 95% CI 1.70–1.95 s; 99.6% within [99.1, 99.8])``."""
     if outcome.metric == "goodput":
         target = f"goodput ≥ {outcome.quantile * 100.0:g}%"
-        measured = f"{_percent(outcome.attainment)} good"
+        measured = f"{ratio_percent(outcome.attainment)} good"
     else:
         target = f"{outcome.objective} ≤ {duration_text(outcome.limit_ms or 0.0, ' ')}"
-        value = "n/a" if outcome.value_ms is None else measured_text(outcome.value_ms)
+        value = MISSING if outcome.value_ms is None else measured_latency(outcome.value_ms)
         low, high = outcome.value_low_ms, outcome.value_high_ms
         interval = f", 95% CI {_bound(low)}–{_bound(high)}" if outcome.samples else ""
-        measured = f"{value}{interval}; {_percent(outcome.attainment)} within"
+        measured = f"{value}{interval}; {ratio_percent(outcome.attainment)} within"
     return (
         f"{target}: {outcome.verdict} ({measured} "
         f"[{outcome.attainment_low * 100.0:.1f}, {outcome.attainment_high * 100.0:.1f}], "
@@ -78,16 +77,7 @@ def outcome_text(outcome: ObjectiveOutcome, objective: Objective | None = None) 
 
 
 def _bound(value: float | None) -> str:
-    return "?" if value is None else measured_text(value)
-
-
-def measured_text(ms: float) -> str:
-    """A measured latency at a readable precision: ``2.57 s``, ``102.5 ms``, ``850 us``."""
-    if ms >= 1000.0:
-        return f"{ms / 1000.0:.2f} s"
-    if ms >= 1.0:
-        return f"{ms:.1f} ms"
-    return f"{ms * 1000.0:.0f} us"
+    return "?" if value is None else measured_latency(value)
 
 
 def window_lines(
@@ -116,9 +106,7 @@ def window_lines(
         limits = ", ".join(
             f"{metric} ≤ {duration_text(ms, ' ')}" for metric, ms in goodput.thresholds_ms.items()
         )
-        good_share = (
-            "n/a" if goodput.goodput_ratio is None else f"{goodput.goodput_ratio * 100.0:.1f}%"
-        )
+        good_share = ratio_percent(goodput.goodput_ratio)
         lines.append(
             f"Goodput ({limits}): {goodput.good_requests}/{w.requests} requests good "
             f"({good_share}), {goodput.good_requests_per_second:.2f} good req/s; "
@@ -177,7 +165,7 @@ def trajectory_goodput_text(goodput) -> str:
     """Trajectories all of whose requests were good, of those that finished in the window
     (one cut short by the run's end is neither; long ones may not finish in a short window)."""
     if not goodput.trajectories:
-        return "trajectory goodput n/a (no trajectory admitted in the window finished)"
+        return f"trajectory goodput {MISSING} (no trajectory admitted in the window finished)"
     return (
         f"trajectory goodput {goodput.good_trajectories}/{goodput.trajectories} finished "
         f"trajectories all good ({goodput.good_trajectories_per_minute:.2f} per minute)"
@@ -214,12 +202,4 @@ def window_csv(window: WindowFigures | None, percents: Sequence[float]) -> list[
         for p in percents:
             label = percentile_label(p).replace(".", "_")
             cells.append((f"window_{name}_{label}_ms", stats.get(p) if stats else None))
-    return [(column, _cell(value)) for column, value in cells]
-
-
-def _cell(value: object) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
+    return [(column, csv_cell(value)) for column, value in cells]

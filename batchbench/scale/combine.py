@@ -132,9 +132,8 @@ def finish_merged(
             merged.live,
             merged.lifecycle,
             merged.wall_origin,
+            processes=len(merged.shards),
+            dry_run_lines=merged.dry_run_lines or None,
         )
-        data.meta["processes"] = len(merged.shards)
-        if merged.dry_run_lines:
-            data.meta["dry_run_lines"] = list(merged.dry_run_lines)
         result = dataclasses.replace(result, shard_data=data)
     return write_outputs(result, out)

@@ -10,27 +10,26 @@ re-sorted by the time they finished, and the time series is re-sampled on one gr
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from typing import Any, TypeVar
 
 import numpy as np
 
 from batchbench.config import RunConfig
 from batchbench.errors import BatchbenchError
+from batchbench.results.documents import add_fidelity
 from batchbench.results.failures import ErrorTally
 from batchbench.results.lifecycle import EngineResult, TrajectoryRecord
-from batchbench.results.recording import (
-    ClientHealth,
-    DriftFigures,
-    FidelityFigures,
-    Recorder,
-)
+from batchbench.results.recording import ClientHealth, Recorder
 from batchbench.results.samples import TimeSeries
 from batchbench.results.summary import RunSetup
 from batchbench.scale.partial import SAMPLE_COLUMNS, SERIES_COLUMNS, STREAM_COLUMNS, ShardData
+from batchbench.scale.sharddoc import EngineDocument, LiveShard, ShardDocument, ShardIdentity
 from batchbench.scale.snapshot import config_from_fields, run_identity
 from batchbench.stages.liverun import LiveRun
 
+T = TypeVar("T")
 LIFECYCLE_TIMES = ("scheduled_at_seconds", "admitted_at_seconds", "finished_at_seconds")
 
 
@@ -78,16 +77,19 @@ def check_shards(
     indexes that must be there (default: all of 0..count-1)."""
     if not shards:
         raise BatchbenchError("no shard results to merge")
-    counts = {data.shard[1] for data in shards}
+    documents = [
+        _read(name, data, ShardIdentity.from_meta) for name, data in zip(names, shards, strict=True)
+    ]
+    counts = {document.shard[1] for document in documents}
     if len(counts) != 1:
         listed = ", ".join(
-            f"{name}: {data.meta['shard'][1]}" for name, data in zip(names, shards, strict=True)
+            f"{name}: {document.shard[1]}" for name, document in zip(names, documents, strict=True)
         )
         raise BatchbenchError(f"the results come from runs split differently ({listed} shards)")
     count = counts.pop()
     by_index: dict[int, str] = {}
-    for name, data in zip(names, shards, strict=True):
-        index = data.shard[0]
+    for name, document in zip(names, documents, strict=True):
+        index = document.shard[0]
         if index in by_index:
             raise BatchbenchError(f"{name} and {by_index[index]} are both shard {index}/{count}")
         by_index[index] = name
@@ -97,61 +99,70 @@ def check_shards(
         raise BatchbenchError(
             f"shard {', '.join(missing)} of {count} missing: merge needs every shard's results"
         )
-    first = run_identity(shards[0].meta["config"])
-    first_setup = shards[0].meta["setup"]
-    for name, data in zip(names[1:], shards[1:], strict=True):
-        other = run_identity(data.meta["config"])
-        differing = sorted(k for k in first.keys() | other.keys() if first.get(k) != other.get(k))
+    first, first_identity = documents[0], run_identity(documents[0].config)
+    for name, document in zip(names[1:], documents[1:], strict=True):
+        other = run_identity(document.config)
+        differing = sorted(
+            k for k in first_identity.keys() | other.keys() if first_identity.get(k) != other.get(k)
+        )
         if differing:
             raise BatchbenchError(
                 f"{name} is from a different run than {names[0]}: options differ "
                 f"({', '.join(differing)})"
             )
-        if data.meta["setup"]["manifest_sha256"] != first_setup["manifest_sha256"]:
+        if document.manifest_sha256 != first.manifest_sha256:
             raise BatchbenchError(f"{name} replayed another manifest than {names[0]}")
-        if bool(data.meta["live"]) != bool(shards[0].meta["live"]):
+        if document.live != first.live:
             raise BatchbenchError(f"{name} and {names[0]}: one is a dry run, the other not")
     return sorted(shards, key=lambda data: data.shard[0])
 
 
+def _read(name: str, data: ShardData, reader: Callable[[dict[str, Any]], T]) -> T:
+    """A shard's meta read as a typed record; a one-line error when fields are missing or
+    of the wrong kind."""
+    try:
+        return reader(data.meta)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise BatchbenchError(f"{name}: damaged shard data (meta: {exc!r})") from None
+
+
 def merge(shards: list[ShardData]) -> MergedRun:
     """Shards (checked, in index order) as one run."""
-    origins = [float(data.meta["wall_origin"]) for data in shards]
+    documents = [_read(f"shard {data.shard[0]}", data, ShardDocument.from_meta) for data in shards]
+    origins = [document.wall_origin for document in documents]
     base = min(origins)
     offsets = tuple(origin - base for origin in origins)
-    if not shards[0].meta["live"]:  # a dry run has no common clock: every shard starts at 0
+    lives = [document.live for document in documents if document.live is not None]
+    if not lives:  # a dry run has no common clock: every shard starts at 0
         offsets = tuple(0.0 for _ in origins)
-    fields = dict(shards[0].meta["config"], shard=None, workers=1, start_at=None)
+    fields = dict(documents[0].config, shard=None, workers=1, start_at=None)
     config = config_from_fields(fields)
-    setup = RunSetup(**shards[0].meta["setup"])
+    setup = documents[0].setup
     engine = _engine(shards, offsets)
-    lifecycle = _lifecycle(shards, offsets)
+    lifecycle = _lifecycle(documents, offsets)
     planned = (
-        sum(int(d.meta["planned"][0]) for d in shards),
-        sum(int(d.meta["planned"][1]) for d in shards),
+        sum(document.planned[0] for document in documents),
+        sum(document.planned[1] for document in documents),
     )
     live = None
-    if shards[0].meta["live"]:
-        recorder = _recorder(shards, offsets, config)
-        interrupted = _first(shards, "interrupted_by")
-        finished_by = _first(shards, "finished_by")
+    if lives:
+        recorder = _recorder(shards, documents, lives, offsets, config)
         window_ends = [
-            offset + d.meta["live"]["window_end"]
-            for d, offset in zip(shards, offsets, strict=True)
-            if d.meta["live"]["window_end"] is not None
+            offset + document.live.window_end
+            for document, offset in zip(documents, offsets, strict=True)
+            if document.live is not None and document.live.window_end is not None
         ]
-        metrics = _first(shards, "server_metrics")
         live = LiveRun(
             engine=engine,
             recorder=recorder,
-            interrupted_by=interrupted,
-            exit_status=max(int(d.meta["live"]["exit_status"]) for d in shards),
-            framing=LearnedFraming(_framing(shards)),
-            finished_by=finished_by,
+            interrupted_by=next((d.interrupted_by for d in lives if d.interrupted_by), None),
+            exit_status=max(d.exit_status for d in lives),
+            framing=LearnedFraming(_framing(lives)),
+            finished_by=next((d.finished_by for d in lives if d.finished_by), None),
             window_end=max(window_ends) if window_ends else None,
-            server_metrics=metrics,
+            server_metrics=next((d.server_metrics for d in lives if d.server_metrics), None),
         )
-    lines = [line for data in shards for line in data.meta.get("dry_run_lines", ())]
+    lines = [line for document in documents for line in document.dry_run_lines or ()]
     lines.sort(key=_line_agent)  # stable: each agent's lines stay in invocation order
     return MergedRun(
         config, setup, engine, live, lifecycle, planned, offsets, tuple(shards), base,
@@ -164,10 +175,10 @@ def _line_agent(line: str) -> int:
     return int(line.split(" ", 2)[1].removeprefix("agent="))
 
 
-def _framing(shards: list[ShardData]) -> dict | None:
+def _framing(lives: list[LiveShard]) -> dict | None:
     """What the shards learned of the framing: their observations added up, and each
     estimate the most frequent observation (the first shard's estimate among equals)."""
-    learned = [d.meta["live"]["framing"] for d in shards if d.meta["live"]["framing"]]
+    learned = [live.framing for live in lives if live.framing]
     if not learned:
         return None
     merged = dict(learned[0])
@@ -187,39 +198,28 @@ def _framing(shards: list[ShardData]) -> dict | None:
     return merged
 
 
-def _first(shards: list[ShardData], name: str) -> Any:
-    """The first shard's live value ``name`` that is set, else None."""
-    return next((d.meta["live"][name] for d in shards if d.meta["live"][name]), None)
-
-
 def _engine(shards: list[ShardData], offsets: tuple[float, ...]) -> EngineResult:
     records: list[TrajectoryRecord] = []
     result = EngineResult()
     for data, offset in zip(shards, offsets, strict=True):
-        document = data.meta["engine"]
-        for row in document["records"]:
-            agent, slot, scheduled, admitted, finished, loop_s, completed, interrupted, seq = row
-            records.append(
-                TrajectoryRecord(
-                    int(agent),
-                    int(slot),
-                    scheduled + offset,
-                    admitted + offset,
-                    finished + offset,
-                    loop_s,
-                    bool(completed),
-                    bool(interrupted),
-                    int(seq),
-                )
+        engine = EngineDocument.from_json(data.meta["engine"])
+        records += [
+            replace(
+                record,
+                scheduled_at=record.scheduled_at + offset,
+                admitted_at=record.admitted_at + offset,
+                finished_at=record.finished_at + offset,
             )
-        result.total_duration = max(result.total_duration, offset + document["total_duration"])
-        result.max_active_agents += int(document["max_active_agents"])
-        if document["records"]:
+            for record in engine.records
+        ]
+        result.total_duration = max(result.total_duration, offset + engine.total_duration)
+        result.max_active_agents += engine.max_active_agents
+        if engine.records:
             result.last_agent_admitted_at = max(
-                result.last_agent_admitted_at, offset + document["last_agent_admitted_at"]
+                result.last_agent_admitted_at, offset + engine.last_agent_admitted_at
             )
-        result.late_admissions += int(document["late_admissions"])
-        result.max_admission_lag = max(result.max_admission_lag, document["max_admission_lag"])
+        result.late_admissions += engine.late_admissions
+        result.max_admission_lag = max(result.max_admission_lag, engine.max_admission_lag)
     records.sort(key=lambda r: (r.finished_at, r.agent_id))
     for sequence, record in enumerate(records):
         record.finish_sequence = sequence
@@ -227,10 +227,10 @@ def _engine(shards: list[ShardData], offsets: tuple[float, ...]) -> EngineResult
     return result
 
 
-def _lifecycle(shards: list[ShardData], offsets: tuple[float, ...]) -> tuple[dict, ...]:
+def _lifecycle(documents: list[ShardDocument], offsets: tuple[float, ...]) -> tuple[dict, ...]:
     merged: list[dict[str, Any]] = []
-    for data, offset in zip(shards, offsets, strict=True):
-        for event in data.meta["lifecycle"]:
+    for document, offset in zip(documents, offsets, strict=True):
+        for event in document.lifecycle:
             event = dict(event)
             for key in LIFECYCLE_TIMES:
                 if isinstance(event.get(key), int | float):
@@ -240,77 +240,54 @@ def _lifecycle(shards: list[ShardData], offsets: tuple[float, ...]) -> tuple[dic
     return tuple(merged)
 
 
-def _drift(document: dict[str, Any], into: DriftFigures) -> None:
-    into.requests += document["requests"]
-    into.exact += document["exact"]
-    into.abs_sum += document["abs_sum"]
-    into.max_abs = max(into.max_abs, document["max_abs"])
-    for drift, count in document["histogram"]:
-        into.histogram[int(drift)] = into.histogram.get(int(drift), 0) + int(count)
-
-
-def _fidelity(shards: list[ShardData]) -> FidelityFigures:
-    fidelity = FidelityFigures()
-    oracle: list[float] = []
-    for data in shards:
-        document = data.meta["live"]["fidelity"]
-        _drift(document["prompt"], fidelity.prompt)
-        _drift(document["output"], fidelity.output)
-        for turn, figures in document["prompt_by_turn"]:
-            _drift(figures, fidelity.prompt_by_turn.setdefault(int(turn), DriftFigures()))
-        for name in (
-            "corrected_requests",
-            "limited_requests",
-            "oracle_queries",
-            "explainable_cached_tokens",
-            "inexact_tool_blocks",
-        ):
-            setattr(fidelity, name, getattr(fidelity, name) + int(document[name]))
-        oracle.extend(data.array("oracle_seconds").tolist())
-    fidelity.prompt_by_turn = dict(sorted(fidelity.prompt_by_turn.items()))
-    fidelity.oracle_seconds = oracle
-    return fidelity
-
-
-def _recorder(shards: list[ShardData], offsets: tuple[float, ...], config: RunConfig) -> Recorder:
+def _recorder(
+    shards: list[ShardData],
+    documents: list[ShardDocument],
+    lives: list[LiveShard],
+    offsets: tuple[float, ...],
+    config: RunConfig,
+) -> Recorder:
     recorder = MergedRecorder(dp_ranks=config.dp_ranks, goodput=config.goodput_thresholds)
-    recorder.processes = sum(int(d.meta.get("processes", 1)) for d in shards)
+    recorder.processes = sum(document.process_count for document in documents)
     totals = recorder.totals
     errors = ErrorTally()
     server_cached: int | None = None
-    for data in shards:
-        live = data.meta["live"]
-        document = live["totals"]
-        for name, value in document["scalars"].items():
+    for live in lives:
+        counted = live.totals
+        for name, value in counted.scalars.items():
             setattr(totals, name, getattr(totals, name) + value)
-        tally = document["errors"]
-        for kind, count in tally["counts"].items():
-            errors.counts[kind] = errors.counts.get(kind, 0) + int(count)
-            errors.examples.setdefault(kind, tally["examples"][kind])
-        for status, count in tally["statuses"]:
-            errors.statuses[int(status)] = errors.statuses.get(int(status), 0) + int(count)
-        totals.failures.extend(tuple(f) for f in document["failures"])
-        if live["server_cached_tokens"] is not None:
-            server_cached = (server_cached or 0) + int(live["server_cached_tokens"])
-        for rank, figures in zip(recorder.ranks, live["ranks"], strict=False):
-            for name, value in figures.items():
-                setattr(rank, name, getattr(rank, name) + int(value))
-        recorder.started_agents.update(int(a) for a in live["started_agents"])
-        recorder.cpu_seconds += float(live["cpu_seconds"])
+        tally = counted.errors
+        for kind, count in tally.counts.items():
+            errors.counts[kind] = errors.counts.get(kind, 0) + count
+            errors.examples.setdefault(kind, tally.examples[kind])
+        for status, count in tally.statuses.items():
+            errors.statuses[status] = errors.statuses.get(status, 0) + count
+        totals.failures.extend(counted.failures)
+        if live.server_cached_tokens is not None:
+            server_cached = (server_cached or 0) + live.server_cached_tokens
+        for rank, figures in zip(recorder.ranks, live.ranks, strict=False):
+            for spec in fields(figures):
+                setattr(rank, spec.name, getattr(rank, spec.name) + getattr(figures, spec.name))
+        recorder.started_agents.update(live.started_agents)
+        recorder.cpu_seconds += live.cpu_seconds
     errors.counts = dict(sorted(errors.counts.items()))
     totals.errors = errors
     recorder.server_cached_tokens = server_cached
-    recorder.fidelity = _fidelity(shards)
+    recorder.fidelity = add_fidelity(
+        [
+            replace(live.fidelity, oracle_seconds=data.array("oracle_seconds").tolist())
+            for data, live in zip(shards, lives, strict=True)
+        ]
+    )
     recorder.wall_seconds = max(
-        offset + float(d.meta["live"]["wall_seconds"])
-        for d, offset in zip(shards, offsets, strict=True)
+        offset + live.wall_seconds for live, offset in zip(lives, offsets, strict=True)
     )
     recorder.origin = 0.0
     _join_samples(recorder, shards, offsets)
     recorder.series = _series(shards, offsets)
     recorder.peak_in_flight = _peak_in_flight(recorder)
     if not recorder.samples.start_s:
-        recorder.peak_in_flight = sum(int(d.meta["live"]["peak_in_flight"]) for d in shards)
+        recorder.peak_in_flight = sum(live.peak_in_flight for live in lives)
     return recorder
 
 

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 from batchbench.config import RunConfig
 from batchbench.drive.wire import MISSING_USAGE, NO_STREAM_USAGE
 from batchbench.plan.workload import Workload
+from batchbench.results.console import dry_run_lines
 from batchbench.results.lifecycle import EngineResult
 from batchbench.results.metrics import RunTotals, StreamSamples
 from batchbench.results.recording import ClientHealth, FidelityFigures, RankFigures
-from batchbench.results.report import dry_run_lines
 from batchbench.results.sections import distributions, rank_rows
 from batchbench.results.summary import LiveFigures, RunSetup, Summary, build_summary
 from batchbench.results.window import WindowFigures, WindowInputs, server_verdict, window_figures
@@ -117,10 +117,11 @@ def finish(prepared: Prepared, executed: Executed) -> RunResult:
     shard = config.shard_spec()
     if shard is None:
         return result
+    # A dry run's lines need the workload, which a merge may not have.
+    lines = list(dry_run_lines(workload, executed.engine)) if config.dry_run else None
     data = snapshot(config, prepared.setup, (shard.index, shard.count), counts,
-                    executed.engine, live, executed.lifecycle, executed.wall_origin)  # fmt: skip
-    if config.dry_run:  # the lines need the workload, which a merge may not have
-        data.meta["dry_run_lines"] = list(dry_run_lines(workload, executed.engine))
+                    executed.engine, live, executed.lifecycle, executed.wall_origin,
+                    dry_run_lines=lines)  # fmt: skip
     return replace(result, shard_data=data)
 
 

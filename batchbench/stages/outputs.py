@@ -10,7 +10,7 @@ from typing import Any
 
 from batchbench.config import RunConfig
 from batchbench.errors import BatchbenchError
-from batchbench.results.report import csv_row, summary_document, write_csv, write_json
+from batchbench.results.console import csv_row, summary_document, write_csv, write_json
 from batchbench.results.windowreport import window_csv
 from batchbench.scale.partial import data_path, save
 from batchbench.stages.console import RunOutput

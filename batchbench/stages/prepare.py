@@ -16,7 +16,7 @@ from batchbench.drive.calibrate import Calibration, calibrate
 from batchbench.drive.wire import request_headers, tool_call_id
 from batchbench.errors import BatchbenchError, UsageError
 from batchbench.plan.workload import Workload
-from batchbench.results.report import banner_lines
+from batchbench.results.console import banner_lines
 from batchbench.results.summary import RunSetup
 from batchbench.scale.partition import Share, closed_loop_share, open_loop_share
 from batchbench.stages.console import RunOutput

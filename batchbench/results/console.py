@@ -1,5 +1,6 @@
 """What a run prints and writes: banner, dry-run lines, summary, CSV and JSON, all from
-the run's named records (see docs/outputs.md)."""
+the run's named records (see docs/outputs.md). Named for the console it mostly serves;
+the HTML report is ``batchbench.report``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,15 @@ from batchbench.config import RunConfig
 from batchbench.errors import BatchbenchError
 from batchbench.plan.sampling import describe_latency, short_float
 from batchbench.plan.workload import Workload
+from batchbench.results.documents import (
+    ConfigurationSection,
+    FailureRow,
+    LiveSections,
+    ManifestSection,
+    SummaryDocument,
+    fidelity_results_view,
+)
+from batchbench.results.formatting import MISSING, csv_cell, fixed, flag
 from batchbench.results.lifecycle import EngineResult
 from batchbench.results.metrics import percentile
 from batchbench.results.recording import DriftFigures
@@ -52,10 +62,6 @@ __all__ = [
 ]
 
 Failure = tuple[int, str, int, str]  # (agent, trajectory id, invocation, error)
-
-
-def _bool(value: bool) -> str:
-    return "true" if value else "false"
 
 
 def scale_lines(config: RunConfig, setup: RunSetup) -> list[str]:
@@ -138,7 +144,7 @@ def banner_lines(config: RunConfig, setup: RunSetup) -> list[str]:
     routing = f"enabled ({config.dp_ranks} ranks)" if config.dp_ranks else "disabled"
     lines += [
         f"Output token params: {token_params}",
-        f"Ignore EOS: {_bool(config.ignore_eos)}",
+        f"Ignore EOS: {flag(config.ignore_eos)}",
         f"DP-rank perfect routing: {routing}",
         f"Per-agent user tagging: {'enabled' if config.user_tagging else 'disabled'}",
         f"Content salt: {setup.content_salt}",
@@ -199,7 +205,7 @@ def dry_run_lines(workload: Workload, result: EngineResult) -> Iterable[str]:
                 f"tool_call_latency_ms={int(latency[request])} trajectory_id={ident} "
                 f"routing_slot={record.routing_slot} admitted_at_ms={admitted_ms} "
                 f"target_prompt_tokens={target[request]} "
-                f"reset_before={_bool(bool(reset[request]) and number > 1)}"
+                f"reset_before={flag(bool(reset[request]) and number > 1)}"
             )
             if in_blocks:
                 assert blocks is not None  # has_blocks
@@ -207,18 +213,14 @@ def dry_run_lines(workload: Workload, result: EngineResult) -> Iterable[str]:
                 live = int(blocks.live[rows.start : rows.stop].sum())
                 line += f" blocks={len(rows)} live_blocks={live}"
             if stream is not None and stream[request] >= 0:
-                line += f" stream={_bool(bool(stream[request]))}"
+                line += f" stream={flag(bool(stream[request]))}"
             if cap is not None and cap[request] > 0:
                 line += f" max_tokens={cap[request]}"
             yield line
 
 
-def _ms(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
-
-
 def _percentile_line(label: str, p50: float | None, p90: float | None, p99: float | None) -> str:
-    return f"{label}: p50={_ms(p50)} p90={_ms(p90)} p99={_ms(p99)}"
+    return f"{label}: p50={fixed(p50)} p90={fixed(p90)} p99={fixed(p99)}"
 
 
 def summary_lines(
@@ -456,9 +458,7 @@ def live_lines(live: LiveFigures) -> list[str]:
             lines.append("  " + "  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
         req = rank_imbalance([r.requests for r in live.ranks])
         tok = rank_imbalance([r.input_tokens for r in live.ranks])
-        lines.append(
-            f"Rank imbalance (max/mean): requests {_ratio(req)}, input tokens {_ratio(tok)}"
-        )
+        lines.append(f"Rank imbalance (max/mean): requests {fixed(req)}, input tokens {fixed(tok)}")
     health = live.health
     if health is not None:
         per_k = health.cpu_seconds_per_1000_requests
@@ -469,8 +469,9 @@ def live_lines(live: LiveFigures) -> list[str]:
         else:  # a per-1000 figure from a handful of requests would be mostly start-up
             cost = f" ({per_k:.2f} ms per request over {live.requests} requests)"
         lines.append(
-            f"Client health: event-loop lag p50={_ms_unit(health.lag_p50_ms)} "
-            f"p99={_ms_unit(health.lag_p99_ms)} max={_ms_unit(health.lag_max_ms)}; "
+            f"Client health: event-loop lag p50={fixed(health.lag_p50_ms, unit='ms')} "
+            f"p99={fixed(health.lag_p99_ms, unit='ms')} "
+            f"max={fixed(health.lag_max_ms, unit='ms')}; "
             f"client CPU {health.cpu_seconds:.2f}s{cost}; "
             f"peak in-flight requests {health.peak_in_flight}"
         )
@@ -485,7 +486,7 @@ def server_rank_lines(rows: Sequence[dict]) -> list[str]:
 
     def cell(value) -> str:
         if value is None:
-            return "n/a"
+            return MISSING
         return (
             f"{value:.2f}"
             if isinstance(value, float) and not value.is_integer()
@@ -503,31 +504,13 @@ def server_rank_lines(rows: Sequence[dict]) -> list[str]:
         lines.append("  " + "  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
     requests = [int(r["requests"]) for r in rows if r.get("requests") is not None]
     if len(requests) == len(rows) > 1:
-        lines.append(f"Rank imbalance (max/mean): requests {_ratio(rank_imbalance(requests))}")
+        lines.append(f"Rank imbalance (max/mean): requests {fixed(rank_imbalance(requests))}")
     return lines
-
-
-def _ms_unit(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}ms"
-
-
-def _ratio(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
-
-
-def _cell(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return _bool(value)
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
 
 
 def csv_row(summary: Summary) -> list[str]:
     """The single data row, one cell per summary field in column order."""
-    return [_cell(getattr(summary, name)) for name in ALL_CSV_COLUMNS]
+    return [csv_cell(getattr(summary, name)) for name in ALL_CSV_COLUMNS]
 
 
 def write_csv(path: str, row: list[str], extra: Sequence[tuple[str, str]] = ()) -> None:
@@ -552,88 +535,54 @@ def summary_document(
     live: LiveFigures | None = None,
 ) -> dict:
     """The whole summary as one JSON document (``--results-json``)."""
-    document: dict = {
-        "batchbench_version": __version__,
-        "timestamp": setup.timestamp,
-        "interrupted": summary.interrupted,
-        "interrupted_by": live.interrupted_by if live is not None else None,
-        "dry_run": config.dry_run,
-        "manifest": {
-            "path": config.agent_plans_jsonl,
-            "sha256": setup.manifest_sha256,
-            "schema_version": setup.schema_version,
-        },
-        "configuration": {
-            "model": config.model,
-            "tokenizer_model": config.tokenizer,
-            "tokenizer_file": setup.tokenizer_source,
-            "endpoint": config.endpoint_url,
-            "host": config.host,
-            "workload_mode": config.workload_mode,
-            "agents": setup.agents,
-            "max_active_agents": config.max_active_agents,
-            "admission": config.admission_mode,
-            "time_scale": config.time_scale_factor,
-            "replay_initial_overhead_tokens": setup.replay_initial_overhead_tokens,
-            "replay_turn_overhead_tokens": setup.replay_turn_overhead_tokens,
-            "sglang": config.sglang,
-            "ignore_eos": config.ignore_eos,
-            "stream": live.streaming if live is not None else False,
-            "dp_rank_perfect_routing_num": config.dp_ranks,
-            "user_tagging": config.user_tagging,
-            "seed": config.seed,
-            "content_salt": setup.content_salt,
-            "prompt_correction": config.prompt_correction,
-            "replay_reasoning": config.replay_reasoning,
-            "prompt_oracle": config.prompt_oracle,
-            "chat_template": setup.chat_template,
-            "calibration": setup.calibration,
-        },
-        "metrics": summary.as_dict(),
-        "failures": [
-            {"agent_id": a, "trajectory_id": t, "invocation": i, "error": err}
-            for a, t, i, err in failures
-        ],
-    }
+    live_sections = None
     if live is not None:
-        document["fidelity"] = fidelity_document(live)
-        document["ranks"] = [{"rank": i, **dataclasses.asdict(r)} for i, r in enumerate(live.ranks)]
-        if live.health is not None:
-            document["client_health"] = dataclasses.asdict(live.health)
-    return document
-
-
-def _drift_document(figures: DriftFigures) -> dict:
-    return {
-        "requests": figures.requests,
-        "exact": figures.exact,
-        "exact_percent": figures.exact_percent,
-        "mean_abs_drift": figures.mean_abs,
-        "max_abs_drift": figures.max_abs if figures.requests else None,
-        "histogram": {str(k): v for k, v in sorted(figures.histogram.items())},
-    }
-
-
-def fidelity_document(live: LiveFigures) -> dict:
-    """The fidelity section of the results JSON: figures, drift histograms and drift by
-    turn index (0-based request number within its trajectory)."""
-    fidelity = live.fidelity
-    return {
-        "prompt": _drift_document(fidelity.prompt),
-        "output": _drift_document(fidelity.output),
-        "prompt_by_turn": {
-            str(turn): _drift_document(figures)
-            for turn, figures in sorted(fidelity.prompt_by_turn.items())
-        },
-        "corrected_requests": fidelity.corrected_requests,
-        "correction_limited_requests": fidelity.limited_requests,
-        "inexact_tool_blocks": fidelity.inexact_tool_blocks,
-        "oracle_queries": fidelity.oracle_queries,
-        "oracle_seconds_total": sum(fidelity.oracle_seconds),
-        "explainable_cached_input_tokens": fidelity.explainable_cached_tokens,
-        "server_cached_input_tokens": live.server_cached_tokens,
-        "framing": live.framing,
-    }
+        live_sections = LiveSections(
+            fidelity=fidelity_results_view(live.fidelity, live.server_cached_tokens, live.framing),
+            ranks=[{"rank": i, **dataclasses.asdict(r)} for i, r in enumerate(live.ranks)],
+            client_health=dataclasses.asdict(live.health) if live.health is not None else None,
+        )
+    return SummaryDocument(
+        batchbench_version=__version__,
+        timestamp=setup.timestamp,
+        interrupted=summary.interrupted,
+        interrupted_by=live.interrupted_by if live is not None else None,
+        dry_run=config.dry_run,
+        manifest=ManifestSection(
+            path=config.agent_plans_jsonl,
+            sha256=setup.manifest_sha256,
+            schema_version=setup.schema_version,
+        ),
+        configuration=ConfigurationSection(
+            model=config.model,
+            tokenizer_model=config.tokenizer,
+            tokenizer_file=setup.tokenizer_source,
+            endpoint=config.endpoint_url,
+            host=config.host,
+            workload_mode=config.workload_mode,
+            agents=setup.agents,
+            max_active_agents=config.max_active_agents,
+            admission=config.admission_mode,
+            time_scale=config.time_scale_factor,
+            replay_initial_overhead_tokens=setup.replay_initial_overhead_tokens,
+            replay_turn_overhead_tokens=setup.replay_turn_overhead_tokens,
+            sglang=config.sglang,
+            ignore_eos=config.ignore_eos,
+            stream=live.streaming if live is not None else False,
+            dp_rank_perfect_routing_num=config.dp_ranks,
+            user_tagging=config.user_tagging,
+            seed=config.seed,
+            content_salt=setup.content_salt,
+            prompt_correction=config.prompt_correction,
+            replay_reasoning=config.replay_reasoning,
+            prompt_oracle=config.prompt_oracle,
+            chat_template=setup.chat_template,
+            calibration=setup.calibration,
+        ),
+        metrics=summary.as_dict(),
+        failures=tuple(FailureRow(a, t, i, err) for a, t, i, err in failures),
+        live=live_sections,
+    ).to_json()
 
 
 def write_json(path: str, document: dict) -> None:
