@@ -318,8 +318,8 @@ def test_header_and_row_exact():
     assert verdict_text(failed_requests) == "fail (4 of 120 requests failed)"
     empty = StepRecord(2, "doubling", UNRESOLVED, 0, {"slo": [], "client": {}}, resumed=True)
     assert step_row(empty) == (
-        "     2        -         -          -          -          -          -          -        "
-        "-          -  -             unresolved (resumed)"
+        "     2      n/a       n/a        n/a        n/a        n/a        n/a        n/a      "
+        "n/a        n/a  n/a           unresolved (resumed)"
     )
 
 
@@ -356,7 +356,7 @@ def test_answer_names_the_failed_objectives_of_several():
 
 def test_format_ms():
     assert [format_ms(v) for v in (None, 0.05, 5.234, 80.44, 130.09, 999.4, 999.6, 1830.0)] == [
-        "-", "0.05 ms", "5.23 ms", "80.4 ms", "130 ms", "999 ms", "1 s", "1.83 s",
+        "n/a", "0.05 ms", "5.23 ms", "80.4 ms", "130 ms", "999 ms", "1 s", "1.83 s",
     ]  # fmt: skip
     assert [format_ms(v) for v in (12345.0, 123456.0, 4_000_000.0)] == ["12.3 s", "123 s", "4000 s"]
 

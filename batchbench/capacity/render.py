@@ -19,7 +19,7 @@ from batchbench.capacity.search import (
     StepRecord,
 )
 from batchbench.results.documents import OutcomeView, WindowView
-from batchbench.results.formatting import TABLE_MISSING, fixed, latency, percent, ratio_percent
+from batchbench.results.formatting import MISSING, fixed, latency, percent, ratio_percent
 from batchbench.results.slo import Objective
 
 # (title, width): numbers right-aligned, the client column left-aligned, the verdict last.
@@ -41,7 +41,7 @@ COLUMNS = (
 
 def format_ms(ms: float | None) -> str:
     """A latency in the table's spelling: ``130 ms``, ``1.83 s``, ``-`` when missing."""
-    return latency(ms, TABLE_MISSING)
+    return latency(ms, MISSING)
 
 
 def header() -> str:
@@ -67,16 +67,16 @@ def step_row(record: StepRecord, note: str | None = None) -> str:
     window = WindowView.read(record.window)
     cells = [
         str(record.agents),
-        fixed(window.duration_seconds, 1, " s", TABLE_MISSING),
-        fixed(window.requests_per_second, 2, missing=TABLE_MISSING),
-        fixed(window.output_tokens_per_second, 1, missing=TABLE_MISSING),
+        fixed(window.duration_seconds, 1, " s", MISSING),
+        fixed(window.requests_per_second, 2, missing=MISSING),
+        fixed(window.output_tokens_per_second, 1, missing=MISSING),
         format_ms(window.percentile("ttft_ms", "p50")),
         format_ms(window.percentile("ttft_ms", "p99")),
         format_ms(window.percentile("itl_ms", "p99")),
         format_ms(window.percentile("e2e_ms", "p95")),
-        ratio_percent(window.goodput_ratio, TABLE_MISSING),
-        percent(window.cache_hit_percent, TABLE_MISSING),
-        window.client_verdict if window.client_verdict is not None else TABLE_MISSING,
+        ratio_percent(window.goodput_ratio, MISSING),
+        percent(window.cache_hit_percent, MISSING),
+        window.client_verdict if window.client_verdict is not None else MISSING,
         verdict_text(record)
         + (f"; {note}" if note else "")
         + (" (resumed)" if record.resumed else ""),
@@ -104,10 +104,7 @@ def attainment_text(outcome: OutcomeView) -> str:
     interval = (
         f" [{low * 100.0:.1f}, {high * 100.0:.1f}]" if low is not None and high is not None else ""
     )
-    return (
-        f"{outcome.objective} attainment "
-        f"{ratio_percent(outcome.attainment, TABLE_MISSING)}{interval}"
-    )
+    return f"{outcome.objective} attainment {ratio_percent(outcome.attainment, MISSING)}{interval}"
 
 
 def client_figures(window: dict[str, Any] | None) -> str | None:
@@ -168,7 +165,7 @@ def _human(name: str, objectives: Sequence[Objective]) -> str:
 
 def _value(outcome: OutcomeView) -> str:
     if outcome.metric == "goodput":
-        return ratio_percent(outcome.attainment, TABLE_MISSING)
+        return ratio_percent(outcome.attainment, MISSING)
     return format_ms(outcome.value_ms)
 
 

@@ -3,10 +3,9 @@ console summary, the CSV, the capacity table and the HTML report all format thro
 so one figure reads the same wherever it is shown.
 
 A missing figure (None, absent, not a number, not finite) is ``MISSING`` (``n/a``) on the
-console and in the HTML report. Two places keep another spelling because users' scripts
-and the tests read them: the CSV writes an empty cell (``csv_cell``; the compatibility
-specification fixes it), and the capacity table writes ``TABLE_MISSING`` (``-``, pinned
-by the capacity tests); the functions take the spelling as ``missing``.
+console, in the capacity table and in the HTML report. The CSV alone writes an empty cell
+(``csv_cell``), because users' scripts read it and the compatibility specification fixes
+it; the functions take the spelling as ``missing``.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import math
 from typing import Any
 
 MISSING = "n/a"
-TABLE_MISSING = "-"  # the capacity table's spelling
 
 
 def finite(value: Any) -> float | None:
