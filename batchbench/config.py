@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -146,7 +147,12 @@ def api_key_from(flag_value: str | None, env: str) -> ApiKey | None:
     return ApiKey(key) if key else None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+# Configurations that passed every check, by identity (a weak map: a configuration held
+# nowhere else is forgotten, so a reused id never stands for another one).
+_FULLY_CHECKED: weakref.WeakValueDictionary[int, RunConfig] = weakref.WeakValueDictionary()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, weakref_slot=True)
 class RunConfig:
     """Everything one run needs, resolved. Field names follow the command-line options
     (``max_active_agents`` is ``--max-active-agents``); None means "not given" where the
@@ -1037,6 +1043,17 @@ class RunConfig:
                     f"--{name} {value} is more than one request can hold "
                     f"(at most {MAX_REQUEST_TOKENS} tokens)"
                 )
+
+    def check_once(self) -> None:
+        """``check()``, unless this very configuration passed every check already (a command
+        line checks right after parsing; the run then does not repeat it)."""
+        if _FULLY_CHECKED.get(id(self)) is not self:
+            self.check()
+
+    def mark_checked(self) -> None:
+        """Record that every check passed (the command line's own order: the options that
+        need another right after parsing, then ``check(combinations=False)``)."""
+        _FULLY_CHECKED[id(self)] = self
 
     def check_combinations(self, routing_pair: tuple[bool, int | None] | None = None) -> None:
         """Options that need another option, or exclude one (``routing_pair``: the two

@@ -111,3 +111,28 @@ def test_every_field_of_the_run_configuration_is_declared_once():
     assert (
         len(all_flags(RunConfig)) == 87
     )  # as batchbench-agent has always had, but -h, --config, --version
+
+
+def test_a_command_line_run_checks_its_options_once(monkeypatch, capsys):
+    """The command line checks right after parsing; the run does not repeat the checks
+    for that configuration, but does for a configuration built in Python."""
+    import batchbench.config as config_module
+    from batchbench.cli.agent import main
+
+    calls: list[bool] = []
+    real = config_module.check_flag_combinations
+
+    def counting(**kwargs):
+        calls.append(True)
+        return real(**kwargs)
+
+    monkeypatch.setattr(config_module, "check_flag_combinations", counting)
+    argv = ["--agents", "1", "--tool-invocations", "1", "--dry-run", "--seed", "3"]
+    assert main([*argv, "--tokenizer-model", "deepseek-v3"]) == 0
+    assert len(calls) == 1
+    built = RunConfig(agents=1, dry_run=True, tokenizer_model="deepseek-v3")
+    calls.clear()
+    built.check_once()
+    built.check_once()
+    assert len(calls) == 2
+    capsys.readouterr()

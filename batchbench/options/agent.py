@@ -106,6 +106,7 @@ def config_from_namespace(cls: type, args: argparse.Namespace) -> Any:
             f"--shard {config.shard} needs --results-json: `batchbench merge` reads every "
             "shard's results JSON (and the raw data saved beside it)"
         )
+    config.mark_checked()  # the run does not check it again
     return config
 
 

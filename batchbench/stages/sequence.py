@@ -19,7 +19,7 @@ from batchbench.stages.target import resolve_target
 
 def check_run(config: RunConfig) -> None:
     """Everything about ``config`` that can fail before anything runs."""
-    config.check()
+    config.check_once()
     if config.report_html:
         from batchbench.report import require_plotly  # lazy: only with --report-html
 
