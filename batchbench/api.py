@@ -14,7 +14,6 @@ import threading
 
 from batchbench.config import RunConfig
 from batchbench.errors import UsageError
-from batchbench.scale.workers import run_workers
 from batchbench.stages.console import RunOutput
 from batchbench.stages.finish import RunResult
 from batchbench.stages.hosting import OWN_PROCESS, event_loop_runner, guest
@@ -31,6 +30,8 @@ def run(config: RunConfig, *, output: RunOutput | None = None) -> RunResult:
     collector is tuned for many short-lived objects. With ``workers`` above 1 the run is
     split over that many processes and their results merged."""
     if config.worker_count > 1:
+        from batchbench.scale.workers import run_workers  # lazy: multiprocessing only for workers
+
         return run_workers(config, output)
     with event_loop_runner() as runner:
         return runner.run(run_stages(config, output, OWN_PROCESS))
@@ -46,5 +47,7 @@ async def run_async(
     if handle_signals and threading.current_thread() is not threading.main_thread():
         raise UsageError("handle_signals needs the main thread's event loop")
     if config.worker_count > 1:
+        from batchbench.scale.workers import run_workers  # lazy: multiprocessing only for workers
+
         return await asyncio.to_thread(run_workers, config, output)
     return await run_stages(config, output, guest(handle_signals))

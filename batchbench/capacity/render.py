@@ -40,7 +40,7 @@ COLUMNS = (
 
 
 def format_ms(ms: float | None) -> str:
-    """A latency in the table's spelling: ``130 ms``, ``1.83 s``, ``-`` when missing."""
+    """A latency in the table's spelling: ``130 ms``, ``1.83 s``, ``n/a`` when missing."""
     return latency(ms, MISSING)
 
 
