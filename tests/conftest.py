@@ -12,6 +12,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from batchbench import _impl
+from batchbench.text.synth import Synthesizer
 from batchbench.text.tokenizer import LoadedTokenizer, builtin_tokenizer_path
 
 # Synthesis tables are cached on disk; tests (and the simulators they start) keep theirs in
@@ -79,6 +80,14 @@ def packaged(packaged_tokenizer_dir):
         return cache[short]
 
     return get
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _text_table_ready_for_serial_tests(request, deepseek) -> None:
+    """Serial tests bound a whole run's wall clock; the first run of a session prepares the
+    deepseek-v3 text table (seconds with the pure-Python twins), so do that before them."""
+    if any(item.get_closest_marker("serial") for item in request.session.items):
+        Synthesizer.prepare(deepseek)
 
 
 def pytest_configure(config) -> None:
