@@ -12,6 +12,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from batchbench import _impl
+from batchbench.text.synth import Synthesizer
 from batchbench.text.tokenizer import LoadedTokenizer, builtin_tokenizer_path
 
 # Synthesis tables are cached on disk; tests (and the simulators they start) keep theirs in
@@ -81,6 +82,14 @@ def packaged(packaged_tokenizer_dir):
     return get
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _text_table_ready_for_serial_tests(request, deepseek) -> None:
+    """Serial tests bound a whole run's wall clock; the first run of a session prepares the
+    deepseek-v3 text table (seconds with the pure-Python twins), so do that before them."""
+    if any(item.get_closest_marker("serial") for item in request.session.items):
+        Synthesizer.prepare(deepseek)
+
+
 def pytest_configure(config) -> None:
     config.addinivalue_line(
         "markers",
@@ -88,12 +97,32 @@ def pytest_configure(config) -> None:
         "whose twin-module paths other tests already cover; the CI runs it once, in the "
         "native pass, to keep the two passes within the time budget",
     )
+    config.addinivalue_line(
+        "markers",
+        "serial: asserts wall-clock bounds (a timeout's length, a linear-time scan, a "
+        "server's pacing) that parallel workers on the same cores would stretch; the "
+        "README's test command runs these in a second, non-parallel pytest",
+    )
+    config.addinivalue_line(
+        "markers",
+        "slow: an end-to-end test of half a minute or more; it still runs in every pass "
+        "(`-m 'not slow'` leaves it out for quick local feedback), first under "
+        "pytest-xdist so the long ones do not finish last",
+    )
 
 
 def pytest_collection_modifyitems(config, items) -> None:
+    if _running_in_parallel(config):
+        # Longest first: the workers then fill in around them instead of waiting for one.
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if not _impl.extensions_disabled():
         return
     skip = pytest.mark.skip(reason="runs in the native pass only (see the marker's help)")
     for item in items:
         if item.get_closest_marker("native_pass_only") is not None:
             item.add_marker(skip)
+
+
+def _running_in_parallel(config) -> bool:
+    """True in a pytest-xdist worker (and its controller) of a `-n` run."""
+    return bool(getattr(config.option, "numprocesses", None)) or hasattr(config, "workerinput")

@@ -877,6 +877,8 @@ E2E_ARGV = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.native_pass_only
 def test_search_finds_the_simulators_known_capacity(tmp_path, capsys):
     directory = str(tmp_path / "capacity")

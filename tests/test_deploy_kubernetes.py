@@ -433,6 +433,7 @@ def test_every_shard_command_line_is_a_valid_shard_run(where, tmp_path, monkeypa
         assert config.api_key_env == "OPENAI_API_KEY"
 
 
+@pytest.mark.slow
 @pytest.mark.native_pass_only  # 8 dry runs and a merge: the pure pass adds nothing here
 def test_the_shards_and_the_merge_run_as_a_dry_run(tmp_path, monkeypatch, capsys):
     """All 8 shard command lines of job.yaml as dry runs on local directories, then the

@@ -816,6 +816,7 @@ def test_failed_agent_stops_and_its_slot_passes_on(capsys, stub, tmp_path):
 # Timeouts
 
 
+@pytest.mark.serial
 def test_timeout_fails_the_attempt(capsys, stub, tmp_path):
     stub.handler = lambda r: Reply(delay=3.0)
     began = time.perf_counter()

@@ -1243,6 +1243,7 @@ def test_the_limit_is_exact_and_configurable(tmp_path):
 # The SSE carry is linear
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("mod", implementations("sse"))
 def test_a_long_sse_line_in_small_reads_is_scanned_in_linear_time(mod):
     """A 16 MiB ``data:`` line arriving 1 KiB at a time (copying the carry on every read,

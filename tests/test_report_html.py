@@ -619,6 +619,7 @@ def outcome(path: Path, document: dict) -> tuple[str | None, str | None]:
     return page, None
 
 
+@pytest.mark.slow
 def test_fuzz_every_top_level_section_of_the_wrong_type(runs, capacity):
     """Each top-level section (and a few absent ones) replaced with a value of each kind."""
     loader = ("_report_source", "_report_steps", "_report_notes")  # never taken from a file
@@ -667,6 +668,7 @@ def replaced(value, path: tuple, new):
     return [replaced(value[0], rest, new), *value[1:]]
 
 
+@pytest.mark.slow
 def test_fuzz_every_nested_field_of_the_wrong_type(runs, capacity):
     """Every field below the top level replaced with a value of each kind, in a document that
     holds only its section (so each page is quick to build). A capacity document's steps are

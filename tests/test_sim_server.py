@@ -972,6 +972,7 @@ def test_a_floor_alone_raises_the_default_cap(deepseek):
     )
 
 
+@pytest.mark.serial
 def test_chunked_prefill_spreads_a_long_prompt_over_steps():
     """Budget 100 tokens per step: a 250-token prefill takes three steps (100, 100, 50
     tokens at 10,000 tok/s plus a 10 ms step each: 20 + 20 + 15 ms); the first token comes

@@ -820,6 +820,7 @@ def test_reply_chunks_repair_method_bytelevel():
     assert [encode_len(loaded, c) for c in chunks] == [0, 2]
 
 
+@pytest.mark.serial
 def test_count_async_offloads_long_new_messages(deepseek, deepseek_synth):
     """A new 60k-token tool result is encoded on a worker thread: the count is the same as
     the inline one, and the event loop keeps ticking meanwhile (an inline encode of this

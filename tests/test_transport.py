@@ -758,6 +758,7 @@ async def trickle(peer: Peer, request: bytes) -> bool:
     return True
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("case", ["no response", "trickled body"])
 def test_timeout_covers_the_whole_exchange_and_frees_the_slot(run, case):
     action = hang if case == "no response" else trickle
@@ -786,6 +787,7 @@ def test_timeout_covers_the_whole_exchange_and_frees_the_slot(run, case):
     assert server.connection_numbers == [1, 2]
 
 
+@pytest.mark.serial
 def test_timeout_includes_the_wait_for_a_connection(run):
     async def scenario():
         async with RawServer(echo()) as server:
@@ -834,6 +836,7 @@ def test_connection_limit(run, limit, connections):
     assert took >= 0.9 * hold * math.ceil(6 / connections)
 
 
+@pytest.mark.serial
 def test_a_cancelled_send_frees_its_slot(run):
     async def scenario():
         async with RawServer(echo()) as server:
@@ -854,6 +857,7 @@ def test_a_cancelled_send_frees_its_slot(run):
     assert server.connection_numbers == [1, 2]
 
 
+@pytest.mark.serial
 def test_a_wake_up_given_to_a_cancelled_waiter_passes_on(run):
     """B waits for the one slot, then C. A finishes and hands its connection to B, and B is
     cancelled before it runs: C must get the connection (not wait for its timeout)."""

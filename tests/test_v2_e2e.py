@@ -215,6 +215,7 @@ def shared_prefix_cache_hit(deepseek, texts) -> int:
     return common // SIM_BLOCK_TOKENS * SIM_BLOCK_TOKENS
 
 
+@pytest.mark.slow
 def test_live_open_loop_replay_against_the_simulator(capsys, tmp_path, deepseek, texts):
     # Modelled time runs 4x faster than the default serving model, so that session-a's
     # first request (about 0.7 s at the default speed) is surely done when session-b starts.
@@ -598,6 +599,7 @@ def test_dry_run_of_the_mixed_manifest(capsys, tmp_path):
     assert result["summary"]["metrics"]["trajectory_schema_version"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("admission", ["closed-loop", "open-loop"])
 def test_mixed_v1_and_v2_manifest_against_the_simulator(capsys, tmp_path, admission):
     plans = mixed_manifest(tmp_path / "mixed.jsonl")
