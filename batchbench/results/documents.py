@@ -21,7 +21,7 @@ validation beyond what its reader checks (a damaged shard is reported by
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from batchbench.results.recording import DriftFigures, FidelityFigures
@@ -206,10 +206,26 @@ class LiveSections:
 
 
 @dataclass(frozen=True, slots=True)
+class ShardSection:
+    """A shard's ``shard`` section: which shard it is, where its raw data and events files
+    are (names beside the results JSON) and when its clock started."""
+
+    index: int
+    count: int
+    data: str  # the raw data file's name
+    data_path: str  # and its path as written
+    wall_origin: float
+    agent_events: str | None
+    request_events: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class SummaryDocument:
-    """The results JSON as the run writes it (``--results-json``), before the measured
-    window's sections and a shard's section are added; ``to_json`` keeps the key order
-    earlier versions wrote."""
+    """The results JSON as the run writes it (``--results-json``); ``to_json`` keeps the
+    key order earlier versions wrote. ``sections`` are the finished run's further sections
+    (the measured window, distributions, time series, server metrics, ...; built by
+    ``batchbench.results.sections`` and the merge), added after the summary's own keys; a
+    key they share with the summary keeps the summary's place and takes their value."""
 
     batchbench_version: str
     timestamp: str
@@ -221,6 +237,8 @@ class SummaryDocument:
     metrics: dict[str, Any]  # ``Summary.as_dict``: the CSV's columns by name
     failures: tuple[FailureRow, ...]
     live: LiveSections | None
+    sections: dict[str, Any] = field(default_factory=dict)
+    shard: ShardSection | None = None
 
     def to_json(self) -> dict[str, Any]:
         document: dict[str, Any] = {
@@ -239,6 +257,9 @@ class SummaryDocument:
             document["ranks"] = self.live.ranks
             if self.live.client_health is not None:
                 document["client_health"] = self.live.client_health
+        document.update(self.sections)
+        if self.shard is not None:
+            document["shard"] = asdict(self.shard)
         return document
 
 
