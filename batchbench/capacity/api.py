@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from batchbench import __version__
+from batchbench.capacity.document import CapacityDocument, SearchSettings
 from batchbench.capacity.outdir import OutputDirectory
 from batchbench.capacity.render import Answer, answer
 from batchbench.capacity.search import Bounds, Search, StepFunction, StepRecord, run_search
@@ -22,6 +23,7 @@ from batchbench.capacity.steps import ResumedSteps, StepRunner, WindowPlan
 from batchbench.config import RunConfig
 from batchbench.errors import UsageError
 from batchbench.plan.manifest import hash_manifest
+from batchbench.results.documents import ManifestSection
 from batchbench.stages.target import sim_chat_template, start_sim
 
 Listener = Callable[[StepRecord, Search, bool], None]
@@ -39,17 +41,17 @@ class CapacityResult:
     resumed_steps: int  # steps read back from an earlier run instead of measured
 
 
-def search_settings(bounds: Bounds, window: WindowPlan, max_extensions: int) -> dict[str, Any]:
+def search_settings(bounds: Bounds, window: WindowPlan, max_extensions: int) -> SearchSettings:
     """The capacity document's "search" object."""
-    return {
-        "min_agents": bounds.min_agents,
-        "max_agents": bounds.max_agents,
-        "resolution": bounds.resolution,
-        "warmup_seconds": window.warmup,
-        "window_seconds": window.seconds,
-        "window_trajectories": window.trajectories,
-        "max_extensions": max_extensions,
-    }
+    return SearchSettings(
+        min_agents=bounds.min_agents,
+        max_agents=bounds.max_agents,
+        resolution=bounds.resolution,
+        warmup_seconds=window.warmup,
+        window_seconds=window.seconds,
+        window_trajectories=window.trajectories,
+        max_extensions=max_extensions,
+    )
 
 
 def check_capacity_config(config: RunConfig) -> None:
@@ -140,19 +142,19 @@ def run_capacity(
         raise UsageError("--max-extensions must be at least 0")
     check_capacity_config(config)
     settings = search_settings(bounds, window, max_extensions)
-    manifest: dict[str, Any] | None = None
+    manifest: ManifestSection | None = None
     if config.replay:
         assert config.agent_plans_jsonl is not None
-        manifest = {
-            "path": config.agent_plans_jsonl,
-            "sha256": hash_manifest(config.agent_plans_jsonl),
-            "schema_version": None,
-        }
+        manifest = ManifestSection(
+            path=config.agent_plans_jsonl,
+            sha256=hash_manifest(config.agent_plans_jsonl),
+            schema_version=None,
+        )
     outdir = OutputDirectory(
         output_dir,
         config.options(),
-        settings,
-        manifest_sha256=manifest["sha256"] if manifest else None,
+        settings.to_json(),
+        manifest_sha256=manifest.sha256 if manifest else None,
         restart=restart,
     )
     finished = outdir.open()
@@ -180,23 +182,21 @@ def run_capacity(
     timestamp = datetime.now(UTC).isoformat(timespec="seconds")
 
     def document(pending: StepRecord | None = None) -> dict[str, Any]:
+        nonlocal manifest
         if manifest is not None and runner_box and runner_box[0].result is not None:
-            manifest["schema_version"] = runner_box[0].result.setup.schema_version
-        steps = [s.as_dict() for s in search.steps]
-        if pending is not None:
-            steps.append(pending.as_dict())
-        return {
-            "kind": "capacity",
-            "batchbench_version": __version__,
-            "timestamp": timestamp,
-            "slo": [objective.text for objective in config.slo],
-            "goodput_thresholds_ms": dict(config.goodput_thresholds) or None,
-            "configuration": config.options(),
-            "manifest": manifest,
-            "search": settings,
-            "steps": steps,
-            "answer": answer(search, config.slo, workers_available).as_dict(),
-        }
+            manifest = replace(manifest, schema_version=runner_box[0].result.setup.schema_version)
+        steps = (*search.steps, pending) if pending is not None else tuple(search.steps)
+        return CapacityDocument(
+            batchbench_version=__version__,
+            timestamp=timestamp,
+            slo=tuple(objective.text for objective in config.slo),
+            goodput_thresholds_ms=dict(config.goodput_thresholds) or None,
+            configuration=config.options(),
+            manifest=manifest,
+            search=settings,
+            steps=steps,
+            answer=answer(search, config.slo, workers_available),
+        ).to_json()
 
     pending: list[StepRecord] = []  # an unresolved attempt about to be extended
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from batchbench.capacity.document import CapacityView, step_window
 from batchbench.capacity.search import CLIENT_BOUND, UNRESOLVED, StepRecord
 from batchbench.config import OUTPUT_OPTIONS, toml_value
 from batchbench.errors import BatchbenchError, UsageError
@@ -155,7 +156,7 @@ class OutputDirectory:
         self._check_same_search(document)
         return self._finished_steps(document)
 
-    def _read_capacity(self) -> dict[str, Any] | None:
+    def _read_capacity(self) -> CapacityView | None:
         path = self.file(CAPACITY_FILE)
         try:
             with open(path, "rb") as handle:
@@ -170,16 +171,16 @@ class OutputDirectory:
             raise UsageError(
                 f"{path} is not JSON ({exc}); add --restart to start the search again"
             ) from None
-        if not isinstance(document, dict) or document.get("kind") != "capacity":
+        if not CapacityView.is_capacity(document):
             raise UsageError(
                 f"{path} is not a capacity document; add --restart to start the search again"
             )
-        return document
+        return CapacityView.read(document)
 
-    def _check_same_search(self, document: dict[str, Any]) -> None:
-        recorded_options = document.get("configuration")
-        recorded_search = document.get("search")
-        if not isinstance(recorded_options, dict) or not isinstance(recorded_search, dict):
+    def _check_same_search(self, document: CapacityView) -> None:
+        recorded_options = document.configuration
+        recorded_search = document.search
+        if recorded_options is None or recorded_search is None:
             raise UsageError(
                 f"{self.file(CAPACITY_FILE)} has no configuration or search section; add "
                 "--restart to start the search again"
@@ -191,7 +192,7 @@ class OutputDirectory:
             {k: self.search.get(k) for k in fixed},
             SEARCH_FLAGS,
         )
-        recorded_sha = (document.get("manifest") or {}).get("sha256")
+        recorded_sha = document.manifest_sha256
         if self.manifest_sha256 is not None and recorded_sha not in (None, self.manifest_sha256):
             found.append("the manifest's contents changed (SHA-256)")
         if found:
@@ -210,12 +211,9 @@ class OutputDirectory:
             recorded_search.get(k) != self.search.get(k) for k in WINDOW_SETTINGS
         )
 
-    def _finished_steps(self, document: dict[str, Any]) -> dict[int, StepRecord]:
+    def _finished_steps(self, document: CapacityView) -> dict[int, StepRecord]:
         steps: dict[int, StepRecord] = {}
-        entries = document.get("steps")
-        for entry in entries if isinstance(entries, list) else []:
-            if not isinstance(entry, dict):
-                continue
+        for entry in document.steps:
             try:
                 record = StepRecord.from_dict(entry)
             except ValueError:
@@ -238,8 +236,7 @@ class OutputDirectory:
                 document = orjson.loads(handle.read())
         except (OSError, orjson.JSONDecodeError):
             return None
-        window = document.get("window") if isinstance(document, dict) else None
-        return window if isinstance(window, dict) else None
+        return step_window(document)
 
     def _discard(self) -> None:
         """--restart: the old capacity document and step files go."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from batchbench.report.format import get
+from batchbench.report.views import StepView, read_steps
+from batchbench.results.documents import OutcomeView, WindowView
 from batchbench.results.formatting import finite, number, rank_order, ratio_percent
 
 # Trace colours by document (or rank), and step colours by verdict.
@@ -93,12 +96,12 @@ def slo_limits(documents: list[dict[str, Any]], metric: str) -> list[tuple[str, 
     """Distinct (objective, limit ms, quantile) of ``metric`` over the documents' SLOs."""
     limits: list[tuple[str, float, float]] = []
     for document in documents:
-        for objective in get(document, "window", "slo") or []:
-            if not isinstance(objective, dict) or objective.get("metric") != metric:
+        for objective in WindowView.read(get(document, "window")).slo:
+            if objective.metric != metric:
                 continue
-            limit, quantile = finite(objective.get("limit_ms")), finite(objective.get("quantile"))
-            name = objective.get("objective")
-            if limit is None or limit <= 0 or quantile is None or not isinstance(name, str):
+            limit, quantile = finite(objective.limit_ms), finite(objective.quantile)
+            name = objective.objective
+            if limit is None or limit <= 0 or quantile is None or name is None:
                 continue
             entry = (name, limit, quantile)
             if entry not in limits:
@@ -402,29 +405,30 @@ def server_metrics_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | No
     return _finish(fig, "bb-server-metrics", 640, title={"text": "Server metrics over time"})
 
 
-def _steps_by_agents(capacity: dict[str, Any]) -> list[dict[str, Any]]:
-    steps = [s for s in get(capacity, "steps") or [] if isinstance(s, dict)]
-    steps = [s for s in steps if finite(s.get("agents")) is not None]
-    return sorted(steps, key=lambda s: s["agents"])
+def _steps_by_agents(capacity: dict[str, Any]) -> list[StepView]:
+    steps = [s for s in read_steps(get(capacity, "steps")) if finite(s.agents) is not None]
+    return sorted(steps, key=lambda s: s.agents or 0)
 
 
-def _latency_objectives(capacity: dict[str, Any], steps: list[dict[str, Any]]) -> list[str]:
+def _latency_objectives(capacity: dict[str, Any], steps: list[StepView]) -> list[str]:
     """The step SLO objectives with a latency limit, in first-seen order."""
     names: list[str] = []
     for step in steps:
-        for objective in get(step, "window", "slo") or []:
-            name = get(objective, "objective")
-            limit = finite(get(objective, "limit_ms"))
-            if isinstance(name, str) and limit is not None and name not in names:
+        for objective in step.window.slo:
+            name = objective.objective
+            limit = finite(objective.limit_ms)
+            if name is not None and limit is not None and name not in names:
                 names.append(name)
     return names
 
 
-def _objective(step: dict[str, Any], name: str) -> dict[str, Any] | None:
-    for objective in get(step, "window", "slo") or []:
-        if get(objective, "objective") == name:
-            return objective
-    return None
+def _objective(step: StepView, name: str) -> OutcomeView | None:
+    return next((o for o in step.window.slo if o.objective == name), None)
+
+
+def _figure(objective: OutcomeView | None, read: Callable[[OutcomeView], Any]) -> float | None:
+    """A figure of a step's objective, None when the step has no such objective."""
+    return None if objective is None else finite(read(objective))
 
 
 def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
@@ -438,12 +442,12 @@ def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
     goodput_objective = next(
         (
             o
-            for o in get(steps[-1], "window", "slo") or []
-            if get(o, "metric") == "goodput" and finite(get(o, "quantile")) is not None
+            for o in steps[-1].window.slo
+            if o.metric == "goodput" and finite(o.quantile) is not None
         ),
         None,
     )
-    has_ratio = any(finite(get(s, "window", "goodput", "goodput_ratio")) is not None for s in steps)
+    has_ratio = any(finite(s.window.goodput_ratio) is not None for s in steps)
     rows = 3 if has_ratio else 2
     titles = ["Latency objectives (ms)", "Requests per second"]
     if has_ratio:
@@ -451,8 +455,8 @@ def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
     fig = make_subplots(
         rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=titles
     )
-    agents = [s["agents"] for s in steps]
-    verdicts = [v if isinstance(v := s.get("verdict"), str) else "?" for s in steps]
+    agents = [s.agents for s in steps if s.agents is not None]  # all: steps_by_agents kept those
+    verdicts = [s.verdict if s.verdict is not None else "?" for s in steps]
     colors = [VERDICT_COLORS.get(v, UNKNOWN_COLOR) for v in verdicts]
     hover = [html.escape(f"{a} agents: {v}") for a, v in zip(agents, verdicts, strict=True)]
     marker = {"color": colors, "size": 10, "line": {"color": "#333", "width": 1}}
@@ -469,9 +473,9 @@ def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
     )
     for name in names:
         objectives = [_objective(s, name) for s in steps]
-        values = [finite(get(o, "value_ms")) for o in objectives]
-        high = [finite(get(o, "value_high_ms")) for o in objectives]
-        low = [finite(get(o, "value_low_ms")) for o in objectives]
+        values = [_figure(o, lambda o: o.value_ms) for o in objectives]
+        high = [_figure(o, lambda o: o.value_high_ms) for o in objectives]
+        low = [_figure(o, lambda o: o.value_low_ms) for o in objectives]
         error = None
         if any(h is not None for h in high) or any(lo is not None for lo in low):
             error = {
@@ -482,10 +486,10 @@ def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
                 "thickness": 1,
             }
         latency_rows.append((name, values, error))
-        limits.append(next((finite(get(o, "limit_ms")) for o in objectives if o), None))
+        limits.append(next((finite(o.limit_ms) for o in objectives if o is not None), None))
     if not latency_rows:  # no latency objective: show TTFT (or E2E) p99 of each step
         for key, name in (("ttft_ms", "TTFT p99"), ("e2e_ms", "E2E p99")):
-            values = [finite(get(s, "window", "latency", key, "percentiles", "p99")) for s in steps]
+            values = [finite(s.window.percentile(key, "p99")) for s in steps]
             if any(v is not None for v in values):
                 latency_rows.append((name, values, None))
                 break
@@ -532,8 +536,14 @@ def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
         ("requests_per_second", "requests/s", 0),
         ("good_requests_per_second", "good requests/s", 1),
     ):
-        path = ("window", key) if key == "requests_per_second" else ("window", "goodput", key)
-        values = [finite(get(s, *path)) for s in steps]
+        values = [
+            finite(
+                s.window.requests_per_second
+                if key == "requests_per_second"
+                else s.window.good_requests_per_second
+            )
+            for s in steps
+        ]
         if not any(v is not None for v in values):
             continue
         fig.add_trace(
@@ -551,7 +561,7 @@ def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
             col=1,
         )
     if has_ratio:
-        ratios = [finite(get(s, "window", "goodput", "goodput_ratio")) for s in steps]
+        ratios = [finite(s.window.goodput_ratio) for s in steps]
         fig.add_trace(
             go.Scatter(
                 x=agents,
@@ -567,7 +577,7 @@ def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
             col=1,
         )
         if goodput_objective is not None:
-            required = float(goodput_objective["quantile"])
+            required = finite(goodput_objective.quantile) or 0.0  # finite: it was chosen so
             fig.add_trace(
                 _limit_line(span, required, f"goodput ≥ {ratio_percent(required)}", SLO_COLOR),
                 row=3,

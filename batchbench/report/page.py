@@ -14,15 +14,9 @@ import orjson
 
 from batchbench.errors import BatchbenchError
 from batchbench.report.format import get, text
-from batchbench.report.load import (
-    NOTES_KEY,
-    STEPS_KEY,
-    json_problem,
-    kind_of,
-    labels,
-    validate,
-)
-from batchbench.results.documents import DriftView, OutcomeView, WindowView
+from batchbench.report.load import json_problem, kind_of, labels, validate
+from batchbench.report.views import DocumentView, StepView
+from batchbench.results.documents import OutcomeView, WindowView
 from batchbench.results.formatting import MISSING, finite, number, percent, ratio_percent
 
 PLOTLY_MISSING = "the HTML report needs plotly: pip install 'batchbench[report]'"
@@ -168,20 +162,20 @@ class Page:
     def header(self, title: str, names: list[str], documents: list[dict[str, Any]]) -> None:
         self.parts.append(f"<h1>{html.escape(title)}</h1>")
         rows = []
-        for name, document in zip(names, documents, strict=True):
-            capacity = kind_of(document) == "capacity"
-            verdict = get(document, "metrics", "verdict")
-            if capacity:
-                concluded = get(document, "answer", "concluded")
+        views = [DocumentView.read(document) for document in documents]
+        for name, document, view in zip(names, documents, views, strict=True):
+            verdict: Any = view.summary_verdict
+            if kind_of(document) == "capacity":
+                concluded = view.answer_concluded
                 verdict = None if concluded is None else ("concluded" if concluded else "open")
             rows.append(
                 [
                     ("file", text(name)),
                     ("kind", text(kind_of(document))),
-                    ("timestamp", text(document.get("timestamp"))),
-                    ("batchbench_version", text(document.get("batchbench_version"))),
+                    ("timestamp", text(view.timestamp)),
+                    ("batchbench_version", text(view.batchbench_version)),
                     ("verdict", text(verdict)),
-                    ("slo_verdict", text(_window(document).slo_verdict)),
+                    ("slo_verdict", text(view.window.slo_verdict)),
                 ]
             )
         self.table(
@@ -190,12 +184,12 @@ class Page:
             rows,
         )
         sentences = []
-        for name, document in zip(names, documents, strict=True):
+        for name, view in zip(names, views, strict=True):
             prefix = f"{name}: " if len(documents) > 1 else ""
-            answer = get(document, "answer", "text")
-            if isinstance(answer, str):
+            answer = view.answer_text
+            if answer is not None:
                 sentences.append(f'<li class="bb-answer">{html.escape(prefix + answer)}</li>')
-            window = _window(document)
+            window = view.window
             for side, verdict, reason in (
                 ("client", window.client_verdict, window.client_reason),
                 ("server", window.server_verdict, window.server_reason),
@@ -204,14 +198,14 @@ class Page:
                     judged = f" ({verdict})" if verdict is not None else ""
                     line = f"{prefix}{side.capitalize()}{judged}: {reason}"
                     sentences.append(f"<li>{html.escape(line)}</li>")
-            if document.get("interrupted"):
-                by = document.get("interrupted_by")
+            if view.interrupted:
+                by = view.interrupted_by
                 line = f"{prefix}interrupted{f' by {by}' if by else ''}: the figures cover what ran"
                 sentences.append(f'<li class="bb-note">{html.escape(line)}</li>')
-            if document.get("dry_run"):
+            if view.dry_run:
                 line = f"{prefix}a dry run: no requests were sent, so there are no live figures"
                 sentences.append(f'<li class="bb-note">{html.escape(line)}</li>')
-            for note in document.get(NOTES_KEY) or []:
+            for note in view.notes:
                 sentences.append(f'<li class="bb-note">{html.escape(prefix + str(note))}</li>')
         if sentences:
             self.parts.append('<ul class="bb-verdicts">' + "".join(sentences) + "</ul>")
@@ -219,10 +213,11 @@ class Page:
     def runs_summary(self, runs: list[tuple[str, dict[str, Any]]]) -> None:
         self.section("summary", "Headline figures")
         rows, fallback = [], []
-        for name, document in runs:
-            if not isinstance(document.get("window"), dict):
+        views = _views(runs)
+        for name, view in views:
+            if not view.has_window:
                 fallback.append(name)
-            rows.append([("file", text(name))] + [(c[0], c[2](headline_value(document, c[0])))
+            rows.append([("file", text(name))] + [(c[0], c[2](headline_value(view, c[0])))
                                                    for c in HEADLINE])  # fmt: skip
         self.table("bb-headline", ["file"] + [c[1] for c in HEADLINE], rows)
         if fallback:
@@ -231,8 +226,8 @@ class Page:
                 "older batchbench); figures are the whole run's summary."
             )
         slo_rows = []
-        for name, document in runs:
-            for objective in _window(document).slo:
+        for name, view in views:
+            for objective in view.window.slo:
                 slo_rows.append([("file", text(name)), *slo_cells(objective)])
         if slo_rows:
             self.table(
@@ -258,7 +253,7 @@ class Page:
 
     def over_time(self, runs: list[tuple[str, dict[str, Any]]]) -> None:
         self.section("over-time", "Throughput and concurrency over time")
-        series = [(n, d["timeseries"]) for n, d in runs if isinstance(d.get("timeseries"), dict)]
+        series = [(n, v.timeseries) for n, v in _views(runs) if v.timeseries is not None]
         throughput = self.charts_module.throughput_chart(series)
         concurrency = self.charts_module.concurrency_chart(series)
         if throughput is None and concurrency is None:
@@ -269,7 +264,8 @@ class Page:
 
     def ranks(self, runs: list[tuple[str, dict[str, Any]]]) -> None:
         self.section("ranks", "Data-parallel ranks")
-        series = [(n, d["ranks"]) for n, d in runs if isinstance(d.get("ranks"), list)]
+        views = _views(runs)
+        series = [(n, v.ranks) for n, v in views if v.ranks is not None]
         chart = self.charts_module.ranks_chart(series)
         if chart is None:
             self.note(
@@ -277,24 +273,24 @@ class Page:
                 "metrics with rank labels were scraped."
             )
             return
-        for name, document in runs:
-            source = RANK_SOURCES.get(document.get("ranks_source"), "source not recorded")
-            if document.get("ranks"):
+        for name, view in views:
+            source = RANK_SOURCES.get(view.ranks_source, "source not recorded")
+            if view.ranks:
                 self.note(f"{name}: per-rank figures from {source}.")
         self.chart(chart)
 
     def fidelity(self, runs: list[tuple[str, dict[str, Any]]]) -> None:
         self.section("fidelity", "Token fidelity")
-        series = [(n, d["fidelity"]) for n, d in runs if isinstance(d.get("fidelity"), dict)]
-        chart = self.charts_module.fidelity_chart(series)
+        views = [(n, v) for n, v in _views(runs) if v.fidelity is not None]
+        chart = self.charts_module.fidelity_chart([(n, v.fidelity) for n, v in views])
         if chart is None:
             self.note("No fidelity figures in the documents (a dry run, or no usage reported).")
             return
         self.chart(chart)
         rows = []
-        for name, fidelity in series:
+        for name, view in views:
             for side in ("prompt", "output"):
-                figures = DriftView.read(fidelity.get(side))
+                figures = view.drift(side)
                 if figures is None:
                     continue
                 rows.append(
@@ -316,19 +312,19 @@ class Page:
 
     def server_metrics(self, runs: list[tuple[str, dict[str, Any]]]) -> None:
         self.section("server-metrics", "Server metrics")
-        present = [(n, d["server_metrics"]) for n, d in runs
-                   if isinstance(d.get("server_metrics"), dict)]  # fmt: skip
+        present = [(n, v.server_metrics) for n, v in _views(runs)
+                   if v.server_metrics is not None]  # fmt: skip
         if not present:
             self.note("No server metrics in the documents (scrape them with --server-metrics URL).")
             return
         for name, metrics in present:
             self.note(
-                f"{name}: {metrics.get('url') or MISSING} ({metrics.get('dialect') or 'unknown'}), "
-                f"{number(metrics.get('scrapes'))} scrapes every "
-                f"{number(metrics.get('interval_seconds'))} s, "
-                f"{number(metrics.get('failed_scrapes'))} failed."
+                f"{name}: {metrics.url or MISSING} ({metrics.dialect or 'unknown'}), "
+                f"{number(metrics.scrapes)} scrapes every "
+                f"{number(metrics.interval_seconds)} s, "
+                f"{number(metrics.failed_scrapes)} failed."
             )
-        series = [(n, m["series"]) for n, m in present if isinstance(m.get("series"), dict)]
+        series = [(n, m.series) for n, m in present if m.series is not None]
         chart = self.charts_module.server_metrics_chart(series)
         if chart is None:
             self.note("The server metrics hold no time series.")
@@ -336,8 +332,8 @@ class Page:
             self.chart(chart)
         rows = []
         for name, metrics in present:
-            concepts = metrics.get("concepts")
-            if not isinstance(concepts, dict):
+            concepts = metrics.concepts
+            if concepts is None:
                 continue
             for concept, by_rank in concepts.items():
                 if not isinstance(by_rank, dict):
@@ -355,19 +351,19 @@ class Page:
 
     def capacity(self, name: str, capacity: dict[str, Any], suffix: str) -> None:
         self.section(f"capacity{suffix}", f"Capacity search: {name}")
-        answer = get(capacity, "answer", "text")
-        if isinstance(answer, str):
-            self.parts.append(f'<p class="bb-answer">{html.escape(answer)}</p>')
-        slo = capacity.get("slo")
-        if isinstance(slo, list) and slo:
+        view = DocumentView.read(capacity)
+        if view.answer_text is not None:
+            self.parts.append(f'<p class="bb-answer">{html.escape(view.answer_text)}</p>')
+        slo = view.slo
+        if slo:
             self.note("SLO: " + ", ".join(str(s) for s in slo))
         chart = self.charts_module.capacity_chart(f"bb-capacity-curve{suffix}", capacity)
         if chart is None:
             self.note("No steps in the capacity document.")
         else:
             self.chart(chart)
-        steps_documents = capacity.get(STEPS_KEY) or {}
-        series, metric = capacity_cdf_series(capacity, steps_documents)
+        steps_documents = view.step_documents
+        series, metric = capacity_cdf_series(view, steps_documents)
         if series:
             names = {m: t for m, _, t in self.charts_module.CDF_METRICS}
             key = {m: k for m, k, _ in self.charts_module.CDF_METRICS}[metric]
@@ -383,29 +379,29 @@ class Page:
             if chart is not None:
                 self.chart(chart)
         rows = []
-        for index, step in enumerate(capacity.get("steps") or [], start=1):
-            if isinstance(step, dict):
-                rows.append(step_cells(index, step))
+        for index, step in enumerate(view.steps, start=1):
+            rows.append(step_cells(index, step))
         self.table("bb-capacity-steps" + suffix, [c[1] for c in STEP_COLUMNS], rows,
                    caption="Steps in the order they ran")  # fmt: skip
 
     def configuration(self, names: list[str], documents: list[dict[str, Any]]) -> None:
         self.section("configuration", "Configuration and manifest")
         rows = []
-        for name, document in zip(names, documents, strict=True):
-            manifest = document.get("manifest")
+        views = [DocumentView.read(document) for document in documents]
+        for name, view in zip(names, views, strict=True):
+            manifest = view.manifest
             rows.append(
                 [
                     ("file", text(name)),
-                    ("path", text(get(manifest, "path"))),
-                    ("sha256", text(get(manifest, "sha256"))),
-                    ("schema_version", text(get(manifest, "schema_version"))),
+                    ("path", text(manifest.path)),
+                    ("sha256", text(manifest.sha256)),
+                    ("schema_version", text(manifest.schema_version)),
                 ]
             )
         self.table("bb-manifest", ["file", "manifest path", "SHA-256", "schema"], rows)
-        for index, (name, document) in enumerate(zip(names, documents, strict=True)):
-            configuration = document.get("configuration")
-            if not isinstance(configuration, dict):
+        for index, (name, view) in enumerate(zip(names, views, strict=True)):
+            configuration = view.configuration
+            if configuration is None:
                 self.note(f"{name}: no configuration in the document.")
                 continue
             suffix = "" if index == 0 else f"-{index + 1}"
@@ -470,9 +466,8 @@ def _verdict_class(value: str) -> str:
 # -- table contents -----------------------------------------------------------------------
 
 
-def _window(document: dict[str, Any]) -> WindowView:
-    """The measured window of a run or a capacity step (empty when it has none)."""
-    return WindowView.read(document.get("window"))
+def _views(runs: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, DocumentView]]:
+    return [(name, DocumentView.read(document)) for name, document in runs]
 
 
 # (field, header, formatter); values come from headline_value.
@@ -533,12 +528,11 @@ _METRICS_NAMES = {
 }
 
 
-def headline_value(document: dict[str, Any], field: str) -> Any:
+def headline_value(document: DocumentView, field: str) -> Any:
     """A headline figure: from the measured window, else from the whole-run summary."""
-    window = document.get("window")
-    if isinstance(window, dict):
-        return _FROM_WINDOW[field](WindowView.read(window))
-    metrics = document.get("metrics")
+    if document.has_window:
+        return _FROM_WINDOW[field](document.window)
+    metrics = document.metrics
     if field == "cache_hit_percent":
         cached = finite(get(metrics, "server_cached_input_tokens"))
         total = finite(get(metrics, "total_input_tokens"))
@@ -588,58 +582,55 @@ def concept_cells(value: Any) -> list[tuple[str, str]]:
 
 
 # (field, header, value of a step) for the capacity steps table.
-STEP_COLUMNS: tuple[tuple[str, str, Callable[[dict[str, Any]], str]], ...] = (
-    ("agents", "agents", lambda s: number(s.get("agents"))),
-    ("phase", "phase", lambda s: text(s.get("phase"))),
-    ("verdict", "verdict", lambda s: text(s.get("verdict"))),
-    ("extensions", "extensions", lambda s: number(s.get("extensions"))),
-    ("requests", "requests", lambda s: number(_window(s).requests)),
-    ("requests_per_second", "req/s", lambda s: number(_window(s).requests_per_second)),
+STEP_COLUMNS: tuple[tuple[str, str, Callable[[StepView], str]], ...] = (
+    ("agents", "agents", lambda s: number(s.agents)),
+    ("phase", "phase", lambda s: text(s.phase)),
+    ("verdict", "verdict", lambda s: text(s.verdict)),
+    ("extensions", "extensions", lambda s: number(s.extensions)),
+    ("requests", "requests", lambda s: number(s.window.requests)),
+    ("requests_per_second", "req/s", lambda s: number(s.window.requests_per_second)),
     ("output_tokens_per_second", "output tok/s",
-     lambda s: number(_window(s).output_tokens_per_second)),
-    ("ttft_p50_ms", "TTFT p50 (ms)", lambda s: number(_window(s).percentile("ttft_ms", "p50"))),
-    ("ttft_p99_ms", "TTFT p99 (ms)", lambda s: number(_window(s).percentile("ttft_ms", "p99"))),
-    ("itl_p99_ms", "ITL p99 (ms)", lambda s: number(_window(s).percentile("itl_ms", "p99"))),
-    ("e2e_p95_ms", "E2E p95 (ms)", lambda s: number(_window(s).percentile("e2e_ms", "p95"))),
-    ("goodput_ratio", "goodput", lambda s: ratio_percent(_window(s).goodput_ratio)),
+     lambda s: number(s.window.output_tokens_per_second)),
+    ("ttft_p50_ms", "TTFT p50 (ms)", lambda s: number(s.window.percentile("ttft_ms", "p50"))),
+    ("ttft_p99_ms", "TTFT p99 (ms)", lambda s: number(s.window.percentile("ttft_ms", "p99"))),
+    ("itl_p99_ms", "ITL p99 (ms)", lambda s: number(s.window.percentile("itl_ms", "p99"))),
+    ("e2e_p95_ms", "E2E p95 (ms)", lambda s: number(s.window.percentile("e2e_ms", "p95"))),
+    ("goodput_ratio", "goodput", lambda s: ratio_percent(s.window.goodput_ratio)),
     ("good_trajectories_per_minute", "good trajectories/min",
-     lambda s: number(_window(s).good_trajectories_per_minute)),
-    ("cache_hit_percent", "cache hit", lambda s: percent(_window(s).cache_hit_percent)),
-    ("client_verdict", "client", lambda s: text(_window(s).client_verdict)),
-    ("results_json", "results", lambda s: text(s.get("results_json"))),
-    ("note", "note", lambda s: text(s.get("note")) if s.get("note") else ""),
+     lambda s: number(s.window.good_trajectories_per_minute)),
+    ("cache_hit_percent", "cache hit", lambda s: percent(s.window.cache_hit_percent)),
+    ("client_verdict", "client", lambda s: text(s.window.client_verdict)),
+    ("results_json", "results", lambda s: text(s.results_json)),
+    ("note", "note", lambda s: text(s.note) if s.note else ""),
 )  # fmt: skip
 
 
-def step_cells(index: int, step: dict[str, Any]) -> list[tuple[str, str]]:
+def step_cells(index: int, step: StepView) -> list[tuple[str, str]]:
     del index  # rows are in run order; the table needs no number column
     return [(field, value(step)) for field, _, value in STEP_COLUMNS]
 
 
 def capacity_cdf_series(
-    capacity: dict[str, Any], steps: dict[str, dict[str, Any] | None]
+    capacity: DocumentView, steps: dict[str, dict[str, Any] | None]
 ) -> tuple[list[tuple[str, dict[str, Any]]], str]:
     """(label, step document) per loaded step in agent order, and the metric to draw: the
     first latency objective's metric, else TTFT when streamed, else E2E."""
     metric = None
-    for objective in capacity.get("slo") or []:
+    for objective in capacity.slo or []:
         head = str(objective).split("_", 1)[0].split("=", 1)[0]
         if head in ("ttft", "itl", "e2e"):
             metric = head
             break
-    ordered = sorted(
-        (s for s in capacity.get("steps") or [] if isinstance(s, dict)),
-        key=lambda s: finite(s.get("agents")) or 0.0,
-    )
+    ordered = sorted(capacity.steps, key=lambda s: finite(s.agents) or 0.0)
     series: list[tuple[str, dict[str, Any]]] = []
     seen = set()
     for step in ordered:
-        name = step.get("results_json")
-        document = steps.get(name) if isinstance(name, str) else None
+        name = step.results_json
+        document = steps.get(name) if name is not None else None
         if document is None or name in seen:
             continue
         seen.add(name)
-        agents = step.get("agents")
+        agents = step.agents
         series.append((f"{number(agents)} agent{'' if agents == 1 else 's'}", document))
     if metric is None:
         has_ttft = any(get(d, "distributions", "ttft_ms") for _, d in series)

@@ -57,6 +57,7 @@ __all__ = [
     "live_lines",
     "summary_document",
     "summary_lines",
+    "summary_model",
     "write_csv",
     "write_json",
 ]
@@ -535,6 +536,18 @@ def summary_document(
     live: LiveFigures | None = None,
 ) -> dict:
     """The whole summary as one JSON document (``--results-json``)."""
+    return summary_model(config, setup, summary, failures, live).to_json()
+
+
+def summary_model(
+    config: RunConfig,
+    setup: RunSetup,
+    summary: Summary,
+    failures: Sequence[Failure] = (),
+    live: LiveFigures | None = None,
+) -> SummaryDocument:
+    """The run's summary as the typed results document (without the finished run's further
+    sections, which ``batchbench.stages.outputs`` adds)."""
     live_sections = None
     if live is not None:
         live_sections = LiveSections(
@@ -582,7 +595,7 @@ def summary_document(
         metrics=summary.as_dict(),
         failures=tuple(FailureRow(a, t, i, err) for a, t, i, err in failures),
         live=live_sections,
-    ).to_json()
+    )
 
 
 def write_json(path: str, document: dict) -> None:

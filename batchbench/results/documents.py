@@ -21,7 +21,7 @@ validation beyond what its reader checks (a damaged shard is reported by
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from batchbench.results.recording import DriftFigures, FidelityFigures
@@ -206,10 +206,26 @@ class LiveSections:
 
 
 @dataclass(frozen=True, slots=True)
+class ShardSection:
+    """A shard's ``shard`` section: which shard it is, where its raw data and events files
+    are (names beside the results JSON) and when its clock started."""
+
+    index: int
+    count: int
+    data: str  # the raw data file's name
+    data_path: str  # and its path as written
+    wall_origin: float
+    agent_events: str | None
+    request_events: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class SummaryDocument:
-    """The results JSON as the run writes it (``--results-json``), before the measured
-    window's sections and a shard's section are added; ``to_json`` keeps the key order
-    earlier versions wrote."""
+    """The results JSON as the run writes it (``--results-json``); ``to_json`` keeps the
+    key order earlier versions wrote. ``sections`` are the finished run's further sections
+    (the measured window, distributions, time series, server metrics, ...; built by
+    ``batchbench.results.sections`` and the merge), added after the summary's own keys; a
+    key they share with the summary keeps the summary's place and takes their value."""
 
     batchbench_version: str
     timestamp: str
@@ -221,6 +237,8 @@ class SummaryDocument:
     metrics: dict[str, Any]  # ``Summary.as_dict``: the CSV's columns by name
     failures: tuple[FailureRow, ...]
     live: LiveSections | None
+    sections: dict[str, Any] = field(default_factory=dict)
+    shard: ShardSection | None = None
 
     def to_json(self) -> dict[str, Any]:
         document: dict[str, Any] = {
@@ -239,16 +257,20 @@ class SummaryDocument:
             document["ranks"] = self.live.ranks
             if self.live.client_health is not None:
                 document["client_health"] = self.live.client_health
+        document.update(self.sections)
+        if self.shard is not None:
+            document["shard"] = asdict(self.shard)
         return document
 
 
 # -- the measured window, read back ---------------------------------------------------------
-def _number(value: Any) -> int | float | None:
+def json_number(value: Any) -> int | float | None:
     """A JSON number as it is (bools are not numbers here), else None."""
     return None if isinstance(value, bool) or not isinstance(value, int | float) else value
 
 
-def _text(value: Any) -> str | None:
+def json_text(value: Any) -> str | None:
+    """A JSON string as it is, else None."""
     return value if isinstance(value, str) else None
 
 
@@ -281,9 +303,9 @@ class OutcomeView:
         objective = document.get("objective")
         return cls(
             objective=None if objective is None else str(objective),
-            metric=_text(document.get("metric")),
-            verdict=_text(document.get("verdict")),
-            **{name: _number(document.get(name)) for name in _OUTCOME_NUMBERS},
+            metric=json_text(document.get("metric")),
+            verdict=json_text(document.get("verdict")),
+            **{name: json_number(document.get(name)) for name in _OUTCOME_NUMBERS},
         )
 
 
@@ -331,15 +353,15 @@ class WindowView:
         client, server = _mapping(window.get("client")), _mapping(window.get("server"))
         goodput = _mapping(window.get("goodput"))
         return cls(
-            requests=_number(window.get("requests")),
-            failed_requests=_number(window.get("failed_requests")),
-            duration_seconds=_number(window.get("duration_seconds")),
-            requests_per_second=_number(window.get("requests_per_second")),
-            output_tokens_per_second=_number(window.get("output_tokens_per_second")),
-            cache_hit_percent=_number(window.get("cache_hit_percent")),
-            good_requests_per_second=_number(goodput.get("good_requests_per_second")),
-            goodput_ratio=_number(goodput.get("goodput_ratio")),
-            good_trajectories_per_minute=_number(goodput.get("good_trajectories_per_minute")),
+            requests=json_number(window.get("requests")),
+            failed_requests=json_number(window.get("failed_requests")),
+            duration_seconds=json_number(window.get("duration_seconds")),
+            requests_per_second=json_number(window.get("requests_per_second")),
+            output_tokens_per_second=json_number(window.get("output_tokens_per_second")),
+            cache_hit_percent=json_number(window.get("cache_hit_percent")),
+            good_requests_per_second=json_number(goodput.get("good_requests_per_second")),
+            goodput_ratio=json_number(goodput.get("goodput_ratio")),
+            good_trajectories_per_minute=json_number(goodput.get("good_trajectories_per_minute")),
             latency={
                 key: stats
                 for key, stats in _mapping(window.get("latency")).items()
@@ -350,17 +372,17 @@ class WindowView:
                 for outcome in (slo if isinstance(slo, list) else [])
                 if isinstance(outcome, dict)
             ),
-            slo_verdict=_text(window.get("slo_verdict")),
-            client_verdict=_text(client.get("verdict")),
-            client_reason=_text(client.get("reason")),
-            server_verdict=_text(server.get("verdict")),
-            server_reason=_text(server.get("reason")),
+            slo_verdict=json_text(window.get("slo_verdict")),
+            client_verdict=json_text(client.get("verdict")),
+            client_reason=json_text(client.get("reason")),
+            server_verdict=json_text(server.get("verdict")),
+            server_reason=json_text(server.get("reason")),
         )
 
     def percentile(self, metric: str, label: str) -> int | float | None:
         """A latency percentile (``ttft_ms``, ``p99``) in ms, None when not measured."""
         stats = self.latency.get(metric)
-        return None if stats is None else _number(_mapping(stats.get("percentiles")).get(label))
+        return None if stats is None else json_number(_mapping(stats.get("percentiles")).get(label))
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,9 +401,9 @@ class DriftView:
         if not isinstance(document, dict):
             return None
         return cls(
-            requests=_number(document.get("requests")),
-            exact=_number(document.get("exact")),
-            exact_percent=_number(document.get("exact_percent")),
-            mean_abs_drift=_number(document.get("mean_abs_drift")),
-            max_abs_drift=_number(document.get("max_abs_drift")),
+            requests=json_number(document.get("requests")),
+            exact=json_number(document.get("exact")),
+            exact_percent=json_number(document.get("exact_percent")),
+            mean_abs_drift=json_number(document.get("mean_abs_drift")),
+            max_abs_drift=json_number(document.get("max_abs_drift")),
         )

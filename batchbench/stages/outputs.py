@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from batchbench.config import RunConfig
 from batchbench.errors import BatchbenchError
-from batchbench.results.console import csv_row, summary_document, write_csv, write_json
+from batchbench.results.console import csv_row, summary_model, write_csv, write_json
+from batchbench.results.documents import ShardSection
 from batchbench.results.windowreport import window_csv
 from batchbench.scale.partial import data_path, save
 from batchbench.stages.console import RunOutput
@@ -58,18 +58,16 @@ def write_outputs(result: RunResult, out: RunOutput | None = None) -> RunResult:
             errors.append(str(exc))
     document = None
     if config.results_json or config.report_html:
-        document = summary_document(
-            config, result.setup, result.summary, result.failures, result.live
-        )
-        if result.sections:
-            document.update(result.sections)
-    if config.results_json and result.shard_data is not None and config.shard is not None:
-        assert document is not None  # made for results_json
-        try:
-            document["shard"] = _write_shard_data(result, config.results_json)
-            written.append(("shard raw data", document["shard"]["data_path"]))
-        except BatchbenchError as exc:
-            errors.append(str(exc))
+        model = summary_model(config, result.setup, result.summary, result.failures, result.live)
+        model = replace(model, sections=dict(result.sections or {}))
+        if config.results_json and result.shard_data is not None and config.shard is not None:
+            try:
+                shard = _write_shard_data(result, config.results_json)
+                model = replace(model, shard=shard)
+                written.append(("shard raw data", shard.data_path))
+            except BatchbenchError as exc:
+                errors.append(str(exc))
+        document = model.to_json()
     if config.results_json:
         assert document is not None  # made for results_json
         try:
@@ -104,7 +102,7 @@ def write_outputs(result: RunResult, out: RunOutput | None = None) -> RunResult:
     return result
 
 
-def _write_shard_data(result: RunResult, results_json: str) -> dict[str, Any]:
+def _write_shard_data(result: RunResult, results_json: str) -> ShardSection:
     """Save a shard's raw data beside its results JSON; the JSON's ``shard`` section."""
     data = result.shard_data
     assert data is not None  # only a shard's result is written with its data
@@ -112,19 +110,19 @@ def _write_shard_data(result: RunResult, results_json: str) -> dict[str, Any]:
     save(data, path)
     config = result.config
     index, count = data.shard
-    return {
-        "index": index,
-        "count": count,
-        "data": os.path.basename(path),
-        "data_path": path,
-        "wall_origin": data.meta["wall_origin"],
-        "agent_events": os.path.basename(config.agent_events_jsonl)
+    return ShardSection(
+        index=index,
+        count=count,
+        data=os.path.basename(path),
+        data_path=path,
+        wall_origin=data.meta["wall_origin"],
+        agent_events=os.path.basename(config.agent_events_jsonl)
         if config.agent_events_jsonl
         else None,
-        "request_events": os.path.basename(config.request_events_jsonl)
+        request_events=os.path.basename(config.request_events_jsonl)
         if config.request_events_jsonl and not config.dry_run
         else None,
-    }
+    )
 
 
 def _as_given(config: RunConfig) -> RunConfig:

@@ -1,0 +1,108 @@
+"""The capacity document (``capacity.json``): written through ``CapacityDocument`` and read
+back, for a resume, through ``CapacityView``.
+
+Plain dataclasses like ``batchbench.results.documents`` (the same reasons: orjson writes
+the JSON and no validation beyond the reader's checks is needed). ``to_json`` keeps the
+keys, order and values earlier versions wrote; ``CapacityView`` accepts a document of any
+earlier version, a missing section reading as None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from batchbench.capacity.render import Answer
+from batchbench.capacity.search import StepRecord
+from batchbench.results.documents import ManifestSection
+
+KIND = "capacity"
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSettings:
+    """The document's "search" object: the bounds and the window the search was run with."""
+
+    min_agents: int
+    max_agents: int
+    resolution: int
+    warmup_seconds: float
+    window_seconds: float | None
+    window_trajectories: int | None
+    max_extensions: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityDocument:
+    """``capacity.json`` as a search writes it after every step; ``steps`` holds the
+    finished steps and, while a search runs, the attempt about to be extended."""
+
+    batchbench_version: str
+    timestamp: str
+    slo: tuple[str, ...]
+    goodput_thresholds_ms: dict[str, float] | None
+    configuration: dict[str, Any]  # ``RunConfig.options()``
+    manifest: ManifestSection | None
+    search: SearchSettings
+    steps: tuple[StepRecord, ...]
+    answer: Answer
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": KIND,
+            "batchbench_version": self.batchbench_version,
+            "timestamp": self.timestamp,
+            "slo": list(self.slo),
+            "goodput_thresholds_ms": self.goodput_thresholds_ms,
+            "configuration": self.configuration,
+            "manifest": None if self.manifest is None else asdict(self.manifest),
+            "search": self.search.to_json(),
+            "steps": [step.as_dict() for step in self.steps],
+            "answer": self.answer.as_dict(),
+        }
+
+
+def _mapping(value: Any) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) else None
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityView:
+    """A capacity document read back to resume its search. ``configuration`` and
+    ``search`` stay mappings (a resume compares them key by key, whatever keys the writing
+    version had); a section the document lacks is None, and so is a step entry that is
+    not an object."""
+
+    configuration: dict[str, Any] | None
+    search: dict[str, Any] | None
+    manifest_sha256: str | None
+    steps: tuple[dict[str, Any], ...]
+
+    @staticmethod
+    def is_capacity(document: Any) -> bool:
+        """Whether a parsed JSON value is a capacity document at all."""
+        return isinstance(document, dict) and document.get("kind") == KIND
+
+    @classmethod
+    def read(cls, document: dict[str, Any]) -> CapacityView:
+        manifest = _mapping(document.get("manifest")) or {}
+        steps = document.get("steps")
+        sha256 = manifest.get("sha256")  # any other value than a string counts as changed
+        return cls(
+            configuration=_mapping(document.get("configuration")),
+            search=_mapping(document.get("search")),
+            manifest_sha256=None if sha256 is None else str(sha256),
+            steps=tuple(
+                entry
+                for entry in (steps if isinstance(steps, list) else [])
+                if isinstance(entry, dict)
+            ),
+        )
+
+
+def step_window(document: Any) -> dict[str, Any] | None:
+    """A step's results JSON ``window`` section, None when the document has none."""
+    return _mapping(document.get("window")) if isinstance(document, dict) else None
