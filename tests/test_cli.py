@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+
 import pytest
 
 from batchbench.cli.agent import main, run_console
@@ -234,3 +238,40 @@ def test_help_lists_the_live_run_flags(capsys):
         "--sim-args",
     ):
         assert flag in out
+
+
+LATE_SIGNALS = """
+import os, signal, sys
+from batchbench.cli.agent import hold_late_signals
+from batchbench.drive.shutdown import note_signal_stop
+
+hold_late_signals()
+if sys.argv[1] == "after a stop":
+    note_signal_stop()
+for name in sys.argv[2:]:
+    os.kill(os.getpid(), getattr(signal, name))
+print("summary printed", flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("when", "signals", "status"),
+    [
+        ("after a stop", ["SIGINT", "SIGINT", "SIGTERM"], 0),
+        ("before any stop", ["SIGINT"], -signal.SIGINT),
+        ("before any stop", ["SIGTERM"], -signal.SIGTERM),
+    ],
+)
+def test_a_late_signal_of_a_stopped_run_does_not_kill_the_console(tmp_path, when, signals, status):
+    """A double Ctrl+C as a stopped run ends reaches the console after the run gave its
+    handlers back: it is part of that stop (the summary still prints); before any stop,
+    SIGINT interrupts and SIGTERM ends the process as they always did."""
+    done = subprocess.run(
+        [sys.executable, "-c", LATE_SIGNALS, when, *signals],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == status, done.stderr
+    assert ("summary printed" in done.stdout) == (status == 0)

@@ -7,12 +7,16 @@ after SIGTERM.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from collections.abc import Iterable, Sequence
+from types import FrameType
 
 from batchbench.api import OutputError, RunResult, run
 from batchbench.cli.agent_args import config_from_argv
 from batchbench.cli.exits import exit_status
+from batchbench.drive.shutdown import signal_stopped_a_run
 from batchbench.results.console import (
     dry_run_lines,
     live_lines,
@@ -105,7 +109,27 @@ def run_console(argv: Sequence[str] | None, prog: str) -> int:
     return exit_status(lambda: main(argv, prog=prog))
 
 
+def _late_signal(signum: int, _frame: FrameType | None) -> None:
+    if signal_stopped_a_run():
+        return  # the outputs are written and the summary is on its way: part of that stop
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    signal.signal(signum, signal.SIG_DFL)  # SIGTERM before any stop: end as before
+    os.kill(os.getpid(), signum)
+
+
+def hold_late_signals() -> None:
+    """For a console run: a Ctrl+C or SIGTERM that arrives after the run it stopped gave
+    its signal handlers back (a double Ctrl+C as the run ends, while the summary prints or
+    the interpreter exits) is part of that interruption, not a reason to die of the signal
+    half-way through the summary. Before any run was stopped, SIGINT still interrupts and
+    SIGTERM still ends the process."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _late_signal)
+
+
 def console_main() -> None:
+    hold_late_signals()
     try:
         status = run_console(None, "batchbench-agent")
     except KeyboardInterrupt:  # in the last instants (an error line being printed)

@@ -6,7 +6,7 @@ import difflib
 import sys
 from collections.abc import Sequence
 
-from batchbench.cli.agent import run_console
+from batchbench.cli.agent import hold_late_signals, run_console
 from batchbench.cli.agent_args import version_text
 from batchbench.text.tokenizer import describe_builtins
 
@@ -40,6 +40,7 @@ def run(argv: Sequence[str]) -> int:
         print(version_text())
         return 0
     if command == "agent":
+        hold_late_signals()
         return run_console(rest, "batchbench agent")
     if command == "sim":
         from batchbench.cli.sim import run as run_sim  # lazy: one command's modules

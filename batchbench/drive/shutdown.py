@@ -24,6 +24,20 @@ EXIT_STATUS = {"SIGINT": 130, "SIGTERM": 143}
 CANCELLED_IN_FLIGHT = "cancelled in flight when the grace period ended"
 CANCELLED_WAITING = "cancelled by the shutdown while waiting to retry"
 
+_stopped_by_signal = False  # a signal stopped a run of this process (see signal_stopped_a_run)
+
+
+def note_signal_stop() -> None:
+    """A signal stopped a run of this process (its graceful stop, or a worker run's)."""
+    global _stopped_by_signal
+    _stopped_by_signal = True
+
+
+def signal_stopped_a_run() -> bool:
+    """Whether a signal stopped a run of this process: a console then takes a late signal,
+    which arrives after the run gave its handlers back, as part of the same interruption."""
+    return _stopped_by_signal
+
 
 async def abandon(task: asyncio.Future | None) -> None:
     """Cancel a half-built next request and collect its outcome, so no error of it goes
@@ -53,6 +67,7 @@ class Shutdown:
 
     def request(self, signal_name: str) -> None:
         """A signal arrived: the first stops admission, a later one ends the grace period."""
+        note_signal_stop()
         if self.stopped:
             if self.signal_name is None:
                 self.signal_name = signal_name

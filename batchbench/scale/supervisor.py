@@ -29,6 +29,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from batchbench.config import RunConfig
+from batchbench.drive.shutdown import note_signal_stop
 from batchbench.errors import BatchbenchError, UsageError
 from batchbench.scale.loss import death_cause
 from batchbench.scale.salvage import WorkerStart
@@ -102,6 +103,7 @@ class Supervisor:
         has no graceful stop: it ends at once, as one process does; while the outputs are
         written, a third signal abandons them."""
         self.signals.append(signum)
+        note_signal_stop()
         if self.config.dry_run and not self.writing:
             raise KeyboardInterrupt
         if self.writing and len(self.signals) >= 3:
