@@ -136,3 +136,14 @@ def test_a_command_line_run_checks_its_options_once(monkeypatch, capsys):
     built.check_once()
     assert len(calls) == 2
     capsys.readouterr()
+
+
+def test_calibrate_passes_tokenizer_download_on():
+    """``batchbench calibrate --tokenizer-download`` lets the tokenizer be fetched, as it
+    does for the agent (it was shown in --help but dropped)."""
+    from batchbench.cli.calibrate import build_parser, probe_config
+
+    base = ["--host", "http://127.0.0.1:9", "--tokenizer-model", "org/model"]
+    parser = build_parser("batchbench calibrate")
+    assert probe_config(parser.parse_args([*base, "--tokenizer-download"])).tokenizer_download
+    assert not probe_config(parser.parse_args(base)).tokenizer_download

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
 
 import orjson
 
@@ -60,8 +59,8 @@ def _run(argv: Sequence[str], prog: str) -> int:
 
 def probe_config(args: argparse.Namespace) -> RunConfig:
     """The probes' settings, as a run configuration (the options mean what they mean in
-    batchbench-agent). --tokenizer-download is accepted but, as before, not passed on."""
-    return replace(RunConfig(**field_values(RunConfig, args)), tokenizer_download=False)
+    batchbench-agent)."""
+    return RunConfig(**field_values(RunConfig, args))
 
 
 class _StderrNotes:
@@ -85,7 +84,7 @@ def _calibrate(config: RunConfig, as_json: bool) -> int:
         url, tokenizer = config.endpoint_url, config.tokenizer
         assert url is not None  # checked: a live target
         assert tokenizer is not None  # the model's, which the server named if not given
-        loaded = load_tokenizer(tokenizer)
+        loaded = load_tokenizer(tokenizer, config.tokenizer_download or None)
         synth = Synthesizer.prepare(loaded)
         template, replies = reply_accounting(
             config, loaded, lambda text: print(text, file=sys.stderr)
