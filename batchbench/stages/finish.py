@@ -18,12 +18,11 @@ from batchbench.results.recording import ClientHealth, FidelityFigures, RankFigu
 from batchbench.results.sections import distributions, rank_rows
 from batchbench.results.summary import LiveFigures, RunSetup, Summary, build_summary
 from batchbench.results.window import WindowFigures, WindowInputs, server_verdict, window_figures
-from batchbench.scale.partial import ShardData
-from batchbench.scale.snapshot import snapshot
 from batchbench.stages.admission import planned_counts
 from batchbench.stages.liverun import LiveRun
 
 if TYPE_CHECKING:  # the client's stages: a merge finishes its result without loading them
+    from batchbench.scale.partial import ShardData
     from batchbench.stages.execute import Executed
     from batchbench.stages.prepare import Prepared
 
@@ -119,6 +118,8 @@ def finish(prepared: Prepared, executed: Executed) -> RunResult:
         return result
     # A dry run's lines need the workload, which a merge may not have.
     lines = list(dry_run_lines(workload, executed.engine)) if config.dry_run else None
+    from batchbench.scale.snapshot import snapshot  # lazy: shard runs only (start-up)
+
     data = snapshot(config, prepared.setup, (shard.index, shard.count), counts,
                     executed.engine, live, executed.lifecycle, executed.wall_origin,
                     dry_run_lines=lines)  # fmt: skip

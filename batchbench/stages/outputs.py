@@ -12,7 +12,6 @@ from batchbench.errors import BatchbenchError
 from batchbench.results.console import csv_row, summary_model, write_csv, write_json
 from batchbench.results.documents import ShardSection
 from batchbench.results.windowreport import window_csv
-from batchbench.scale.partial import data_path, save
 from batchbench.stages.console import RunOutput
 from batchbench.stages.finish import RunResult
 from batchbench.stages.target import SIM_METRICS
@@ -106,6 +105,8 @@ def _write_shard_data(result: RunResult, results_json: str) -> ShardSection:
     """Save a shard's raw data beside its results JSON; the JSON's ``shard`` section."""
     data = result.shard_data
     assert data is not None  # only a shard's result is written with its data
+    from batchbench.scale.partial import data_path, save  # lazy: shard runs only (start-up)
+
     path = data_path(results_json)
     save(data, path)
     config = result.config
