@@ -1625,33 +1625,7 @@ def test_sigkill_leaves_whole_jsonl_lines(stub, tmp_path):
     assert not files["csv"].exists()
 
 
-REQUEST_EVENT_KEYS = [
-    "agent_id",
-    "trajectory_id",
-    "invocation",
-    "routing_slot",
-    "dp_rank",
-    "target_prompt_tokens",
-    "prompt_tokens",
-    "completion_tokens",
-    "cached_tokens",
-    "start_offset_seconds",
-    "latency_seconds",
-    "ttft_seconds",
-    "attempts",
-    "status",
-    "error",
-    "error_kind",
-    "status_code",
-    "errors",
-    "prompt_drift",
-    "prompt_correction_tokens",
-    "correction_note",
-    "planned_output_tokens",
-    "output_drift",
-    "reply_rendered_tokens",
-    "oracle_seconds",
-]
+REQUEST_EVENT_KEYS = REQUEST_EVENT_FIELDS  # the documented key order (docs/outputs.md)
 
 
 @pytest.mark.parametrize(
