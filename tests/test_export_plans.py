@@ -19,6 +19,7 @@ import pytest
 from batchbench.cli.export_plans import run
 from batchbench.cli.main import run as run_main
 from batchbench.ingest.sampling import length_bucket, sample
+from batchbench.ingest.window import parse_timestamp
 from batchbench.ingest.write import encode, validate_lines
 from batchbench.plan.manifest import load_manifest
 
@@ -599,3 +600,26 @@ def test_help_and_entry_points(tmp_path, capsys):
     )
     assert done.returncode == 0 and done.stderr.startswith("wrote 1 trajectories to ")
     assert (tmp_path / "plans.jsonl").exists()
+
+
+def test_timestamps_accept_z_a_space_and_naive_utc():
+    base = parse_timestamp("2026-01-01T00:00:00Z")
+    assert parse_timestamp("2026-01-01 00:00:00") == base
+    assert parse_timestamp("2026-01-01T00:00:00.250+00:00") == base + 250_000
+    assert parse_timestamp("2026-01-01T02:00:00+02:00") == base
+    assert base == 1_767_225_600 * 1_000_000
+    for bad in ("", "yesterday", "2026-13-01T00:00:00"):
+        with pytest.raises(ValueError):
+            parse_timestamp(bad)
+
+
+def test_rows_before_the_look_back_are_not_read(tmp_path, capsys):
+    rows = [
+        row(-25 * 3600, "old", ["s"], tokens=[3]),  # beyond the 24 h look-back: ignored
+        row(60, "new", ["s", "t"], tokens=[3, 2]),
+    ]
+    result = export(tmp_path, capsys, rows)
+    assert result.ids() == ["t-0"]
+    assert "reset_before" not in result.plans[0]["requests"][0]
+    assert (result.stats["rows"], result.stats["usable"]) == ("2", "1")
+    assert result.stats["prewindow_sessions"] == "0"
