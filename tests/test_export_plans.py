@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
-from batchbench.cli.export_plans import run
+from batchbench.cli.export_plans import console_main, run
 from batchbench.cli.main import run as run_main
 from batchbench.ingest.sampling import length_bucket, sample
 from batchbench.ingest.window import parse_timestamp
@@ -569,7 +569,7 @@ def test_cli_option_errors(tmp_path, capsys):
     assert "Error:" in capsys.readouterr().err
 
 
-def test_help_and_entry_points(tmp_path, capsys):
+def test_help_and_entry_points(tmp_path, capsys, monkeypatch):
     assert run(["--help"]) == 0
     text = capsys.readouterr().out
     for flag in (
@@ -587,6 +587,11 @@ def test_help_and_entry_points(tmp_path, capsys):
     ):
         assert flag in text
     assert run_main(["--help"]) == 0 and "export-plans" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["batchbench-export-plans", "--help"])
+    with pytest.raises(SystemExit) as exited:
+        console_main()
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: batchbench-export-plans ")
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert 'batchbench-export-plans = "batchbench.cli.export_plans:console_main"' in pyproject
     (tmp_path / "rows.jsonl").write_text(orjson.dumps(row(0, "a", ["x"], tokens=[3])).decode())
