@@ -35,3 +35,7 @@ class TokenizerError(BatchbenchError):
 
 class SynthesisError(BatchbenchError):
     """Exact-length text that cannot be generated for a target."""
+
+
+class InputError(BatchbenchError):
+    """Unusable input or options of an export or import (a row's file, line and field)."""

@@ -24,6 +24,7 @@ foundations            | batchbench batchbench.errors batchbench.secrets batchbe
 shard arithmetic       | batchbench.scale.partition
 plans                  | batchbench.plan
 text                   | batchbench.text
+ingest of logs, traces | batchbench.ingest
 records of a run       | batchbench.results.failures batchbench.results.lifecycle
                        | batchbench.results.metrics batchbench.results.samples
                        | batchbench.results.events batchbench.results.recording
@@ -43,6 +44,7 @@ runs over processes    | batchbench.scale.merge batchbench.scale.combine
 public face            | batchbench.api
 capacity search        | batchbench.capacity
 commands               | batchbench.cli batchbench.agent batchbench.__main__
+                       | batchbench.export_plans
 """
 
 

@@ -20,6 +20,7 @@ commands:
   capacity     find how many active agents a deployment holds under --slo (doubling, then
                bisection; one results JSON per step, resumable)
   report       write a self-contained HTML report (charts) from results or capacity JSON
+  export-plans rebuild sessions from request-log rows (JSONL) into a schema v2 manifest
   merge        merge the results of a run split with --shard I/N into one run's outputs
   tokenizers   list the built-in tokenizer names usable with --tokenizer-model
 
@@ -66,6 +67,10 @@ def run(argv: Sequence[str]) -> int:
         from batchbench.cli.merge import run as run_merge  # lazy: one command's modules
 
         return run_merge(rest)
+    if command == "export-plans":
+        from batchbench.cli.export_plans import run as run_export  # lazy: one command's modules
+
+        return run_export(rest)
     if command == "tokenizers":
         for name, path in describe_builtins():
             print(f"{name}\t{path}")
@@ -88,6 +93,7 @@ COMMANDS = (
     "capacity",
     "report",
     "merge",
+    "export-plans",
     "tokenizers",
 )
 
