@@ -275,3 +275,47 @@ def test_a_late_signal_of_a_stopped_run_does_not_kill_the_console(tmp_path, when
     )
     assert done.returncode == status, done.stderr
     assert ("summary printed" in done.stdout) == (status == 0)
+
+
+SIGNAL_AT_SHUTDOWN = """
+import os, signal, sys
+from batchbench.cli.agent import exit_process, hold_late_signals
+from batchbench.drive.shutdown import note_signal_stop
+
+
+class SignalsAtShutdown:
+    # Collected while the interpreter clears its modules, after it gave every signal its
+    # default action back: the last instant a terminal's second Ctrl+C can land in.
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+shutdown_witness = SignalsAtShutdown()
+hold_late_signals()
+if sys.argv[1] == "after a stop":
+    note_signal_stop()
+if sys.argv[2] == "exit_process":
+    exit_process(130)
+sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize(
+    ("when", "ending", "status"),
+    [
+        ("after a stop", "exit_process", 130),
+        ("after a stop", "sys.exit", -signal.SIGINT),  # the window exit_process closes
+        ("before any stop", "exit_process", -signal.SIGINT),
+    ],
+)
+def test_a_signal_while_the_interpreter_shuts_down_keeps_the_exit_status(when, ending, status):
+    """The interpreter restores default signal actions before it clears its modules; a
+    stopped run's process blocks SIGINT/SIGTERM as it exits, so the status stays 130."""
+    done = subprocess.run(
+        [sys.executable, "-c", SIGNAL_AT_SHUTDOWN, when, ending],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == status, done.stderr

@@ -12,6 +12,7 @@ import signal
 import sys
 from collections.abc import Iterable, Sequence
 from types import FrameType
+from typing import NoReturn
 
 from batchbench.api import OutputError, RunResult, run
 from batchbench.cli.agent_args import config_from_argv
@@ -128,10 +129,23 @@ def hold_late_signals() -> None:
         signal.signal(signum, _late_signal)
 
 
+def exit_process(status: int) -> NoReturn:
+    """End the process with ``status``. After a run a signal stopped, SIGINT and SIGTERM are
+    ignored from here on: while it shuts down the interpreter gives each signal that has a
+    Python handler its default action back, and a second Ctrl+C landing in that last
+    instant would kill the process after its summary, turning exit 130 into death by the
+    signal. (Ignoring is process-wide and kept through shutdown; blocking would be per
+    thread, and a native library's thread would still take the signal.)"""
+    if signal_stopped_a_run():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
+    sys.exit(status)
+
+
 def console_main() -> None:
     hold_late_signals()
     try:
         status = run_console(None, "batchbench-agent")
     except KeyboardInterrupt:  # in the last instants (an error line being printed)
         status = 130
-    sys.exit(status)
+    exit_process(status)

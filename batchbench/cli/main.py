@@ -6,7 +6,7 @@ import difflib
 import sys
 from collections.abc import Sequence
 
-from batchbench.cli.agent import hold_late_signals, run_console
+from batchbench.cli.agent import exit_process, hold_late_signals, run_console
 from batchbench.cli.agent_args import version_text
 from batchbench.text.tokenizer import describe_builtins
 
@@ -99,4 +99,8 @@ COMMANDS = (
 
 
 def main() -> None:
-    sys.exit(run(sys.argv[1:]))
+    try:
+        status = run(sys.argv[1:])
+    except KeyboardInterrupt:  # a late Ctrl+C while an agent run's last error line prints
+        status = 130
+    exit_process(status)
