@@ -1,0 +1,1 @@
+"""One module per trace format; each only parses its rows into ``Record`` values."""
