@@ -32,7 +32,8 @@ def open_binary(path: str) -> IO[bytes]:
                 f"{path} is zstd-compressed; install the import extra to read it: "
                 "pip install 'batchbench[import]'"
             ) from None
-        return zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)  # type: ignore[return-value]
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
+        return io.BufferedReader(reader)
     return raw
 
 
@@ -41,8 +42,7 @@ def lines(path: str) -> Iterator[tuple[int, bytes]]:
     compressed file is an InputError naming it."""
     stream = open_binary(path)
     try:
-        buffered = stream if isinstance(stream, io.BufferedIOBase) else io.BufferedReader(stream)  # type: ignore[arg-type]
-        for number, line in enumerate(buffered, 1):
+        for number, line in enumerate(stream, 1):
             yield number, line.rstrip(b"\r\n")
     except (OSError, EOFError) as exc:
         raise InputError(f"cannot read {path}: {exc}") from None
