@@ -20,6 +20,7 @@ commands:
   capacity     find how many active agents a deployment holds under --slo (doubling, then
                bisection; one results JSON per step, resumable)
   report       write a self-contained HTML report (charts) from results or capacity JSON
+  import       turn a public trace (Mooncake, WEKA, TraceLab, Azure, ...) into a manifest
   export-plans rebuild sessions from request-log rows (JSONL) into a schema v2 manifest
   merge        merge the results of a run split with --shard I/N into one run's outputs
   tokenizers   list the built-in tokenizer names usable with --tokenizer-model
@@ -71,6 +72,10 @@ def run(argv: Sequence[str]) -> int:
         from batchbench.cli.export_plans import run as run_export  # lazy: one command's modules
 
         return run_export(rest)
+    if command == "import":
+        from batchbench.cli.import_trace import run as run_import  # lazy: one command's modules
+
+        return run_import(rest)
     if command == "tokenizers":
         for name, path in describe_builtins():
             print(f"{name}\t{path}")
@@ -93,6 +98,7 @@ COMMANDS = (
     "capacity",
     "report",
     "merge",
+    "import",
     "export-plans",
     "tokenizers",
 )

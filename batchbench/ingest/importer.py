@@ -1,0 +1,404 @@
+"""``batchbench import``: a public trace in, a validated schema v2 manifest out.
+
+A format module parses rows into ``Record`` values; everything after is here and shared:
+the window and filters, parents and trajectories (lineage), blocks (units, growth),
+delays, sampling (as export-plans), validation and the atomic write, and the counters
+printed at the end.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchbench.errors import InputError
+from batchbench.ingest.blockbuild import Block, BlockBuilder, BlockCounts, id_roles
+from batchbench.ingest.lineage import (
+    NO_PARENT,
+    Lineage,
+    Trajectory,
+    assign_parents,
+    build_trajectories,
+    full_block_count,
+    linkable_chains,
+    qualified_ids,
+    shared_prefix_ids,
+)
+from batchbench.ingest.record import FormatOptions, Record
+from batchbench.ingest.sampling import check_fraction, sample
+from batchbench.ingest.timing import LatencyModel, TraceWindow, end_time, gap_seconds
+from batchbench.ingest.units import Units
+from batchbench.ingest.write import encode, write_manifest
+
+Plan = dict[str, Any]
+
+# The formats, in the order --help lists them: name -> module under batchbench.ingest.formats.
+FORMATS = {
+    "mooncake": "mooncake",
+    "bailian": "bailian",
+    "weka": "weka",
+    "tracelab": "tracelab",
+    "azure": "azure",
+    "burstgpt": "burstgpt",
+    "ragpulse": "ragpulse",
+    "claude-code": "claude_code",
+}
+
+
+def format_reader(name: str) -> Callable[[str, FormatOptions], Iterator[Record]]:
+    if name not in FORMATS:
+        raise InputError(f"unknown format {name!r}; expected one of {', '.join(FORMATS)}")
+    module = importlib.import_module(f"batchbench.ingest.formats.{FORMATS[name]}")
+    reader: Callable[[str, FormatOptions], Iterator[Record]] = module.read
+    return reader
+
+
+@dataclass(frozen=True)
+class ImportOptions:
+    format: str
+    inputs: tuple[str, ...]
+    output: str
+    start: str | None = None
+    end: str | None = None
+    first_seconds: float | None = None
+    model: str | None = None
+    block_size: int | None = None
+    link_window_hours: float = 24.0
+    shared_prefix_followers: int = 16
+    min_new_tokens: int = 32
+    latency_model: str = "none"
+    max_delay_ms: float | None = None
+    split_idle_ms: float | None = None
+    sample: float | None = None
+    seed: int = 0
+    stratify_by_session_length: bool = False
+    time_scale: float = 1.0
+
+
+@dataclass
+class ImportStats:
+    """What an import did, for its closing lines and for tests."""
+
+    rows: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    input_prompt_tokens: int = 0  # over every row read
+    input_output_tokens: int = 0
+    requests: int = 0  # written (after sampling)
+    trajectories: int = 0  # built, before sampling
+    written: int = 0  # trajectories written
+    multi_request: int = 0  # written trajectories of more than one request
+    links: int = 0
+    branches: int = 0
+    splits: int = 0
+    resets: int = 0  # requests that follow a predecessor they do not extend (reset_before)
+    capped_delays: int = 0
+    prompt_tokens: int = 0  # written
+    output_tokens: int = 0
+    shared_prompt_tokens: int = 0  # written prompt tokens in blocks other trajectories also use
+    lineage: dict[str, int] = field(default_factory=dict)
+    blocks: BlockCounts = field(default_factory=BlockCounts)
+
+
+def check_options(options: ImportOptions) -> tuple[TraceWindow, LatencyModel]:
+    format_reader(options.format)
+    if not options.inputs:
+        raise InputError("no input files")
+    window = TraceWindow.parse(options.start, options.end, options.first_seconds)
+    model = LatencyModel.parse(options.latency_model)
+    if not (math.isfinite(options.time_scale) and options.time_scale > 0):
+        raise InputError("time scale must be a positive finite number")
+    if not math.isfinite(options.link_window_hours) or options.link_window_hours < 0:
+        raise InputError("--link-window-hours must be non-negative")
+    for flag, value in (
+        ("--max-delay-ms", options.max_delay_ms),
+        ("--split-idle-ms", options.split_idle_ms),
+    ):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise InputError(f"{flag} must be a non-negative number of milliseconds")
+    if options.block_size is not None and options.block_size <= 0:
+        raise InputError("--block-size must be a positive number of tokens")
+    if options.min_new_tokens < 0:
+        raise InputError("--min-new-tokens must not be negative")
+    if options.shared_prefix_followers < 2:
+        raise InputError("--shared-prefix-followers must be at least 2")
+    check_fraction(options.sample)
+    return window, model
+
+
+@dataclass
+class _Kept:
+    records: list[Record]
+    sources: list[int]  # the input file index of each record
+
+
+RowCounter = Callable[[int], None]
+
+
+def read_records(
+    options: ImportOptions, window: TraceWindow, stats: ImportStats, tick: RowCounter | None
+) -> _Kept:
+    """Every input's records that pass the window and filters, in arrival order; ``tick``
+    hears the rows read so far every 65,536 rows (a progress bar)."""
+    reader = format_reader(options.format)
+    format_options = FormatOptions(block_size=options.block_size)
+    kept: list[tuple[float, int, int, Record]] = []
+    order = 0
+    for source, path in enumerate(options.inputs):
+        for record in reader(path, format_options):
+            stats.rows += 1
+            if tick is not None and not stats.rows & 0xFFFF:
+                tick(stats.rows)
+            stats.input_prompt_tokens += record.input_tokens
+            stats.input_output_tokens += record.output_tokens
+            reason = _drop_reason(record, options, window)
+            if reason is not None:
+                stats.dropped[reason] += 1
+                continue
+            kept.append((record.time_s, source, order, record))
+            order += 1
+    if window.first_seconds is not None and kept:
+        until = min(item[0] for item in kept) + window.first_seconds
+        inside = [item for item in kept if item[0] < until]
+        stats.dropped["outside the window"] += len(kept) - len(inside)
+        kept = inside
+    kept.sort(key=lambda item: item[:3])
+    return _Kept([item[3] for item in kept], [item[1] for item in kept])
+
+
+def _drop_reason(record: Record, options: ImportOptions, window: TraceWindow) -> str | None:
+    if not window.admits(record.time_s):
+        return "outside the window"
+    if options.model is not None and record.model != options.model:
+        return "another model"
+    if record.input_tokens <= 0:
+        return "no input tokens"
+    if record.output_tokens <= 0:
+        return "no output tokens"
+    return None
+
+
+class PlanWriter:
+    """Plans of the trajectories, numbering ids per base name."""
+
+    def __init__(
+        self,
+        options: ImportOptions,
+        kept: _Kept,
+        chains: list[tuple[str, ...] | None],
+        builder: BlockBuilder,
+        ends: list[float],
+        origin_s: float,
+        stats: ImportStats,
+    ) -> None:
+        self.options = options
+        self.records = kept.records
+        self.sources = kept.sources
+        self.chains = chains
+        self.builder = builder
+        self.ends = ends
+        self.origin_s = origin_s
+        self.stats = stats
+        self.prompts: dict[int, list[Block]] = {}
+        self._names: Counter[str] = Counter()
+
+    def offset_ms(self, time_s: float) -> int:
+        return round(max(time_s - self.origin_s, 0.0) * 1000 / self.options.time_scale)
+
+    def plan(self, trajectory: Trajectory) -> Plan:
+        requests = []
+        indexes = trajectory.requests
+        for position, index in enumerate(indexes):
+            record = self.records[index]
+            blocks, reset = self._blocks(trajectory, position)
+            self.prompts[index] = blocks
+            request: dict[str, Any] = {
+                "prompt_tokens": record.input_tokens,
+                "output_tokens": record.output_tokens,
+            }
+            if position + 1 < len(indexes):
+                request["delay_after_ms"] = self._delay_ms(index, indexes[position + 1])
+            if reset:
+                request["reset_before"] = True
+            if record.stream is not None:
+                request["stream"] = record.stream
+            request["recorded_start_after_ms"] = self.offset_ms(record.time_s)
+            request["blocks"] = [block.as_json() for block in blocks]
+            requests.append(request)
+        first = self.records[indexes[0]]
+        return {
+            "schema_version": 2,
+            "trajectory_id": self._trajectory_id(first, indexes[0]),
+            "start_after_ms": self.offset_ms(first.time_s),
+            "requests": requests,
+            "metadata": self._provenance(indexes, trajectory),
+        }
+
+    def _blocks(self, trajectory: Trajectory, position: int) -> tuple[list[Block], bool]:
+        index = trajectory.requests[position]
+        record = self.records[index]
+        before = trajectory.requests[position - 1] if position else trajectory.context
+        if before != NO_PARENT and self._continues(before, index):
+            grown = self.builder.grown(
+                self.prompts[before], self.records[before], before, record, index, live=position > 0
+            )
+            if grown is not None:
+                return grown, False
+        blocks = self.builder.content(record, self.chains[index], index)
+        reset = position > 0
+        self.stats.resets += reset
+        return blocks, reset
+
+    def _continues(self, before: int, index: int) -> bool:
+        """Whether the record can be written as growth of ``before``: its hash ids extend
+        the full blocks of ``before`` (when both are hashed), and it is not a trace of
+        whole-prompt segments."""
+        record = self.records[index]
+        if record.segments is not None and record.hash_ids is None:
+            return False
+        chain, previous = self.chains[index], self.chains[before]
+        if chain is None or previous is None:
+            return chain is None and previous is None
+        full = full_block_count(self.records[before], len(previous))
+        return full < len(chain) and chain[:full] == previous[:full]
+
+    def _delay_ms(self, index: int, following: int) -> int:
+        gap = gap_seconds(self.records[index], self.records[following], self.ends[index])
+        delay = gap * 1000 / self.options.time_scale
+        cap = self.options.max_delay_ms
+        if cap is not None and delay > cap:
+            self.stats.capped_delays += 1
+            delay = cap
+        return round(delay)
+
+    def _trajectory_id(self, first: Record, index: int) -> str:
+        source = os.path.basename(self.options.inputs[self.sources[index]])
+        base = first.session if first.session is not None else f"{source}:{first.row}"
+        n = self._names[base]
+        self._names[base] = n + 1
+        return base if n == 0 else f"{base}#{n}"
+
+    def _provenance(self, indexes: Sequence[int], trajectory: Trajectory) -> dict[str, Any]:
+        files = [os.path.basename(self.options.inputs[self.sources[i]]) for i in indexes]
+        source: dict[str, Any] = {"format": self.options.format}
+        if len(set(files)) == 1:
+            source["file"] = files[0]
+        else:
+            source["files"] = files
+        source["rows"] = [self.records[i].row for i in indexes]
+        origins = [self.records[i].origin for i in indexes]
+        if any(origin is not None for origin in origins):
+            source["origins"] = origins
+        if trajectory.context != NO_PARENT:
+            context = self.records[trajectory.context]
+            source[trajectory.kind + "_of_row"] = context.row
+        return {"source": source}
+
+
+def build_plans(
+    options: ImportOptions, stats: ImportStats, tick: RowCounter | None = None
+) -> list[Plan]:
+    """Read, rebuild and sample: the plans sorted by (start_after_ms, trajectory_id)."""
+    window, model = check_options(options)
+    kept = read_records(options, window, stats, tick)
+    records = kept.records
+    chains = [
+        qualified_ids(record, source) if record.hash_ids and record.block_size > 0 else None
+        for record, source in zip(records, kept.sources, strict=True)
+    ]
+    ends = [end_time(record, model) for record in records]
+    linkable = linkable_chains(records, chains)
+    shared = (
+        shared_prefix_ids(linkable, options.shared_prefix_followers) if any(linkable) else set()
+    )
+    parents, counts = assign_parents(records, chains, options.link_window_hours * 3600, shared)
+    split = options.split_idle_ms / 1000 if options.split_idle_ms is not None else None
+    lineage = build_trajectories(records, parents, counts, split, ends)
+    builder = _block_builder(records, chains, shared, stats.blocks, options.min_new_tokens)
+    origin = (
+        window.start_s if window.start_s is not None else (records[0].time_s if records else 0.0)
+    )
+    writer = PlanWriter(options, kept, chains, builder, ends, origin, stats)
+    plans = [writer.plan(trajectory) for trajectory in lineage.trajectories]
+    _count_lineage(stats, lineage)
+    kept_plans = sample(
+        plans,
+        options.sample,
+        options.seed,
+        ident=lambda plan: plan["trajectory_id"],
+        length=lambda plan: len(plan["requests"]),
+        stratify=options.stratify_by_session_length,
+    )
+    kept_plans.sort(key=lambda plan: (plan["start_after_ms"], plan["trajectory_id"]))
+    _count_written(stats, kept_plans)
+    return kept_plans
+
+
+def _block_builder(
+    records: Sequence[Record],
+    chains: Sequence[tuple[str, ...] | None],
+    shared: set[str],
+    counts: BlockCounts,
+    min_new_tokens: int,
+) -> BlockBuilder:
+    if not any(chains):
+        return BlockBuilder(None, {}, counts, min_new_tokens)
+    roles: dict[str, str] = {}
+    for record, chain in zip(records, chains, strict=True):
+        if chain:
+            id_roles(record, chain, shared, roles)
+    usable = [
+        chain[: -(-record.input_tokens // record.block_size)]
+        for record, chain in zip(records, chains, strict=True)
+        if chain
+    ]
+    return BlockBuilder(Units(usable, roles), roles, counts, min_new_tokens)
+
+
+def _count_lineage(stats: ImportStats, lineage: Lineage) -> None:
+    stats.trajectories = len(lineage.trajectories)
+    stats.links = lineage.links
+    stats.branches = lineage.branches
+    stats.splits = lineage.splits
+    stats.lineage = {
+        "session links": lineage.counts.session_links,
+        "parent-key links": lineage.counts.key_links,
+        "hash-prefix links": lineage.counts.hash_links,
+        "parents not found": lineage.counts.missing_parents,
+        "shared-prefix ids": lineage.counts.shared_prefix_ids,
+    }
+
+
+def _count_written(stats: ImportStats, plans: Sequence[Plan]) -> None:
+    users: dict[str, set[str]] = {}
+    for plan in plans:
+        for request in plan["requests"]:
+            for block in request["blocks"]:
+                users.setdefault(block["seed"], set()).add(plan["trajectory_id"])
+    stats.written = len(plans)
+    for plan in plans:
+        stats.multi_request += len(plan["requests"]) > 1
+        for request in plan["requests"]:
+            stats.requests += 1
+            stats.prompt_tokens += request["prompt_tokens"]
+            stats.output_tokens += request["output_tokens"]
+            stats.shared_prompt_tokens += sum(
+                block["tokens"] for block in request["blocks"] if len(users[block["seed"]]) > 1
+            )
+
+
+def import_trace(
+    options: ImportOptions, tick: RowCounter | None = None
+) -> tuple[ImportStats, list[Plan]]:
+    """Import, validate and write; InputError (nothing written) when an option or a row is
+    bad, nothing is left, or a line would be invalid."""
+    stats = ImportStats()
+    plans = build_plans(options, stats, tick)
+    if not plans:
+        raise InputError(f"no trajectories to write from {stats.rows} rows")
+    write_manifest(options.output, [encode(plan) for plan in plans])
+    return stats, plans
