@@ -53,6 +53,7 @@ def test_weka_fixture_records() -> None:
     sub = {**common, "session": "trace_small/sub1", "model": "claude-haiku-4-5-20251001"}
     main_prefix = (("tool_definition", 100), ("system", 50))
     sub_prefix = (("tool_definition", 80), ("system", 20))
+    # The sub-agent returned at 10.5 after 8 s: it started at 2.5, as request 0 ended.
     assert list(weka.read(path, OPTIONS)) == [
         Record(
             **main, row=1, time_s=0.0, input_tokens=200, output_tokens=30, latency_s=2.5,
@@ -60,12 +61,12 @@ def test_weka_fixture_records() -> None:
             origin="requests[0]",
         ),
         Record(
-            **sub, row=2, time_s=10.0, input_tokens=130, output_tokens=10, latency_s=1.0,
+            **sub, row=2, time_s=2.5, input_tokens=130, output_tokens=10, latency_s=1.0,
             idle_before_s=0.0, hash_ids=(4, 5), prefix_roles=sub_prefix, stream=False,
             origin="requests[1].requests[0]",
         ),
         Record(
-            **sub, row=3, time_s=13.5, input_tokens=150, output_tokens=40, latency_s=4.0,
+            **sub, row=3, time_s=6.0, input_tokens=150, output_tokens=40, latency_s=4.0,
             idle_before_s=2.5, hash_ids=(4, 5), prefix_roles=sub_prefix, stream=True,
             origin="requests[1].requests[1]",
         ),
@@ -151,8 +152,23 @@ def test_weka_real_subagents_start_at_their_spawn() -> None:
     by_session = Counter(r.session for r in records)
     assert by_session == {"trace_0291": 20, "trace_0291/sub1": 5, "trace_0291/sub2": 7}
     first = next(r for r in records if r.session == "trace_0291/sub1")
-    assert (first.time_s, first.origin, first.row) == (1148.013, "requests[16].requests[0]", 17)
+    assert (round(first.time_s, 6), first.origin, first.row) == (
+        1101.357,  # returned at 1148.013 after 46.656 s; request 15 ended at 1100.64
+        "requests[16].requests[0]",
+        17,
+    )
     assert first.prefix_roles == (("tool_definition", 7401), ("system", 1465))
+    # Every sub-agent of the sample starts within a second of its parent request's end.
+    gaps = []
+    for file in sorted(real_traces("weka").glob("trace_*.json")):
+        parent_end, seen = 0.0, set()
+        for record in weka.read(str(file), OPTIONS):
+            if record.session == file.stem:
+                parent_end = record.time_s + (record.latency_s or 0.0)
+            elif record.session not in seen:
+                seen.add(record.session)
+                gaps.append(record.time_s - parent_end)
+    assert len(gaps) == 6 and all(0.0 <= gap < 1.0 for gap in gaps)
     parent_ids = {i for r in records if r.session == "trace_0291" for i in r.hash_ids or ()}
     sub_ids = {i for r in records if r.session != "trace_0291" for i in r.hash_ids or ()}
     assert parent_ids.isdisjoint(sub_ids)

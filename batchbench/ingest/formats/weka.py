@@ -5,19 +5,25 @@ token sizes of its tool definitions and system prompt, and ``requests[]``. A req
 ``t`` (seconds since the trajectory began), ``type`` (``s`` streamed, ``n`` not), ``in``,
 ``out``, ``hash_ids`` (the prompt's full blocks; the tokens past them are new content),
 ``api_time`` (seconds the API call took), ``think_time`` (the idle gap before it) and
-``model``. An entry of ``type`` ``subagent`` is a sub-agent the main agent spawned at its
-``t``: it carries its own ``requests[]`` (times relative to the spawn), tool and system
-sizes, and may nest further sub-agents the same way.
+``model``. An entry of ``type`` ``subagent`` is a sub-agent (a Task tool call): it carries
+its own ``requests[]``, tool and system sizes, ``duration_ms``, and may nest further
+sub-agents the same way. Its ``t`` is when it *returned*: ``t − duration_ms`` falls on
+the end of the parent request that spawned it (within a second, for all six sub-agents
+of the public sample; three spawned together in trace_0277 share that start), its
+requests' ``t`` count from that start, and the parent's next ``think_time`` covers the
+wait. So a sub-agent's requests are placed at ``t − duration_ms/1000 + request t``.
 
 Every request becomes a Record, in document order; ``row`` counts requests from 1 in that
 order, sub-agents' requests where the sub-agent sits (sub-agent entries take no number).
 The main agent's requests form the session named after the file (its name without
 ``.json`` and a compression suffix); each sub-agent's form the session ``<file>/sub<k>``
-(k counts sub-agents from 1 in document order) at their recorded times, with ``origin``
-naming the spawn point (``requests[16].requests[3]``). Hash ids are one id space per file,
-shared by the main agent and its sub-agents (the sub-agents of trace_0291 share their own
-prefix with each other and none with the parent), so ``hash_id_scope: local`` becomes
-``hash_scope="file"``.
+(k counts sub-agents from 1 in document order), and ``origin`` is the request's path in
+the document (``requests[16].requests[3]``: the sub-agent entry is the spawn point).
+Schema v2 has no spawn or join, so a sub-agent replays as its own open-loop trajectory at
+its recorded start while the parent's recorded idle gap stands for the wait.
+Hash ids are one id space per file, shared by the main agent and its sub-agents (the
+sub-agents of trace_0291 share their own prefix with each other and none with the
+parent), so ``hash_id_scope: local`` becomes ``hash_scope="file"``.
 """
 
 from __future__ import annotations
@@ -80,7 +86,7 @@ class _Reader:
                 yield from self.agent(
                     request,
                     f"{trajectory_key(self.path)}/sub{self.subagents}",
-                    base_s + request.seconds("t"),
+                    base_s + request.seconds("t") - request.count("duration_ms") / 1000,
                     f"{where}.",
                 )
             elif kind in ("s", "n"):
