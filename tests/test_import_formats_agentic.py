@@ -341,14 +341,14 @@ def test_claude_code_fixture_records() -> None:
                output_tokens=150, origin="msg_01AbCd"),
         Record(**side, row=6, time_s=1762246805.0, end_s=1762246807.0, input_tokens=2004,
                output_tokens=40, origin="msg_01SiDe"),
-        # 2062 - 2004 - 40 tokens of Grep output.
-        Record(**side, row=8, time_s=1762246807.5, end_s=1762246809.0, input_tokens=2062,
+        # 2062 - 2004 - 40 tokens of Grep output; the hook entry before it links the chain.
+        Record(**side, row=9, time_s=1762246807.5, end_s=1762246809.0, input_tokens=2062,
                output_tokens=80, new_segments=(Segment("tool", 18),), origin="msg_01SiDf"),
-        Record(**opus, row=10, time_s=1762246809.2, end_s=1762246812.0, input_tokens=5404,
+        Record(**opus, row=11, time_s=1762246809.2, end_s=1762246812.0, input_tokens=5404,
                output_tokens=60, new_segments=(Segment("tool", 251),), origin="msg_02EfGh"),
         # 91 new tokens split 58:18 by characters (Edit result, then the user's text); the
         # copy of msg_02EfGh written after it and the synthetic error entry are skipped.
-        Record(**opus, row=13, time_s=1762246820.0, end_s=1762246823.0, input_tokens=5555,
+        Record(**opus, row=14, time_s=1762246820.0, end_s=1762246823.0, input_tokens=5555,
                output_tokens=25, new_segments=(Segment("tool", 69), Segment("user", 22)),
                origin="msg_03IjKl"),
     ]  # fmt: skip

@@ -91,7 +91,9 @@ def _user_parts(message: Fields) -> list[tuple[str, int]]:
         return [("user", len(content))]
     parts = []
     for index, part in enumerate(message.objects("content")):
-        kind = Fields(part, message.where, f"message.content[{index}].").optional_text("type")
+        kind = Fields(part, message.where, f"{message.prefix}content[{index}].").optional_text(
+            "type"
+        )
         if kind == "text":
             parts.append(("user", _characters([part])))
         elif kind == "tool_result":
@@ -112,22 +114,35 @@ class _Reader:
         self.done: set[str] = set()  # message ids already recorded
 
     def session(self, fields: Fields) -> str:
+        """The entry's session key; a sidechain entry also extends its chain's roots."""
         session_id = fields.text("sessionId")
-        sidechain = fields.obj.get("isSidechain")
-        if sidechain is None or sidechain is False:
+        if not self.sidechain(fields):
             return session_id
-        if sidechain is not True:
-            raise fields.error("isSidechain", "a boolean", sidechain)
-        agent = fields.optional_text("agentId")
-        uuid = fields.text("uuid")
-        parent = fields.optional_text("parentUuid")
-        root = self.roots.get(parent, uuid) if parent is not None else uuid
-        self.roots[uuid] = root
-        return f"{session_id}/sidechain/{agent or root}"
+        fields.text("uuid")
+        root = self.link(fields.obj)
+        return f"{session_id}/sidechain/{fields.optional_text('agentId') or root}"
+
+    @staticmethod
+    def sidechain(fields: Fields) -> bool:
+        value = fields.obj.get("isSidechain")
+        if value is None or type(value) is bool:
+            return bool(value)
+        raise fields.error("isSidechain", "a boolean", value)
+
+    def link(self, obj: dict[str, Any]) -> str:
+        """The first uuid of the entry's chain (its own when its parent is not a sidechain
+        entry seen before), remembered for the entries that follow it."""
+        uuid, parent = obj.get("uuid"), obj.get("parentUuid")
+        root = self.roots.get(parent, uuid) if type(parent) is str else uuid
+        if type(uuid) is str and type(root) is str:
+            self.roots[uuid] = root
+        return str(root)
 
     def entry(self, number: int, obj: dict[str, Any]) -> None:
         kind = obj.get("type")
         if kind not in ("user", "assistant"):
+            if obj.get("isSidechain") is True:  # a hook or progress entry links the chain
+                self.link(obj)
             return
         fields = Fields(obj, f"{self.path}:{number}")
         session = self.session(fields)
