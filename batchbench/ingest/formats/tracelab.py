@@ -92,10 +92,11 @@ def _record(path: str, number: int, obj: dict[str, Any], sessions: dict[str, _Se
         results = iter(previous.result_chars)
         items = []
         for kind, _, chars in events:
-            if kind == "tool_result":
-                items.append(("tool", next(results, 0)))
-            elif kind == "user_message":
-                items.append(("user", chars))
+            role = _INPUT_EVENTS.get(kind)
+            if role == "tool":
+                items.append((role, next(results, 0)))
+            elif role == "user":
+                items.append((role, chars))
         new_segments = growth_segments(prompt - previous.prompt - previous.output, items)
     sessions[session] = _Session(prompt, output, _result_chars(fields))
     return Record(
