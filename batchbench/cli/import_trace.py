@@ -209,12 +209,22 @@ def summary(options: ImportOptions, stats: ImportStats) -> str:
         else ""
     )
     share = stats.shared_prompt_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0
-    kept_prompt = stats.input_prompt_tokens - stats.prompt_tokens
-    totals = (
-        "equal to the input's"
-        if kept_prompt == 0 and stats.input_output_tokens == stats.output_tokens
-        else f"input had {_n(stats.input_prompt_tokens)} / {_n(stats.input_output_tokens)}"
-    )
+    if (stats.prompt_tokens, stats.output_tokens) != (
+        stats.kept_prompt_tokens,
+        stats.kept_output_tokens,
+    ):
+        totals = (
+            f"the sample of rows kept ({_n(stats.kept_prompt_tokens)} / "
+            f"{_n(stats.kept_output_tokens)} before sampling)"
+        )
+    elif stats.dropped:
+        totals = (
+            f"equal to the rows kept; the dropped rows held "
+            f"{_n(stats.input_prompt_tokens - stats.kept_prompt_tokens)} prompt and "
+            f"{_n(stats.input_output_tokens - stats.kept_output_tokens)} output tokens"
+        )
+    else:
+        totals = "equal to the input's"
     lineage = ", ".join(f"{name} {_n(n)}" for name, n in stats.lineage.items() if n)
     blocks = stats.blocks
     lines = [

@@ -88,6 +88,8 @@ class ImportStats:
     dropped: Counter[str] = field(default_factory=Counter)
     input_prompt_tokens: int = 0  # over every row read
     input_output_tokens: int = 0
+    kept_prompt_tokens: int = 0  # over the rows kept (window, filters), before sampling
+    kept_output_tokens: int = 0
     requests: int = 0  # written (after sampling)
     trajectories: int = 0  # built, before sampling
     written: int = 0  # trajectories written
@@ -160,11 +162,17 @@ def read_records(
                 stats.dropped[reason] += 1
                 continue
             kept.append((record.time_s, source, order, record))
+            stats.kept_prompt_tokens += record.input_tokens
+            stats.kept_output_tokens += record.output_tokens
             order += 1
     if window.first_seconds is not None and kept:
         until = min(item[0] for item in kept) + window.first_seconds
         inside = [item for item in kept if item[0] < until]
         stats.dropped["outside the window"] += len(kept) - len(inside)
+        for _time, _source, _order, late in kept:
+            if late.time_s >= until:
+                stats.kept_prompt_tokens -= late.input_tokens
+                stats.kept_output_tokens -= late.output_tokens
         kept = inside
     kept.sort(key=lambda item: item[:3])
     return _Kept([item[3] for item in kept], [item[1] for item in kept])
@@ -249,7 +257,8 @@ class PlanWriter:
             if grown is not None:
                 return grown, False
         blocks = self.builder.content(record, self.chains[index], index)
-        reset = position > 0
+        # A prompt of whole segments restates its context: it does not drop a predecessor.
+        reset = position > 0 and not _whole_segments(record)
         self.stats.resets += reset
         return blocks, reset
 
@@ -257,8 +266,7 @@ class PlanWriter:
         """Whether the record can be written as growth of ``before``: its hash ids extend
         the full blocks of ``before`` (when both are hashed), and it is not a trace of
         whole-prompt segments."""
-        record = self.records[index]
-        if record.segments is not None and record.hash_ids is None:
+        if _whole_segments(self.records[index]):
             return False
         chain, previous = self.chains[index], self.chains[before]
         if chain is None or previous is None:
@@ -297,6 +305,10 @@ class PlanWriter:
             context = self.records[trajectory.context]
             source[trajectory.kind + "_of_row"] = context.row
         return {"source": source}
+
+
+def _whole_segments(record: Record) -> bool:
+    return record.segments is not None and record.hash_ids is None
 
 
 def build_plans(
