@@ -190,6 +190,11 @@ ERRORS = [
     ),
     (burstgpt, "Timestamp,Model,Response tokens\n", ':1: missing column "Request tokens"'),
     (
+        burstgpt,
+        "Timestamp,Request tokens,Response tokens\n1," + "9" * 30 + ",2\n",
+        ':2: field "Request tokens" must be a non-negative integer, got "' + "9" * 30 + '"',
+    ),
+    (
         bailian,
         '{"chat_id": 1, "parent_chat_id": -1, "timestamp": 0.5, "input_length": 3}\n',
         ':1: missing field "output_length"',

@@ -23,6 +23,7 @@ MISSING: Any = object()  # a JSON field that is absent, told apart from null
 COUNT = "a non-negative integer"
 NUMBER = "a non-negative number"
 _INT_ONLY = {int}
+_LONGEST = 20  # digits of a count cell: 2**64 has 20, and int() refuses thousands
 
 
 def describe(value: Any) -> str:
@@ -167,10 +168,10 @@ def csv_records(path: str) -> Iterator[tuple[int, list[str]]]:
 def cell_count(text: str, name: str, source: str, line: int) -> int:
     """A non-negative integer cell (``12``; `` 12`` or ``12.0`` as some CSV writers print
     it)."""
-    if text.isdigit() and text.isascii():
+    if text.isdigit() and text.isascii() and len(text) <= _LONGEST:
         return int(text)
     whole, _, zeros = text.strip().partition(".")
-    if whole.isdigit() and whole.isascii() and not zeros.strip("0"):
+    if whole.isdigit() and whole.isascii() and len(whole) <= _LONGEST and not zeros.strip("0"):
         return int(whole)
     raise invalid(source, line, name, COUNT, describe_cell(text))
 

@@ -8,11 +8,11 @@ slower: a time without an offset is UTC, and ``time_s`` is the float nearest to 
 seconds since the Unix epoch. The 2024 files hold tens of millions of rows, so the
 date-and-minute part is parsed once per minute of trace (rows arrive in time order).
 
-Headers are matched without regard to case; other columns are ignored. ``row`` is the
-request's position among the data rows (the header is not a row and blank lines are not
-counted), so row k is the file's k-th request whatever the line endings; error messages
-name the physical line. The trace records arrivals and sizes only: no session, content
-hashes, model or completion time.
+Headers are matched without regard to case, spaces or underscores; other columns are
+ignored. ``row`` is the request's position among the data rows (the header is not a row
+and blank lines are not counted), so row k is the file's k-th request whatever the line
+endings; error messages name the physical line. The trace records arrivals and sizes only:
+no session, content hashes, model or completion time.
 """
 
 from __future__ import annotations

@@ -5,8 +5,10 @@
 remapped hashes of the prompt's consecutive 512-token blocks, the last (partial) block
 included; a prefix shared by two prompts shows as equal leading ids. The ids are cumulative
 (the hash of a block covers every block before it), so equal ids mean equal content from
-the prompt's start, and the importer takes them as one namespace (``hash_scope`` global).
-Files in this layout from other sources may use another block size: ``--block-size``
+the prompt's start, and the importer takes them as one namespace (``hash_scope`` global):
+the parts of one trace may be imported together, but each released trace numbers its ids
+from 0, so two different traces in one import would seem to share blocks. Files in this
+layout from other sources may use another block size: ``--block-size``
 (``FormatOptions.block_size``) overrides 512. ``hash_ids`` may be absent (no content
 hashes). The trace names no session, stream or model.
 
