@@ -174,6 +174,12 @@ ERRORS = [
     (azure, "TIMESTAMP,ContextTokens\n", ':1: missing column "GeneratedTokens"'),
     (
         azure,
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n,5,6\n",
+        ':2: field "TIMESTAMP" must be a date and time like 2023-11-16 18:15:46.6805900, '
+        "got an empty value",
+    ),
+    (
+        azure,
         "TIMESTAMP,ContextTokens,GeneratedTokens\n\n2023-11-16 18:15:46.6,374\n",
         ':3: missing field "GeneratedTokens"',
     ),
@@ -265,7 +271,15 @@ def test_azure_timestamps_are_the_nearest_float_to_the_exact_time(text: str, sec
 
 @pytest.mark.parametrize(
     "text",
-    ["2023-11-16 18:15:60", "2023-11-16 24:00:00", "2023-11-16 18:15:46.", "2023-11-16 18:15"],
+    [
+        "",
+        "2023-11-16 18:15:60",
+        "2023-11-16 24:00:00",
+        "2023-11-16 18:15:46.",
+        "2023-11-16 18:15",
+        "2023-11-16 18:15:46+1:00",
+        "2023-11-16 18:15:46.5+01:60",
+    ],
 )
 def test_azure_rejects_times_that_are_no_times(text: str):
     with pytest.raises(ValueError):

@@ -5,8 +5,8 @@
 2024 ones ``2024-05-12 00:00:00.001163+00:00`` or ``2024-05-12 00:00:00+00:00``. A
 timestamp is read here rather than by ``datetime``, which keeps only microseconds and is
 slower: a time without an offset is UTC, and ``time_s`` is the float nearest to the exact
-seconds since the Unix epoch. The 2024 files hold tens of millions of rows, so the
-date-and-minute part is parsed once per minute of trace (rows arrive in time order).
+seconds since the Unix epoch. The 2024 files hold tens of millions of rows, so the date
+and time of day are parsed once per second of trace (rows arrive in time order).
 
 Headers are matched without regard to case, spaces or underscores; other columns are
 ignored. ``row`` is the request's position among the data rows (the header is not a row
@@ -40,69 +40,79 @@ _DIGITS = frozenset("0123456789")
 
 
 class _Clock:
-    """Timestamps to seconds since the epoch, remembering the last minute seen."""
+    """Timestamps to seconds since the epoch. Rows come in time order, many a second, so
+    the date and time of day are parsed (and checked) once a second and the zone once a
+    file; each row then costs a comparison and its fraction."""
 
-    __slots__ = ("_base", "_minute")
+    __slots__ = ("_head", "_shift", "_whole", "_zone")
 
     def __init__(self) -> None:
-        self._minute = ""
-        self._base = 0
+        self._head: str | None = None  # no text's head: the first one is always checked
+        self._zone = ""
+        self._whole = self._shift = 0
 
     def seconds(self, text: str) -> float:
         """``YYYY-MM-DD HH:MM:SS[.fraction][Z|±HH:MM]`` (``T`` may replace the space);
         ValueError for anything else, an impossible date included."""
-        minute = text[:16]
-        if minute != self._minute:
-            self._base = _minute_seconds(minute)
-            self._minute = minute
-        second = text[17:19]
-        if text[16:17] != ":" or len(second) != 2 or not _DIGITS.issuperset(second):
-            raise ValueError(text)
-        if second > "59":  # no leap seconds: they have no place on the epoch's scale
-            raise ValueError(text)
-        whole = self._base + int(second)
+        head = text[:19]
+        if head != self._head:
+            self._whole = _whole_seconds(head)
+            self._head = head
         rest = text[19:]
-        if rest:
-            rest, shift = _offset(rest)
-            whole -= shift
-            if rest:
-                digits = rest[1:]
-                if rest[0] != "." or not digits or not _DIGITS.issuperset(digits):
-                    raise ValueError(text)
-                scale = 10 ** len(digits)
-                return (whole * scale + int(digits)) / scale  # exact, then rounded once
-        return float(whole)
+        if not rest:
+            return float(self._whole)
+        whole = self._whole
+        if rest[-1] == "Z":
+            rest = rest[:-1]
+        elif rest[-3:-2] == ":" and rest[-6:-5] in ("+", "-"):
+            zone = rest[-6:]
+            if zone != self._zone:
+                self._shift = _zone_seconds(zone)
+                self._zone = zone
+            whole -= self._shift
+            rest = rest[:-6]
+        if not rest:
+            return float(whole)
+        digits = rest[1:]
+        if rest[0] != "." or not digits or not _DIGITS.issuperset(digits):
+            raise ValueError(text)
+        scale = 10 ** len(digits)
+        return (whole * scale + int(digits)) / scale  # exact, then rounded once
 
 
-def _minute_seconds(minute: str) -> int:
-    """``YYYY-MM-DD HH:MM`` as whole seconds since the epoch (checked by ``datetime``)."""
+def _whole_seconds(head: str) -> int:
+    """``YYYY-MM-DD HH:MM:SS`` as whole seconds since the epoch (checked by ``datetime``:
+    no 30 February, no 24th hour, no leap second)."""
     if (
-        len(minute) != 16
-        or minute[4] != "-"
-        or minute[7] != "-"
-        or minute[10] not in " T"
-        or minute[13] != ":"
-        or not _DIGITS.issuperset(minute[:4] + minute[5:7] + minute[8:10] + minute[11:13])
-        or not _DIGITS.issuperset(minute[14:])
+        len(head) != 19
+        or head[4] != "-"
+        or head[7] != "-"
+        or head[10] not in " T"
+        or head[13] != ":"
+        or head[16] != ":"
+        or not _DIGITS.issuperset(head[:4] + head[5:7] + head[8:10])
+        or not _DIGITS.issuperset(head[11:13] + head[14:16] + head[17:])
     ):
-        raise ValueError(minute)
+        raise ValueError(head)
     moment = datetime(
-        int(minute[:4]), int(minute[5:7]), int(minute[8:10]), int(minute[11:13]), int(minute[14:])
+        int(head[:4]),
+        int(head[5:7]),
+        int(head[8:10]),
+        int(head[11:13]),
+        int(head[14:16]),
+        int(head[17:]),
     )
-    return (moment.toordinal() - _EPOCH_ORDINAL) * 86400 + moment.hour * 3600 + moment.minute * 60
+    days = moment.toordinal() - _EPOCH_ORDINAL
+    return days * 86400 + moment.hour * 3600 + moment.minute * 60 + moment.second
 
 
-def _offset(rest: str) -> tuple[str, int]:
-    """The text before a trailing zone and the zone's offset east of UTC in seconds."""
-    if rest[-1] == "Z":
-        return rest[:-1], 0
-    if len(rest) >= 6 and rest[-6] in "+-" and rest[-3] == ":":
-        hours, minutes = rest[-5:-3], rest[-2:]
-        if not _DIGITS.issuperset(hours + minutes) or int(hours) > 23 or int(minutes) > 59:
-            raise ValueError(rest)
-        shift = int(hours) * 3600 + int(minutes) * 60
-        return rest[:-6], shift if rest[-6] == "+" else -shift
-    return rest, 0
+def _zone_seconds(zone: str) -> int:
+    """``±HH:MM`` as the zone's offset east of UTC in seconds."""
+    hours, minutes = zone[1:3], zone[4:]
+    if not _DIGITS.issuperset(hours + minutes) or int(hours) > 23 or int(minutes) > 59:
+        raise ValueError(zone)
+    shift = int(hours) * 3600 + int(minutes) * 60
+    return shift if zone[0] == "+" else -shift
 
 
 def read(path: str, options: FormatOptions) -> Iterator[Record]:
