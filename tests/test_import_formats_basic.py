@@ -265,8 +265,12 @@ def test_an_error_names_the_field_as_the_header_spells_it(tmp_path: Path):
         ("2023-11-16 18:15:46.6805900", 1700158546.68059),
     ],
 )
-def test_azure_timestamps_are_the_nearest_float_to_the_exact_time(text: str, seconds: float):
-    assert azure._Clock().seconds(text) == seconds
+def test_azure_timestamps_are_the_nearest_float_to_the_exact_time(
+    text: str, seconds: float, tmp_path: Path
+):
+    path = tmp_path / "trace.csv"
+    path.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n{text},1,1\n", encoding="utf-8")
+    assert [record.time_s for record in read(azure, str(path))] == [seconds]
 
 
 @pytest.mark.parametrize(
@@ -281,9 +285,11 @@ def test_azure_timestamps_are_the_nearest_float_to_the_exact_time(text: str, sec
         "2023-11-16 18:15:46.5+01:60",
     ],
 )
-def test_azure_rejects_times_that_are_no_times(text: str):
-    with pytest.raises(ValueError):
-        azure._Clock().seconds(text)
+def test_azure_rejects_times_that_are_no_times(text: str, tmp_path: Path):
+    path = tmp_path / "trace.csv"
+    path.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n{text},1,1\n", encoding="utf-8")
+    with pytest.raises(InputError, match='field "TIMESTAMP" must be a date and time like'):
+        read(azure, str(path))
 
 
 # Real traces, when present -------------------------------------------------------------
