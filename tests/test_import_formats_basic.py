@@ -135,6 +135,13 @@ def test_an_empty_file_has_no_requests(tmp_path: Path):
     assert [read(module, str(empty)) for module in MODULES.values()] == [[], [], [], []]
 
 
+def test_a_byte_order_mark_is_no_part_of_the_first_column(tmp_path: Path):
+    path = tmp_path / "trace.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + Path(BURSTGPT_1).read_bytes())
+    expected = [replace(record, source=str(path)) for record in EXPECTED["burstgpt", BURSTGPT_1]]
+    assert read(burstgpt, str(path)) == expected
+
+
 # Errors: one line naming the file, the line and the field ------------------------------
 
 ERRORS = [
