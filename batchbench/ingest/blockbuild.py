@@ -38,6 +38,7 @@ class BlockCounts:
     units: int = 0  # block references written from hash ids, after collapsing
     hash_references: int = 0  # hash ids those units hold
     dropped_ids: int = 0  # ids past the end of their request's prompt
+    tails_merged: int = 0  # trailing units sent as the request's own new content
     resized_seeds: int = 0  # a seed met again with another size or role: given its own name
     grown: int = 0  # requests written as growth of their predecessor, with its live reply
     folded: int = 0  # growth whose reply and new content are one plain assistant block
@@ -107,11 +108,12 @@ class BlockBuilder:
         if room < self.min_new_tokens:
             self.counts.not_grown += 1
             return None
-        blocks = list(previous) if live else [block._replace(live=False) for block in previous]
+        blocks = list(previous) if live else [_branch_copy(block, uid) for block in previous]
         new = room - before.output_tokens
         if new >= self.min_new_tokens:
             self.counts.grown += 1
-            blocks.append(Block(f"r{before_uid}", before.output_tokens, "assistant", live))
+            reply = f"r{before_uid}" if live else f"r{before_uid}@{uid}"
+            blocks.append(Block(reply, before.output_tokens, "assistant", live))
             blocks.extend(self._new_content(record, new, uid))
         else:
             self.counts.folded += 1
@@ -151,17 +153,37 @@ class BlockBuilder:
             spans = self.units.split(chain)
         else:
             spans = [(k, k + 1) for k in range(len(chain))]
+        sizes = [min(stop * size, record.input_tokens) - start * size for start, stop in spans]
+        rest = record.input_tokens - min(usable * size, record.input_tokens)
+        # The prompt ends in a block of its own (the run's prompt correction resizes only
+        # such a block to absorb the template's framing), of at least min_new_tokens:
+        # trailing units join the new content until it is that large.
+        own = len(spans)
+        while own and rest < self.min_new_tokens:
+            own -= 1
+            rest += sizes[own]
+            self.counts.tails_merged += 1
         blocks = []
-        for start, stop in spans:
-            tokens = min(stop * size, record.input_tokens) - start * size
+        for (start, _stop), tokens in zip(spans[:own], sizes[:own], strict=True):
             role = self.id_roles.get(chain[start], "user")
             blocks.append(Block(self.seeds.name(f"h{chain[start]}", tokens, role), tokens, role))
-        self.counts.units += len(spans)
+        self.counts.units += own + (own < len(spans))
         self.counts.hash_references += usable
-        rest = record.input_tokens - min(usable * size, record.input_tokens)
         if rest > 0:
             blocks.append(Block(f"n{uid}", rest, "user"))
         return blocks
+
+
+def _branch_copy(block: Block, uid: int) -> Block:
+    """A block of the parent's prompt as a branch starting at record ``uid`` repeats it.
+    Hash units keep their seeds (the prefix the trace says they share). A trajectory's
+    own content (new messages, replies) gets a seed of the branch: the parent's
+    trajectory may resize that block to absorb its template's framing, which a block
+    another trajectory also sends could not be, and a live reply's text exists only
+    there."""
+    if block.seed.startswith("h") or block.seed.startswith("s:"):
+        return block
+    return Block(f"{block.seed}@{uid}", block.tokens, block.role)
 
 
 def id_roles(

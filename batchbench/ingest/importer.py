@@ -327,7 +327,9 @@ def build_plans(
     shared = (
         shared_prefix_ids(linkable, options.shared_prefix_followers) if any(linkable) else set()
     )
-    parents, counts = assign_parents(records, chains, options.link_window_hours * 3600, shared)
+    parents, counts = assign_parents(
+        records, chains, kept.sources, options.link_window_hours * 3600, shared
+    )
     split = options.split_idle_ms / 1000 if options.split_idle_ms is not None else None
     lineage = build_trajectories(records, parents, counts, split, ends)
     builder = _block_builder(records, chains, shared, stats.blocks, options.min_new_tokens)

@@ -114,6 +114,7 @@ def _leading_shared(chain: tuple[str, ...], shared: set[str]) -> int:
 def assign_parents(
     records: Sequence[Record],
     chains: Sequence[tuple[str, ...] | None],
+    sources: Sequence[int],
     link_window_s: float,
     shared: set[str],
 ) -> tuple[list[int], LineageCounts]:
@@ -135,7 +136,7 @@ def assign_parents(
                 counts.session_links += 1
             last_of_session[record.session] = index
         elif record.parent is not None:
-            candidate = by_key.get(record.parent, NO_PARENT)
+            candidate = by_key.get(f"{sources[index]}.{record.parent}", NO_PARENT)
             if (
                 candidate != NO_PARENT
                 and record.time_s - records[candidate].time_s <= link_window_s
@@ -153,8 +154,8 @@ def assign_parents(
             full = full_block_count(record, len(chain))
             if full:
                 latest_full[chain[full - 1]] = index
-        if record.key is not None:
-            by_key[record.key] = index
+        if record.key is not None:  # keys name requests within their own file
+            by_key[f"{sources[index]}.{record.key}"] = index
     return parents, counts
 
 
