@@ -57,7 +57,7 @@ class Seeds:
         first = self._first.setdefault(base, (tokens, role))
         if first == (tokens, role):
             return base
-        variant = f"{base}~{tokens}{role[0]}"
+        variant = f"{base}~{tokens}:{role}"
         if variant not in self._first:
             self._first[variant] = (tokens, role)
             self._counts.resized_seeds += 1

@@ -213,6 +213,7 @@ class PlanWriter:
         self.stats = stats
         self.prompts: dict[int, list[Block]] = {}
         self._names: Counter[str] = Counter()
+        self._taken: set[str] = set()
 
     def offset_ms(self, time_s: float) -> int:
         return round(max(time_s - self.origin_s, 0.0) * 1000 / self.options.time_scale)
@@ -286,9 +287,13 @@ class PlanWriter:
     def _trajectory_id(self, first: Record, index: int) -> str:
         source = os.path.basename(self.options.inputs[self.sources[index]])
         base = first.session if first.session is not None else f"{source}:{first.row}"
-        n = self._names[base]
-        self._names[base] = n + 1
-        return base if n == 0 else f"{base}#{n}"
+        while True:  # a key may itself look numbered ("x#1"): take the next free name
+            n = self._names[base]
+            self._names[base] = n + 1
+            name = base if n == 0 else f"{base}#{n}"
+            if name not in self._taken:
+                self._taken.add(name)
+                return name
 
     def _provenance(self, indexes: Sequence[int], trajectory: Trajectory) -> dict[str, Any]:
         files = [os.path.basename(self.options.inputs[self.sources[i]]) for i in indexes]
@@ -401,7 +406,9 @@ def _count_written(stats: ImportStats, plans: Sequence[Plan]) -> None:
             stats.prompt_tokens += request["prompt_tokens"]
             stats.output_tokens += request["output_tokens"]
             stats.shared_prompt_tokens += sum(
-                block["tokens"] for block in request["blocks"] if len(users[block["seed"]]) > 1
+                block["tokens"]
+                for block in request["blocks"]
+                if len(users[block["seed"]]) > 1 and not block.get("live")
             )
 
 
