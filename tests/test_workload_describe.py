@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from test_export_plans import Export, row
 from test_report_html import chromium_driver, parse
 
 from batchbench.errors import BatchbenchError
@@ -232,9 +233,8 @@ def test_the_text_is_one_screen_of_aligned_figures():
         "workload: 5 requests in 2 trajectories (2 with more than one request)\n"
         "arrivals: from 0.0 s to 4.0 s after the start\n"
         "tokens: 840 prompt, 115 output\n"
-        "blocks: 805 prompt tokens in blocks (5 requests): 62.1% shared by 2+ trajectories, "
-        "9.3% live\n"
-        "perfect prefix cache at the arrival times: 68.3% of prompt tokens hit (550 of 805)\n"
+        "blocks: 805 tokens in 5 requests; 62.1% shared by 2+ trajectories, 9.3% live\n"
+        "perfect prefix cache, in arrival order: 68.3% of prompt tokens hit (550 of 805)\n"
         "                       count  p50    p90    p99    max\n"
         "  prompt tokens            5  150    230    230    230\n"
         "  output tokens            5   20     50     50     50\n"
@@ -244,7 +244,7 @@ def test_the_text_is_one_screen_of_aligned_figures():
     lines = format_description(describe(growth())).splitlines()
     assert lines[3] == "blocks: none (each prompt grows by its predecessor's prompt and reply)"
     assert lines[4] == (
-        "perfect prefix cache at the arrival times: 44.6% of prompt tokens hit (205 of 460)"
+        "perfect prefix cache, in arrival order: 44.6% of prompt tokens hit (205 of 460)"
     )
 
 
@@ -254,6 +254,59 @@ def test_the_description_is_json():
     assert data["prompt"] == {"count": 5, "p50": 150, "p90": 230, "p99": 230, "max": 230}
     assert data["timeline"]["requests"] == [1, 1, 1, 1, 1]
     assert data["turns_histogram"] == {"edges": [2, 3, 4], "counts": [1, 1]}
+
+
+# -- the commands that write manifests ------------------------------------------------------
+
+
+def conversation_rows() -> list[dict]:
+    """A request and its continuation, whose reply becomes a live block."""
+    roles = ["tool_definition", "system", "user", "assistant", "user"]
+    return [
+        row(0, "a", ["t", "s", "u"], roles=roles[:3], tokens=[10, 10, 5], prompt=30),
+        row(5, "b", ["t", "s", "u", "r", "v"], roles=roles, tokens=[10, 10, 5, 3, 2], prompt=35),
+    ]
+
+
+def test_export_plans_prints_the_description_and_draws_it(tmp_path, capsys):
+    page = tmp_path / "workload.html"
+    result = Export(tmp_path, conversation_rows(), "--describe-html", str(page), capsys=capsys)
+    assert (result.status, result.out) == (0, "")
+    # b hits t, s, u (25 tokens) and its live block, a's reply (3): 28 of 25 + 30.
+    assert result.err.splitlines()[1:] == [
+        "workload: 2 requests in 1 trajectory (1 with more than one request)",
+        "arrivals: from 0.0 s to 5.0 s after the start",
+        "tokens: 65 prompt, 6 output",
+        "blocks: 55 tokens in 2 requests; 0.0% shared by 2+ trajectories, 5.5% live",
+        "perfect prefix cache, in arrival order: 50.9% of prompt tokens hit (28 of 55)",
+        "                       count    p50    p90    p99    max",
+        "  prompt tokens            2     30     35     35     35",
+        "  output tokens            2      3      3      3      3",
+        "  requests/trajectory      1      2      2      2      2",
+        "  delay_after_ms           1  5,000  5,000  5,000  5,000",
+        f"wrote the workload description to {page}",
+    ]
+    parser, figures = parse(page.read_text())
+    assert "<title>batchbench workload: plans.jsonl</title>" in page.read_text()
+    by_field = {next(k for k in r if k != "figure"): r for r in parser.tables["bb-workload"]}
+    assert by_field["cache_hit_rate"]["cache_hit_rate"] == "50.9%"
+    assert list(figures) == CHARTS
+
+
+def test_export_plans_without_plotly_stops_before_writing(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in conversation_rows()))
+    out = tmp_path / "plans.jsonl"
+    code = (
+        "import sys; sys.modules['plotly'] = None\n"
+        "from batchbench.cli.export_plans import run\n"
+        f"sys.exit(run(['--rows-jsonl', {str(rows)!r}, '--start', '2026-01-01T00:00:00Z',"
+        f" '--end', '2026-01-01T01:00:00Z', '--output', {str(out)!r},"
+        f" '--describe-html', {str(tmp_path / 'w.html')!r}]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (1, "", f"error: {PLOTLY_MISSING}\n")
+    assert not out.exists()
 
 
 # -- the page -------------------------------------------------------------------------------

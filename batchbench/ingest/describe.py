@@ -329,14 +329,14 @@ def format_description(desc: WorkloadDescription) -> str:
     ]
     if desc.block_requests:
         lines.append(
-            f"blocks: {count(desc.block_tokens)} prompt tokens in blocks "
-            f"({count(desc.block_requests)} requests): {share(desc.shared_share)} shared by "
-            f"2+ trajectories, {share(desc.live_share)} live"
+            f"blocks: {count(desc.block_tokens)} tokens in "
+            f"{_counted(desc.block_requests, 'request', 'requests')}; "
+            f"{share(desc.shared_share)} shared by 2+ trajectories, {share(desc.live_share)} live"
         )
     else:
         lines.append("blocks: none (each prompt grows by its predecessor's prompt and reply)")
     lines.append(
-        f"perfect prefix cache at the arrival times: {share(desc.cache_hit_rate)} of prompt "
+        f"perfect prefix cache, in arrival order: {share(desc.cache_hit_rate)} of prompt "
         f"tokens hit ({count(desc.cache_hit_tokens)} of {count(desc.cache_counted_tokens)})"
     )
     rows = [["", *PERCENTILE_COLUMNS]]
