@@ -44,7 +44,7 @@ Definitions (also in docs/import.md, "The workload description"):
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -124,13 +124,10 @@ class WorkloadDescription:
         return data
 
 
-# A request as the cache serves it: its block identities, their tokens and the identity of
-# its reply; or, without blocks, the tokens it hits.
-_Served = tuple[tuple[Hashable, ...], tuple[int, ...], tuple[int, int]] | int
-
-
 class _Reader:
-    """The first pass: per-request figures in file order, and the blocks' totals."""
+    """The first pass, in file order: per-request figures and the blocks' totals. The
+    cache then serves the requests in arrival order, reading their blocks again from the
+    plans (kept by reference), so nothing per block reference is held in between."""
 
     def __init__(self) -> None:
         self.arrivals: list[float] = []
@@ -138,20 +135,24 @@ class _Reader:
         self.outputs: list[int] = []
         self.turns: list[int] = []
         self.delays: list[float] = []
-        self.served: list[_Served] = []
+        # Without blocks, the tokens the request hits (the growth model); None: blocks.
+        self.grown: list[int | None] = []
+        self.trajectories: list[Sequence[Mapping[str, Any]]] = []
+        self.firsts: list[int] = []  # the position of each trajectory's first request
         self.block_tokens = self.live_tokens = self.block_requests = 0
         self.seed_owner: dict[str, int] = {}  # first trajectory using the seed, -1: several
         self.seed_tokens: dict[str, int] = {}
 
     def trajectory(self, t: int, plan: Mapping[str, Any]) -> None:
         requests = plan["requests"]
+        self.trajectories.append(requests)
+        self.firsts.append(len(self.prompts))
         self.turns.append(len(requests))
         start = plan.get("start_after_ms") or 0
         first_recorded = requests[0].get("recorded_start_after_ms")
-        kept: dict[str, Hashable] = {}  # seed -> identity since the last reset
         arrival: float = start
         previous: Mapping[str, Any] | None = None
-        for k, request in enumerate(requests):
+        for request in requests:
             if previous is not None:
                 delay = previous.get("delay_after_ms") or 0
                 self.delays.append(delay)
@@ -161,54 +162,60 @@ class _Reader:
                 else:
                     arrival += delay
             self.arrivals.append(arrival)
-            prompt, output = request["prompt_tokens"], request["output_tokens"]
+            prompt = request["prompt_tokens"]
             self.prompts.append(prompt)
-            self.outputs.append(output)
-            reset = bool(request.get("reset_before"))
+            self.outputs.append(request["output_tokens"])
             blocks = request.get("blocks")
             if blocks:
-                if reset:
-                    kept.clear()
-                self.served.append(self._blocks(t, k, blocks, kept, k > 0 and not reset))
-            elif previous is not None and not reset:
+                self._blocks(t, blocks)
+                self.grown.append(None)
+            elif previous is not None and not request.get("reset_before"):
                 grown = previous["prompt_tokens"] + previous["output_tokens"]
-                self.served.append(min(grown, prompt))
+                self.grown.append(min(grown, prompt))
             else:
-                self.served.append(0)
+                self.grown.append(0)
             previous = request
 
-    def _blocks(
-        self,
-        t: int,
-        k: int,
-        blocks: list[Mapping[str, Any]],
-        kept: dict[str, Hashable],
-        reply_waiting: bool,
-    ) -> _Served:
+    def _blocks(self, t: int, blocks: Sequence[Mapping[str, Any]]) -> None:
         self.block_requests += 1
-        identities: list[Hashable] = []
-        sizes: list[int] = []
         owners, totals = self.seed_owner, self.seed_tokens
         for block in blocks:
-            seed, size, live = block["seed"], block["tokens"], block.get("live")
-            identity = kept.get(seed)
-            if identity is None:
-                if live and reply_waiting:
-                    identity = (t, k - 1)
-                    reply_waiting = False
-                else:
-                    identity = seed
-                kept[seed] = identity
-            identities.append(identity)
-            sizes.append(size)
+            seed, size = block["seed"], block["tokens"]
             self.block_tokens += size
-            if live:
+            if block.get("live"):
                 self.live_tokens += size
             owner = owners.setdefault(seed, t)
             if owner != t and owner != -1:
                 owners[seed] = -1
             totals[seed] = totals.get(seed, 0) + size
-        return tuple(identities), tuple(sizes), (t, k)
+
+
+def _serve_blocks(
+    cache: PrefixCache, t: int, k: int, request: Mapping[str, Any], kept: dict[str, Hashable]
+) -> tuple[int, int]:
+    """Serve request ``k`` of trajectory ``t``: (tokens hit, tokens counted). ``kept`` maps
+    the trajectory's seeds to their identities since its last reset."""
+    reset = bool(request.get("reset_before"))
+    if reset:
+        kept.clear()
+    reply_waiting = k > 0 and not reset
+    identities: list[Hashable] = []
+    sizes: list[int] = []
+    for block in request["blocks"]:
+        seed = block["seed"]
+        identity = kept.get(seed)
+        if identity is None:
+            if reply_waiting and block.get("live"):
+                identity = (t, k - 1)
+                reply_waiting = False
+            else:
+                identity = seed
+            kept[seed] = identity
+        identities.append(identity)
+        sizes.append(block["tokens"])
+    hit, node = cache.serve(identities, sizes)
+    cache.extend(node, (t, k))
+    return hit, sum(sizes)
 
 
 def _timeline(reader: _Reader) -> tuple[Timeline, int, int]:
@@ -220,19 +227,22 @@ def _timeline(reader: _Reader) -> tuple[Timeline, int, int]:
     bins = int(max(arrivals) // bin_ms) + 1
     requests, hits, counted = [0] * bins, [0] * bins, [0] * bins
     cache = PrefixCache()
+    kept: dict[int, dict[str, Hashable]] = {}  # by trajectory, until its last request
     for j in sorted(range(len(arrivals)), key=arrivals.__getitem__):
         b = int(arrivals[j] // bin_ms)
-        served = reader.served[j]
         requests[b] += 1
-        if isinstance(served, int):
-            hits[b] += served
+        grown = reader.grown[j]
+        if grown is not None:
+            hits[b] += grown
             counted[b] += reader.prompts[j]
             continue
-        identities, sizes, reply = served
-        hit, node = cache.serve(identities, sizes)
-        cache.extend(node, reply)
+        t = bisect_right(reader.firsts, j) - 1
+        k = j - reader.firsts[t]
+        trajectory = reader.trajectories[t]
+        seeds = kept.pop(t, {}) if k + 1 == len(trajectory) else kept.setdefault(t, {})
+        hit, count = _serve_blocks(cache, t, k, trajectory[k], seeds)
         hits[b] += hit
-        counted[b] += sum(sizes)
+        counted[b] += count
     rates: list[float | None] = []
     hit_total = counted_total = 0
     for hit, count in zip(hits, counted, strict=True):
