@@ -254,11 +254,11 @@ def test_c78_unusable_rows_are_dropped_and_counted(tmp_path, capsys):
     result = export(tmp_path, capsys, rows)
     assert result.ids() == ["d1-0", "g1-0"]
     assert [plan["requests"][0]["prompt_tokens"] for plan in result.plans] == [4, 2]
-    assert result.err == (
+    assert result.err.splitlines()[0] == (  # the workload's description follows
         f"wrote 2 trajectories to {result.output} (rows=7, usable=2, "
         "dropped_no_prompt_tokens=1, dropped_no_completion_tokens=2, "
         "dropped_malformed_blocks=2, in_window=2, trajectories=2, sampled=2, "
-        "normalized_block_tokens=0, prewindow_sessions=0)\n"
+        "normalized_block_tokens=0, prewindow_sessions=0)"
     )
 
 

@@ -8,7 +8,8 @@ import sys
 from collections.abc import Sequence
 
 from batchbench.cli.exits import parsed_or_status
-from batchbench.errors import InputError
+from batchbench.cli.workload import add_describe_html, check_describe_html, show_workload
+from batchbench.errors import BatchbenchError
 from batchbench.ingest.export_plans import ExportOptions, export
 from batchbench.options.parser import CommandParser
 
@@ -23,8 +24,13 @@ principal, within the link window, whose chain is a strict prefix of its own; ea
 in-window request without an in-window parent starts a trajectory. Every line is
 validated before the file is written; an empty or invalid export writes nothing.
 
-On success stderr gets `wrote <n> trajectories to <path> (<stats>)`. Exit status: 0 on
-success, 1 on bad input or an empty or invalid export (`error: <message>`), 2 on misuse."""
+On success stderr gets `wrote <n> trajectories to <path> (<stats>)`, then the workload's
+description: trajectories, requests, tokens, the shares of block tokens shared between
+trajectories and in live blocks, the hit rate of a perfect prefix cache serving the
+requests in arrival order, and percentiles of prompt and output tokens, requests per
+trajectory and delays (--describe-html draws it). Exit status: 0 on success, 1 on bad
+input, an empty or invalid export, or a page that cannot be written (`error: <message>`),
+2 on misuse."""
 
 
 def _fraction(text: str) -> float:
@@ -79,6 +85,7 @@ def build_parser(prog: str) -> CommandParser:
         help="divide every written start offset and delay by X (default: 1)",
     )
     add("--output", required=True, metavar="PATH", help="the manifest to write")
+    add_describe_html(parser)
     return parser
 
 
@@ -100,14 +107,19 @@ def run(argv: Sequence[str], prog: str = "batchbench export-plans") -> int:
         time_scale=args.time_scale,
     )
     try:
-        stats = export(options)
-    except InputError as exc:
+        check_describe_html(args.describe_html)
+        stats, workload = export(options)
+        print(
+            f"wrote {stats.sampled} trajectories to {args.output} ({stats.line()})",
+            file=sys.stderr,
+        )
+        show_workload(workload, args.output, args.describe_html)
+    except BatchbenchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
-    print(f"wrote {stats.sampled} trajectories to {args.output} ({stats.line()})", file=sys.stderr)
     return 0
 
 

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
 from batchbench.errors import InputError
+from batchbench.ingest.describe import WorkloadDescription, describe
 from batchbench.ingest.plans import Plan, PlanBuilder
 from batchbench.ingest.rows import Row, read_rows
 from batchbench.ingest.sampling import check_fraction, sample
@@ -118,13 +119,14 @@ def build_plans(
     return kept
 
 
-def export(options: ExportOptions) -> ExportStats:
+def export(options: ExportOptions) -> tuple[ExportStats, WorkloadDescription]:
     """Read, rebuild, sample, validate and write; InputError (nothing written) when the
-    options or a row are bad, nothing is left to export, or a line would be invalid."""
+    options or a row are bad, nothing is left to export, or a line would be invalid. The
+    counters, and the description of the workload written."""
     window = check_options(options)
     stats = ExportStats()
     plans = build_plans(read_rows(options.rows_jsonl), options, window, stats)
     if not plans:
         raise InputError(f"no trajectories to export ({stats.line()})")
     write_manifest(options.output, [encode(plan) for plan in plans])
-    return stats
+    return stats, describe(plans)

@@ -3,11 +3,12 @@ into one self-contained HTML file (plotly.js inlined once, no network)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import html
 import importlib.util
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -34,12 +35,13 @@ def require_plotly() -> None:
         raise BatchbenchError(PLOTLY_MISSING)
 
 
-def _plotly() -> Any:
-    """The chart builders (which import plotly), or one clear line when plotly (or one of
-    its own dependencies) cannot be imported."""
+@contextlib.contextmanager
+def importing_plotly() -> Iterator[None]:
+    """Around the import of a module that imports plotly: one clear line when plotly (or
+    one of its own dependencies) cannot be imported."""
     require_plotly()
     try:
-        from batchbench.report import charts  # lazy: charts import plotly (an extra)
+        yield
     except ImportError as exc:
         package = (exc.name or "").split(".")[0]
         if package == "plotly":
@@ -47,6 +49,12 @@ def _plotly() -> Any:
         if package and package != "batchbench":
             raise BatchbenchError(f"{PLOTLY_MISSING} (importing it failed: {exc})") from None
         raise
+
+
+def _plotly() -> Any:
+    """The chart builders (which import plotly)."""
+    with importing_plotly():
+        from batchbench.report import charts  # lazy: charts import plotly (an extra)
     return charts
 
 

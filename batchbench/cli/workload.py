@@ -1,0 +1,40 @@
+"""The workload description a command that writes a manifest prints after writing it
+(``batchbench export-plans``, ``batchbench import``), and its ``--describe-html`` page."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from batchbench.ingest.describe import WorkloadDescription, format_description
+
+DESCRIBE_HTML_HELP = (
+    "also write the workload description (figures, distributions, arrivals and the perfect "
+    "prefix cache over time) as a self-contained HTML page; needs plotly "
+    "(pip install 'batchbench[report]')"
+)
+
+
+def add_describe_html(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--describe-html", metavar="PATH", help=DESCRIBE_HTML_HELP)
+
+
+def check_describe_html(path: str | None) -> None:
+    """Before any work: BatchbenchError when the page is asked for and plotly is missing."""
+    if path is not None:
+        from batchbench.report import require_plotly  # lazy: only with --describe-html
+
+        require_plotly()
+
+
+def show_workload(desc: WorkloadDescription, manifest: str, html_path: str | None) -> None:
+    """The description on stderr (after the command's own line), then the page if asked;
+    BatchbenchError when the page cannot be written."""
+    print(format_description(desc), file=sys.stderr)
+    if html_path is not None:
+        from batchbench.report.workload import write_workload_html  # lazy: plotly
+
+        title = f"batchbench workload: {os.path.basename(manifest)}"
+        write_workload_html(desc, html_path, title)
+        print(f"wrote the workload description to {html_path}", file=sys.stderr)
