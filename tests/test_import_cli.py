@@ -307,3 +307,34 @@ def test_an_import_replays_exactly_on_the_simulator(tmp_path, toy, capsys) -> No
 def test_an_import_with_a_branch_replays_exactly_on_the_simulator(tmp_path, toy) -> None:
     events, summary = replay(tmp_path, toy, branch=True)
     assert_exact(events, summary, 7)
+
+
+def test_every_flag_reaches_the_import_options(monkeypatch, capsys) -> None:
+    seen: list[ImportOptions] = []
+
+    def capture(options: ImportOptions, tick: Any) -> Any:
+        seen.append(options)
+        raise InputError("stop here")
+
+    monkeypatch.setattr("batchbench.cli.import_trace.import_trace", capture)
+    argv = [
+        "mooncake", "a.jsonl", "b.jsonl.zst", "-o", "m.jsonl", "--start", "2026-01-01T00:00:00Z",
+        "--end", "100", "--first-seconds", "5", "--model", "m", "--sample", "0.5", "--seed", "9",
+        "--stratify-by-session-length", "--block-size", "16", "--link-window-hours", "2",
+        "--shared-prefix-followers", "4", "--min-new-tokens", "0", "--split-idle-ms", "60000",
+        "--latency-model", "fixed:5", "--max-delay-ms", "1000", "--time-scale", "3",
+    ]  # fmt: skip
+    assert run(argv) == 1
+    assert capsys.readouterr().err == "Error: stop here\n"
+    assert seen == [
+        ImportOptions(
+            format="mooncake", inputs=("a.jsonl", "b.jsonl.zst"), output="m.jsonl",
+            start="2026-01-01T00:00:00Z", end="100", first_seconds=5.0, model="m",
+            block_size=16, link_window_hours=2.0, shared_prefix_followers=4, min_new_tokens=0,
+            latency_model="fixed:5", max_delay_ms=1000.0, split_idle_ms=60000.0, sample=0.5,
+            seed=9, stratify_by_session_length=True, time_scale=3.0,
+        )
+    ]  # fmt: skip
+    seen.clear()
+    assert run(["weka", "t.json", "-o", "m.jsonl"]) == 1
+    assert seen == [ImportOptions(format="weka", inputs=("t.json",), output="m.jsonl")]

@@ -14,7 +14,13 @@ import pytest
 from toyformat import MC, MOONCAKE_OPTIONS, block, hashed, install, mooncake_records, record
 
 from batchbench.errors import InputError
-from batchbench.ingest.importer import ImportOptions, ImportStats, check_options, import_trace
+from batchbench.ingest.importer import (
+    ImportOptions,
+    ImportStats,
+    build_plans,
+    check_options,
+    import_trace,
+)
 from batchbench.ingest.record import FormatOptions, Segment
 
 Plan = dict[str, Any]
@@ -1238,3 +1244,13 @@ def test_live_replies_are_not_counted_as_shared_tokens(tmp_path, toy) -> None:
     # h1 in all 20 requests, h10 in A's 3 and its branch, h20 in B's 2 and its branch, h70
     # in F1 and its split, h60 in E1 and E2, h33 in K1 and K2.
     assert stats.shared_prompt_tokens == 2000 + 800 + 300 + 200 + 400 + 200
+
+
+def test_the_progress_tick_hears_every_65536_rows(toy) -> None:
+    toy["big.jsonl"] = [record("big.jsonl", r, 0.0, 0, 0) for r in range(1, 65538)]
+    ticks: list[int] = []
+    stats = ImportStats()
+    options = ImportOptions(format="toy", inputs=("big.jsonl",), output="unused.jsonl")
+    assert build_plans(options, stats, ticks.append) == []
+    assert ticks == [65536]
+    assert (stats.rows, stats.dropped) == (65537, {"no input tokens": 65537})
