@@ -626,6 +626,57 @@ def test_explicit_sessions_grow_with_new_segment_roles_and_split(tmp_path, toy) 
     assert (stats.links, stats.splits, stats.resets) == (3, 1, 1)
 
 
+def test_hashed_sessions_grow_when_their_ids_extend_and_reset_when_not(tmp_path, toy) -> None:
+    """WEKA's shape: an explicit session, file-scoped ids, tool definitions and a system
+    prompt first. The third request drops the conversation (a compaction)."""
+    roles = (("tool_definition", 100), ("system", 100))
+    fields: dict[str, Any] = {"session": "w", "hash_scope": "file", "prefix_roles": roles}
+    toy["w.json"] = [
+        hashed("w.json", 1, 0.0, (1, 2, 3), 300, 20, **fields),
+        hashed("w.json", 2, 1.0, (1, 2, 3, 4), 400, 20, **fields),
+        hashed("w.json", 3, 2.0, (1, 2), 250, 10, **fields),
+    ]
+    stats, plans = run_import(tmp_path, "w.json")
+    prefix = [block("h0.1", 100, "tool_definition"), block("h0.2", 100, "system")]
+    assert plans == [
+        {
+            "schema_version": 2,
+            "trajectory_id": "w",
+            "start_after_ms": 0,
+            "requests": [
+                {
+                    "prompt_tokens": 300,
+                    "output_tokens": 20,
+                    "delay_after_ms": 1000,
+                    "recorded_start_after_ms": 0,
+                    "blocks": [*prefix, block("h0.3", 100)],
+                },
+                {
+                    "prompt_tokens": 400,
+                    "output_tokens": 20,
+                    "delay_after_ms": 1000,
+                    "recorded_start_after_ms": 1000,
+                    "blocks": [
+                        *prefix,
+                        block("h0.3", 100),
+                        block("r0", 20, "assistant", live=True),
+                        block("n1", 80),
+                    ],
+                },
+                {
+                    "prompt_tokens": 250,
+                    "output_tokens": 10,
+                    "reset_before": True,
+                    "recorded_start_after_ms": 2000,
+                    "blocks": [*prefix, block("n2", 50)],
+                },
+            ],
+            "metadata": source("w.json", [1, 2, 3]),
+        }
+    ]
+    assert stats.lineage["session links"] == 2 and stats.lineage["hash-prefix links"] == 0
+
+
 BL = "traces/bl.jsonl"
 
 
