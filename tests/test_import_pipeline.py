@@ -1,0 +1,1307 @@
+"""The shared import pipeline (``batchbench.ingest.importer`` and its lineage, units,
+blockbuild and timing modules), driven through a test-local format whose reader yields
+hand-built records (tests/toyformat.py). Every expected plan is written out in full."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from toyformat import MC, MOONCAKE_OPTIONS, block, hashed, install, mooncake_records, record
+
+from batchbench.errors import InputError
+from batchbench.ingest.importer import (
+    ImportOptions,
+    ImportStats,
+    build_plans,
+    check_options,
+    import_trace,
+)
+from batchbench.ingest.record import FormatOptions, Segment
+
+Plan = dict[str, Any]
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    return install(monkeypatch)
+
+
+def run_import(tmp_path: Path, *inputs: str, **options: Any) -> tuple[ImportStats, list[Plan]]:
+    """Import with the toy format, and check the written file holds the returned plans."""
+    output = tmp_path / "out.jsonl"
+    stats, plans = import_trace(
+        ImportOptions(format="toy", inputs=inputs, output=str(output), **options)
+    )
+    assert [orjson.loads(line) for line in output.read_bytes().splitlines()] == plans
+    return stats, plans
+
+
+def source(file: str, rows: list[int], **more: Any) -> dict[str, Any]:
+    return {"source": {"format": "toy", "file": file, "rows": rows, **more}}
+
+
+def h1() -> dict[str, Any]:
+    """The globally shared first block of the Mooncake-style fixture (a system prompt)."""
+    return block("h1", 100, "system")
+
+
+# --- Mooncake-style sessions rebuilt from hash-prefix chains -----------------------------
+
+MOONCAKE_PLANS: list[Plan] = [
+    {
+        "schema_version": 2,
+        "trajectory_id": "mc.jsonl:1",
+        "start_after_ms": 0,
+        "requests": [
+            # Ids 10 and 11 always come together: one block named by the first.
+            {
+                "prompt_tokens": 300,
+                "output_tokens": 50,
+                "delay_after_ms": 10000,
+                "recorded_start_after_ms": 0,
+                "blocks": [h1(), block("h10", 200)],
+            },
+            {
+                "prompt_tokens": 480,
+                "output_tokens": 40,
+                "delay_after_ms": 10000,
+                "recorded_start_after_ms": 10000,
+                "blocks": [
+                    h1(),
+                    block("h10", 200),
+                    block("r0", 50, "assistant", live=True),
+                    block("n2", 130),
+                ],
+            },
+            {
+                "prompt_tokens": 700,
+                "output_tokens": 30,
+                "recorded_start_after_ms": 20000,
+                "blocks": [
+                    h1(),
+                    block("h10", 200),
+                    block("r0", 50, "assistant", live=True),
+                    block("n2", 130),
+                    block("r2", 40, "assistant", live=True),
+                    block("n4", 180),
+                ],
+            },
+        ],
+        "metadata": source("mc.jsonl", [1, 3, 5]),
+    },
+    {
+        "schema_version": 2,
+        "trajectory_id": "mc.jsonl:2",
+        "start_after_ms": 5000,
+        "requests": [
+            {
+                "prompt_tokens": 200,
+                "output_tokens": 20,
+                "delay_after_ms": 10000,
+                "recorded_start_after_ms": 5000,
+                "blocks": [h1(), block("h20", 100)],
+            },
+            {
+                "prompt_tokens": 300,
+                "output_tokens": 20,
+                "recorded_start_after_ms": 15000,
+                "blocks": [
+                    h1(),
+                    block("h20", 100),
+                    block("r1", 20, "assistant", live=True),
+                    block("n3", 80),
+                ],
+            },
+        ],
+        "metadata": source("mc.jsonl", [2, 4]),
+    },
+    {
+        # The regenerated reply: B1's prompt, B1's reply as plain text, the new content.
+        "schema_version": 2,
+        "trajectory_id": "mc.jsonl:6",
+        "start_after_ms": 25000,
+        "requests": [
+            {
+                "prompt_tokens": 290,
+                "output_tokens": 10,
+                "recorded_start_after_ms": 25000,
+                "blocks": [h1(), block("h20", 100), block("r1", 20, "assistant"), block("n5", 70)],
+            },
+        ],
+        "metadata": source("mc.jsonl", [6], branch_of_row=2),
+    },
+    {
+        "schema_version": 2,
+        "trajectory_id": "mc.jsonl:7",
+        "start_after_ms": 28000,
+        "requests": [
+            {
+                "prompt_tokens": 450,
+                "output_tokens": 10,
+                "recorded_start_after_ms": 28000,
+                "blocks": [
+                    h1(),
+                    block("h10", 200),
+                    block("r0", 50, "assistant"),
+                    block("n6", 100),
+                ],
+            },
+        ],
+        "metadata": source("mc.jsonl", [7], branch_of_row=1),
+    },
+    {
+        "schema_version": 2,
+        "trajectory_id": "mc.jsonl:8",
+        "start_after_ms": 35000,
+        "requests": [
+            {
+                "prompt_tokens": 150,
+                "output_tokens": 10,
+                "recorded_start_after_ms": 35000,
+                "blocks": [h1(), block("h30", 50)],
+            },
+        ],
+        "metadata": source("mc.jsonl", [8]),
+    },
+    {
+        "schema_version": 2,
+        "trajectory_id": "mc.jsonl:9",
+        "start_after_ms": 40000,
+        "requests": [
+            {
+                "prompt_tokens": 300,
+                "output_tokens": 10,
+                "recorded_start_after_ms": 40000,
+                "blocks": [h1(), block("h30~100u", 100), block("h31", 100)],
+            },
+        ],
+        "metadata": source("mc.jsonl", [9]),
+    },
+    {
+        "schema_version": 2,
+        "trajectory_id": "mc.jsonl:10",
+        "start_after_ms": 45000,
+        "requests": [
+            {
+                "prompt_tokens": 350,
+                "output_tokens": 10,
+                "recorded_start_after_ms": 45000,
+                "blocks": [h1(), block("h95", 100), block("n9", 150)],
+            },
+        ],
+        "metadata": source("mc.jsonl", [10]),
+    },
+    {
+        # G2 cannot hold G1's prompt and reply: it restarts from its own blocks.
+        "schema_version": 2,
+        "trajectory_id": "mc.jsonl:11",
+        "start_after_ms": 50000,
+        "requests": [
+            {
+                "prompt_tokens": 300,
+                "output_tokens": 50,
+                "delay_after_ms": 5000,
+                "recorded_start_after_ms": 50000,
+                "blocks": [h1(), block("h80", 200)],
+            },
+            {
+                "prompt_tokens": 320,
+                "output_tokens": 20,
+                "reset_before": True,
+                "recorded_start_after_ms": 55000,
+                "blocks": [h1(), block("h80", 200), block("h82", 20)],
+            },
+        ],
+        "metadata": source("mc.jsonl", [11, 12]),
+    },
+    {
+        # H2 adds 20 tokens after H1's reply (< 32): reply and them are one plain block.
+        "schema_version": 2,
+        "trajectory_id": "mc.jsonl:13",
+        "start_after_ms": 60000,
+        "requests": [
+            {
+                "prompt_tokens": 200,
+                "output_tokens": 40,
+                "delay_after_ms": 5000,
+                "recorded_start_after_ms": 60000,
+                "blocks": [h1(), block("h90", 100)],
+            },
+            {
+                "prompt_tokens": 260,
+                "output_tokens": 10,
+                "recorded_start_after_ms": 65000,
+                "blocks": [h1(), block("h90", 100), block("r12.13", 60, "assistant")],
+            },
+        ],
+        "metadata": source("mc.jsonl", [13, 14]),
+    },
+    {
+        "schema_version": 2,
+        "trajectory_id": "mc.jsonl:15",
+        "start_after_ms": 70000,
+        "requests": [
+            {
+                "prompt_tokens": 200,
+                "output_tokens": 10,
+                "recorded_start_after_ms": 70000,
+                "blocks": [h1(), block("h70", 100)],
+            },
+        ],
+        "metadata": source("mc.jsonl", [15]),
+    },
+    {
+        "schema_version": 2,
+        "trajectory_id": "mc.jsonl:16",
+        "start_after_ms": 130000,
+        "requests": [
+            {
+                "prompt_tokens": 300,
+                "output_tokens": 10,
+                "recorded_start_after_ms": 130000,
+                "blocks": [
+                    h1(),
+                    block("h70", 100),
+                    block("r14", 10, "assistant"),
+                    block("n15", 90),
+                ],
+            },
+        ],
+        "metadata": source("mc.jsonl", [16], split_of_row=15),
+    },
+    {
+        "schema_version": 2,
+        "trajectory_id": "mc.jsonl:17",
+        "start_after_ms": 140000,
+        "requests": [
+            {
+                "prompt_tokens": 300,
+                "output_tokens": 10,
+                "recorded_start_after_ms": 140000,
+                "blocks": [h1(), block("h60", 200)],
+            },
+        ],
+        "metadata": source("mc.jsonl", [17]),
+    },
+    {
+        # 33 is followed by 34 here and by 36 in K2: it ends its unit.
+        "schema_version": 2,
+        "trajectory_id": "mc.jsonl:18",
+        "start_after_ms": 150000,
+        "requests": [
+            {
+                "prompt_tokens": 400,
+                "output_tokens": 10,
+                "recorded_start_after_ms": 150000,
+                "blocks": [h1(), block("h33", 100), block("h34", 200)],
+            },
+        ],
+        "metadata": source("mc.jsonl", [18]),
+    },
+    {
+        "schema_version": 2,
+        "trajectory_id": "mc.jsonl:19",
+        "start_after_ms": 160000,
+        "requests": [
+            {
+                "prompt_tokens": 400,
+                "output_tokens": 10,
+                "recorded_start_after_ms": 160000,
+                "blocks": [h1(), block("h33", 100), block("h36", 200)],
+            },
+        ],
+        "metadata": source("mc.jsonl", [19]),
+    },
+    {
+        # E1 is more than the link window earlier: no link, the prompt from its own ids.
+        "schema_version": 2,
+        "trajectory_id": "mc.jsonl:20",
+        "start_after_ms": 3800000,
+        "requests": [
+            {
+                "prompt_tokens": 400,
+                "output_tokens": 10,
+                "recorded_start_after_ms": 3800000,
+                "blocks": [h1(), block("h60", 200), block("h62", 100)],
+            },
+        ],
+        "metadata": source("mc.jsonl", [20]),
+    },
+]
+
+
+def test_mooncake_sessions_are_rebuilt_from_hash_prefix_chains(tmp_path, toy) -> None:
+    toy[MC] = mooncake_records()
+    stats, plans = run_import(tmp_path, MC, **MOONCAKE_OPTIONS)
+    assert plans == MOONCAKE_PLANS
+    assert (stats.links, stats.branches, stats.splits, stats.resets) == (5, 2, 1, 1)
+    assert stats.lineage == {
+        "session links": 0,
+        "parent-key links": 0,
+        "hash-prefix links": 8,
+        "parents not found": 0,
+        "shared-prefix ids": 1,
+    }
+    counts = stats.blocks
+    assert (counts.grown, counts.folded, counts.not_grown) == (6, 1, 1)
+    assert (counts.resized_seeds, counts.dropped_ids) == (1, 0)
+    # The 13 requests written from their ids (the roots, G2): 38 ids in 31 blocks.
+    assert (counts.hash_references, counts.units) == (38, 31)
+    assert (stats.trajectories, stats.written, stats.multi_request) == (15, 15, 4)
+
+
+FLAT = "traces/flat.jsonl"
+
+
+def flat_records(n: int) -> list:
+    """``n`` requests that begin with id 1 and then differ: 150 tokens, one whole block."""
+    return [hashed(FLAT, k + 1, float(k), (1, 100 + k), 150, 10) for k in range(n)]
+
+
+def test_an_id_sixteen_ids_follow_is_the_shared_prefix_by_default(tmp_path, toy) -> None:
+    """Sixteen requests: id 1 has sixteen different followers, so it cannot link them."""
+    toy[FLAT] = flat_records(16)
+    stats, plans = run_import(tmp_path, FLAT)
+    assert plans == [
+        {
+            "schema_version": 2,
+            "trajectory_id": f"flat.jsonl:{k + 1}",
+            "start_after_ms": 1000 * k,
+            "requests": [
+                {
+                    "prompt_tokens": 150,
+                    "output_tokens": 10,
+                    "recorded_start_after_ms": 1000 * k,
+                    "blocks": [h1(), block(f"h{100 + k}", 50)],
+                }
+            ],
+            "metadata": source("flat.jsonl", [k + 1]),
+        }
+        for k in range(16)
+    ]
+    assert stats.lineage["shared-prefix ids"] == 1 and stats.links == 0
+
+
+def test_without_the_shared_prefix_rule_requests_chain_into_one_fake_session(tmp_path, toy) -> None:
+    """Fifteen followers are not enough at the default of 16: every request then links
+    to the previous one through the common first block."""
+    toy[FLAT] = flat_records(15)
+    stats, plans = run_import(tmp_path, FLAT)
+    requests: list[dict[str, Any]] = [
+        {
+            "prompt_tokens": 150,
+            "output_tokens": 10,
+            "delay_after_ms": 1000,
+            "reset_before": True,
+            "recorded_start_after_ms": 1000 * k,
+            "blocks": [block("h1", 100), block(f"h{100 + k}", 50)],
+        }
+        for k in range(15)
+    ]
+    del requests[0]["reset_before"], requests[-1]["delay_after_ms"]
+    assert plans == [
+        {
+            "schema_version": 2,
+            "trajectory_id": "flat.jsonl:1",
+            "start_after_ms": 0,
+            "requests": requests,
+            "metadata": source("flat.jsonl", list(range(1, 16))),
+        }
+    ]
+    assert (stats.links, stats.resets, stats.lineage["hash-prefix links"]) == (14, 14, 14)
+    assert stats.lineage["shared-prefix ids"] == 0
+
+
+def file_scope_traces(toy, scope: str) -> tuple[str, str]:
+    first, second = "day1/x.jsonl", "day2/y.jsonl"
+    toy[first] = [hashed(first, 1, 0.0, (5, 6), 200, 10, hash_scope=scope)]
+    toy[second] = [hashed(second, 1, 1.0, (5, 6, 7), 300, 10, hash_scope=scope)]
+    return first, second
+
+
+def test_file_scoped_ids_mean_nothing_across_files(tmp_path, toy) -> None:
+    stats, plans = run_import(tmp_path, *file_scope_traces(toy, "file"))
+    assert plans == [
+        {
+            "schema_version": 2,
+            "trajectory_id": "x.jsonl:1",
+            "start_after_ms": 0,
+            "requests": [
+                {
+                    "prompt_tokens": 200,
+                    "output_tokens": 10,
+                    "recorded_start_after_ms": 0,
+                    "blocks": [block("h0.5", 200)],
+                }
+            ],
+            "metadata": source("x.jsonl", [1]),
+        },
+        {
+            "schema_version": 2,
+            "trajectory_id": "y.jsonl:1",
+            "start_after_ms": 1000,
+            "requests": [
+                {
+                    "prompt_tokens": 300,
+                    "output_tokens": 10,
+                    "recorded_start_after_ms": 1000,
+                    "blocks": [block("h1.5", 300)],
+                }
+            ],
+            "metadata": source("y.jsonl", [1]),
+        },
+    ]
+    assert stats.links == 0
+
+
+def test_global_ids_link_across_files(tmp_path, toy) -> None:
+    stats, plans = run_import(tmp_path, *file_scope_traces(toy, "global"))
+    assert plans == [
+        {
+            "schema_version": 2,
+            "trajectory_id": "x.jsonl:1",
+            "start_after_ms": 0,
+            "requests": [
+                {
+                    "prompt_tokens": 200,
+                    "output_tokens": 10,
+                    "delay_after_ms": 1000,
+                    "recorded_start_after_ms": 0,
+                    "blocks": [block("h5", 200)],
+                },
+                {
+                    "prompt_tokens": 300,
+                    "output_tokens": 10,
+                    "recorded_start_after_ms": 1000,
+                    "blocks": [
+                        block("h5", 200),
+                        block("r0", 10, "assistant", live=True),
+                        block("n1", 90),
+                    ],
+                },
+            ],
+            "metadata": {
+                "source": {"format": "toy", "files": ["x.jsonl", "y.jsonl"], "rows": [1, 1]}
+            },
+        }
+    ]
+    assert stats.lineage["hash-prefix links"] == 1
+
+
+def test_ids_past_the_prompt_are_dropped_and_block_size_reaches_the_reader(tmp_path, toy) -> None:
+    toy["t.jsonl"] = [hashed("t.jsonl", 1, 0.0, (1, 2, 3, 4), 150, 10)]
+    stats, plans = run_import(tmp_path, "t.jsonl", block_size=64)
+    # Ids 1 and 2 (the 50-token partial block) are one unit; 3 and 4 are past the prompt.
+    assert plans[0]["requests"][0]["blocks"] == [block("h1", 150)]
+    counts = stats.blocks
+    assert (counts.dropped_ids, counts.hash_references, counts.units) == (2, 2, 1)
+    assert toy.options == [FormatOptions(block_size=64)]
+
+
+# --- explicit sessions, parent keys, segments, roles -------------------------------------
+
+SESS = "traces/sess.jsonl"
+
+
+def test_explicit_sessions_grow_with_new_segment_roles_and_split(tmp_path, toy) -> None:
+    toy[SESS] = [
+        record(SESS, 1, 0.0, 100, 20, session="s1"),
+        record(SESS, 2, 1.0, 300, 30, session="s2"),
+        record(
+            SESS,
+            3,
+            2.0,
+            200,
+            10,
+            session="s1",
+            new_segments=(Segment("tool", 50),),
+            origin="tool-loop",
+        ),
+        # 35 new tokens: 30 of the tool result, 5 of the 20-token user turn.
+        record(
+            SESS,
+            4,
+            3.0,
+            245,
+            10,
+            session="s1",
+            new_segments=(Segment("tool", 30), Segment("user", 20)),
+        ),
+        record(SESS, 5, 4.0, 310, 5, session="s2"),  # 10 more tokens: too short to grow
+        record(SESS, 6, 100.0, 400, 10, session="s1", origin="sub"),  # 97 s idle: a split
+    ]
+    stats, plans = run_import(tmp_path, SESS, split_idle_ms=50000.0)
+    s1_prompt = [
+        block("n0", 100),
+        block("r0", 20, "assistant", live=True),
+        block("n2.0", 50, "tool"),
+        block("n2", 30),
+        block("r2", 10, "assistant", live=True),
+        block("n3.0", 30, "tool"),
+        block("n3.1", 5),
+    ]
+    assert plans == [
+        {
+            "schema_version": 2,
+            "trajectory_id": "s1",
+            "start_after_ms": 0,
+            "requests": [
+                {
+                    "prompt_tokens": 100,
+                    "output_tokens": 20,
+                    "delay_after_ms": 2000,
+                    "recorded_start_after_ms": 0,
+                    "blocks": s1_prompt[:1],
+                },
+                {
+                    "prompt_tokens": 200,
+                    "output_tokens": 10,
+                    "delay_after_ms": 1000,
+                    "recorded_start_after_ms": 2000,
+                    "blocks": s1_prompt[:4],
+                },
+                {
+                    "prompt_tokens": 245,
+                    "output_tokens": 10,
+                    "recorded_start_after_ms": 3000,
+                    "blocks": s1_prompt,
+                },
+            ],
+            "metadata": source("sess.jsonl", [1, 3, 4], origins=[None, "tool-loop", None]),
+        },
+        {
+            "schema_version": 2,
+            "trajectory_id": "s2",
+            "start_after_ms": 1000,
+            "requests": [
+                {
+                    "prompt_tokens": 300,
+                    "output_tokens": 30,
+                    "delay_after_ms": 3000,
+                    "recorded_start_after_ms": 1000,
+                    "blocks": [block("n1", 300)],
+                },
+                {
+                    "prompt_tokens": 310,
+                    "output_tokens": 5,
+                    "reset_before": True,
+                    "recorded_start_after_ms": 4000,
+                    "blocks": [block("n4", 310)],
+                },
+            ],
+            "metadata": source("sess.jsonl", [2, 5]),
+        },
+        {
+            # The split keeps the context: s1's prompt, its replies as plain text.
+            "schema_version": 2,
+            "trajectory_id": "s1#1",
+            "start_after_ms": 100000,
+            "requests": [
+                {
+                    "prompt_tokens": 400,
+                    "output_tokens": 10,
+                    "recorded_start_after_ms": 100000,
+                    "blocks": [
+                        block("n0", 100),
+                        block("r0", 20, "assistant"),
+                        block("n2.0", 50, "tool"),
+                        block("n2", 30),
+                        block("r2", 10, "assistant"),
+                        block("n3.0", 30, "tool"),
+                        block("n3.1", 5),
+                        block("r3", 10, "assistant"),
+                        block("n5", 145),
+                    ],
+                }
+            ],
+            "metadata": source("sess.jsonl", [6], origins=["sub"], split_of_row=4),
+        },
+    ]
+    assert stats.lineage["session links"] == 4
+    assert (stats.links, stats.splits, stats.resets) == (3, 1, 1)
+
+
+def test_hashed_sessions_grow_when_their_ids_extend_and_reset_when_not(tmp_path, toy) -> None:
+    """WEKA's shape: an explicit session, file-scoped ids, tool definitions and a system
+    prompt first. The third request drops the conversation (a compaction)."""
+    roles = (("tool_definition", 100), ("system", 100))
+    fields: dict[str, Any] = {"session": "w", "hash_scope": "file", "prefix_roles": roles}
+    toy["w.json"] = [
+        hashed("w.json", 1, 0.0, (1, 2, 3), 300, 20, **fields),
+        hashed("w.json", 2, 1.0, (1, 2, 3, 4), 400, 20, **fields),
+        hashed("w.json", 3, 2.0, (1, 2), 250, 10, **fields),
+    ]
+    stats, plans = run_import(tmp_path, "w.json")
+    prefix = [block("h0.1", 100, "tool_definition"), block("h0.2", 100, "system")]
+    assert plans == [
+        {
+            "schema_version": 2,
+            "trajectory_id": "w",
+            "start_after_ms": 0,
+            "requests": [
+                {
+                    "prompt_tokens": 300,
+                    "output_tokens": 20,
+                    "delay_after_ms": 1000,
+                    "recorded_start_after_ms": 0,
+                    "blocks": [*prefix, block("h0.3", 100)],
+                },
+                {
+                    "prompt_tokens": 400,
+                    "output_tokens": 20,
+                    "delay_after_ms": 1000,
+                    "recorded_start_after_ms": 1000,
+                    "blocks": [
+                        *prefix,
+                        block("h0.3", 100),
+                        block("r0", 20, "assistant", live=True),
+                        block("n1", 80),
+                    ],
+                },
+                {
+                    "prompt_tokens": 250,
+                    "output_tokens": 10,
+                    "reset_before": True,
+                    "recorded_start_after_ms": 2000,
+                    "blocks": [*prefix, block("n2", 50)],
+                },
+            ],
+            "metadata": source("w.json", [1, 2, 3]),
+        }
+    ]
+    assert stats.lineage["session links"] == 2 and stats.lineage["hash-prefix links"] == 0
+
+
+BL = "traces/bl.jsonl"
+
+
+def test_parent_keys_link_branch_and_count_missing_parents(tmp_path, toy) -> None:
+    toy[BL] = [
+        record(BL, 1, 0.0, 100, 10, key="a"),
+        record(BL, 2, 1.0, 200, 10, key="b", parent="a"),
+        record(BL, 3, 2.0, 150, 10, key="c", parent="zz"),  # no such request
+        record(BL, 4, 3.0, 180, 10, key="d", parent="a"),  # a's second child
+        record(BL, 5, 4000.0, 300, 10, key="e", parent="b"),  # b is past the link window
+    ]
+    stats, plans = run_import(tmp_path, BL, link_window_hours=1.0)
+    assert plans == [
+        {
+            "schema_version": 2,
+            "trajectory_id": "bl.jsonl:1",
+            "start_after_ms": 0,
+            "requests": [
+                {
+                    "prompt_tokens": 100,
+                    "output_tokens": 10,
+                    "delay_after_ms": 1000,
+                    "recorded_start_after_ms": 0,
+                    "blocks": [block("n0", 100)],
+                },
+                {
+                    "prompt_tokens": 200,
+                    "output_tokens": 10,
+                    "recorded_start_after_ms": 1000,
+                    "blocks": [
+                        block("n0", 100),
+                        block("r0", 10, "assistant", live=True),
+                        block("n1", 90),
+                    ],
+                },
+            ],
+            "metadata": source("bl.jsonl", [1, 2]),
+        },
+        {
+            "schema_version": 2,
+            "trajectory_id": "bl.jsonl:3",
+            "start_after_ms": 2000,
+            "requests": [
+                {
+                    "prompt_tokens": 150,
+                    "output_tokens": 10,
+                    "recorded_start_after_ms": 2000,
+                    "blocks": [block("n2", 150)],
+                }
+            ],
+            "metadata": source("bl.jsonl", [3]),
+        },
+        {
+            "schema_version": 2,
+            "trajectory_id": "bl.jsonl:4",
+            "start_after_ms": 3000,
+            "requests": [
+                {
+                    "prompt_tokens": 180,
+                    "output_tokens": 10,
+                    "recorded_start_after_ms": 3000,
+                    "blocks": [block("n0", 100), block("r0", 10, "assistant"), block("n3", 70)],
+                }
+            ],
+            "metadata": source("bl.jsonl", [4], branch_of_row=1),
+        },
+        {
+            "schema_version": 2,
+            "trajectory_id": "bl.jsonl:5",
+            "start_after_ms": 4000000,
+            "requests": [
+                {
+                    "prompt_tokens": 300,
+                    "output_tokens": 10,
+                    "recorded_start_after_ms": 4000000,
+                    "blocks": [block("n4", 300)],
+                }
+            ],
+            "metadata": source("bl.jsonl", [5]),
+        },
+    ]
+    assert stats.lineage == {
+        "session links": 0,
+        "parent-key links": 2,
+        "hash-prefix links": 0,
+        "parents not found": 2,
+        "shared-prefix ids": 0,
+    }
+    assert (stats.links, stats.branches) == (1, 1)
+
+
+SEG = "traces/seg.jsonl"
+
+
+def test_whole_prompt_segments_never_reset_and_share_keyed_seeds(tmp_path, toy) -> None:
+    toy[SEG] = [
+        record(
+            SEG, 1, 0.0, 160, 10, session="u",
+            segments=(Segment("system", 100, "sys"), Segment("user", 60)),
+        ),
+        record(
+            SEG, 2, 1.0, 200, 10, session="u",
+            segments=(
+                Segment("system", 100, "sys"), Segment("assistant", 0), Segment("user", 100, "q"),
+            ),
+        ),
+        record(
+            SEG, 3, 2.0, 180, 10, session="v",
+            segments=(Segment("system", 80, "sys"), Segment("user", 100, "q")),
+        ),
+    ]  # fmt: skip
+    stats, plans = run_import(tmp_path, SEG)
+    assert plans == [
+        {
+            "schema_version": 2,
+            "trajectory_id": "u",
+            "start_after_ms": 0,
+            "requests": [
+                {
+                    "prompt_tokens": 160,
+                    "output_tokens": 10,
+                    "delay_after_ms": 1000,
+                    "recorded_start_after_ms": 0,
+                    "blocks": [block("s:sys", 100, "system"), block("n0.1", 60)],
+                },
+                {
+                    "prompt_tokens": 200,
+                    "output_tokens": 10,
+                    "recorded_start_after_ms": 1000,
+                    "blocks": [block("s:sys", 100, "system"), block("s:q", 100)],
+                },
+            ],
+            "metadata": source("seg.jsonl", [1, 2]),
+        },
+        {
+            "schema_version": 2,
+            "trajectory_id": "v",
+            "start_after_ms": 2000,
+            "requests": [
+                {
+                    "prompt_tokens": 180,
+                    "output_tokens": 10,
+                    "recorded_start_after_ms": 2000,
+                    "blocks": [block("s:sys~80s", 80, "system"), block("s:q", 100)],
+                }
+            ],
+            "metadata": source("seg.jsonl", [3]),
+        },
+    ]
+    assert (stats.resets, stats.blocks.grown, stats.blocks.resized_seeds) == (0, 0, 1)
+    assert stats.shared_prompt_tokens == 200  # s:q in both trajectories
+
+
+def test_prefix_roles_label_blocks_and_units_stop_at_a_role_boundary(tmp_path, toy) -> None:
+    """Ids 1-4 always come together; the tool definitions span 150 tokens, the system
+    prompt the next 100: a block takes the role of its first token."""
+    roles = (("tool_definition", 150), ("system", 100))
+    toy["w.json"] = [hashed("w.json", 1, 0.0, (1, 2, 3, 4), 400, 10, prefix_roles=roles)]
+    _stats, plans = run_import(tmp_path, "w.json")
+    assert plans == [
+        {
+            "schema_version": 2,
+            "trajectory_id": "w.json:1",
+            "start_after_ms": 0,
+            "requests": [
+                {
+                    "prompt_tokens": 400,
+                    "output_tokens": 10,
+                    "recorded_start_after_ms": 0,
+                    "blocks": [
+                        block("h1", 200, "tool_definition"),
+                        block("h3", 100, "system"),
+                        block("h4", 100),
+                    ],
+                }
+            ],
+            "metadata": source("w.json", [1]),
+        }
+    ]
+
+
+def test_the_link_window_and_the_idle_split_include_their_bound(tmp_path, toy) -> None:
+    """A parent exactly the link window earlier is linked; an idle gap exactly
+    --split-idle-ms long does not split."""
+    toy["b.jsonl"] = [
+        record("b.jsonl", 1, 0.0, 100, 10, key="a"),
+        record("b.jsonl", 2, 3600.0, 200, 10, key="b", parent="a"),
+        hashed("b.jsonl", 3, 4000.0, (1, 2), 200, 10),
+        hashed("b.jsonl", 4, 7600.0, (1, 2, 3), 300, 10),
+    ]
+    stats, plans = run_import(tmp_path, "b.jsonl", link_window_hours=1.0, split_idle_ms=3600000.0)
+    assert [plan["metadata"]["source"]["rows"] for plan in plans] == [[1, 2], [3, 4]]
+    assert [delays(plan) for plan in plans] == [[3600000, None], [3600000, None]]
+    assert (stats.links, stats.splits) == (2, 0)
+    stats, plans = run_import(tmp_path, "b.jsonl", link_window_hours=0.999, split_idle_ms=1.0)
+    assert [plan["metadata"]["source"]["rows"] for plan in plans] == [[1], [2], [3], [4]]
+    assert stats.lineage["parents not found"] == 1 and stats.links == 0
+
+
+# --- time ---------------------------------------------------------------------------------
+
+TIME = "traces/time.jsonl"
+
+
+def timed_records() -> list:
+    """One session whose requests record their end in each way a trace can."""
+    return [
+        record(TIME, 1, 100.0, 100, 11, session="s", end_s=102.0, latency_s=5.0),  # end wins
+        record(TIME, 2, 105.0, 300, 11, session="s", latency_s=1.5),
+        record(TIME, 3, 110.0, 500, 11, session="s", idle_before_s=0.25),
+        record(TIME, 4, 120.0, 700, 11, session="s"),
+        record(TIME, 5, 130.0, 900, 11, session="s"),
+    ]
+
+
+def delays(plan: Plan) -> list[int | None]:
+    return [request.get("delay_after_ms") for request in plan["requests"]]
+
+
+def starts(plan: Plan) -> list[int]:
+    return [request["recorded_start_after_ms"] for request in plan["requests"]]
+
+
+def test_delays_run_end_to_start_from_what_the_trace_records(tmp_path, toy) -> None:
+    toy[TIME] = timed_records()
+    stats, plans = run_import(tmp_path, TIME)
+    prompt = [
+        block("n0", 100),
+        block("r0", 11, "assistant", live=True),
+        block("n1", 189),
+        block("r1", 11, "assistant", live=True),
+        block("n2", 189),
+        block("r2", 11, "assistant", live=True),
+        block("n3", 189),
+        block("r3", 11, "assistant", live=True),
+        block("n4", 189),
+    ]
+    # 105 - 102 (end_s); idle_before_s 0.25; 120 - 110 and 130 - 120 (no end: latency 0).
+    assert plans == [
+        {
+            "schema_version": 2,
+            "trajectory_id": "s",
+            "start_after_ms": 0,
+            "requests": [
+                {
+                    "prompt_tokens": 100,
+                    "output_tokens": 11,
+                    "delay_after_ms": 3000,
+                    "recorded_start_after_ms": 0,
+                    "blocks": prompt[:1],
+                },
+                {
+                    "prompt_tokens": 300,
+                    "output_tokens": 11,
+                    "delay_after_ms": 250,
+                    "recorded_start_after_ms": 5000,
+                    "blocks": prompt[:3],
+                },
+                {
+                    "prompt_tokens": 500,
+                    "output_tokens": 11,
+                    "delay_after_ms": 10000,
+                    "recorded_start_after_ms": 10000,
+                    "blocks": prompt[:5],
+                },
+                {
+                    "prompt_tokens": 700,
+                    "output_tokens": 11,
+                    "delay_after_ms": 10000,
+                    "recorded_start_after_ms": 20000,
+                    "blocks": prompt[:7],
+                },
+                {
+                    "prompt_tokens": 900,
+                    "output_tokens": 11,
+                    "recorded_start_after_ms": 30000,
+                    "blocks": prompt,
+                },
+            ],
+            "metadata": source("time.jsonl", [1, 2, 3, 4, 5]),
+        }
+    ]
+    assert stats.capped_delays == 0
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ("none", [3000, 250, 10000, 10000, None]),
+        ("fixed:500", [3000, 250, 9500, 9500, None]),
+        # 100 ms to the first token, then 10 per token after it: 200 ms for 11 tokens.
+        ("linear:100,10", [3000, 250, 9800, 9800, None]),
+    ],
+)
+def test_the_latency_model_applies_only_where_no_end_is_recorded(
+    tmp_path, toy, model, expected
+) -> None:
+    toy[TIME] = timed_records()
+    _stats, plans = run_import(tmp_path, TIME, latency_model=model)
+    assert delays(plans[0]) == expected
+
+
+def test_overlapping_requests_and_negative_idle_give_no_delay(tmp_path, toy) -> None:
+    toy["o.jsonl"] = [
+        record("o.jsonl", 1, 0.0, 100, 10, session="s", end_s=5.0),
+        record("o.jsonl", 2, 2.0, 200, 10, session="s"),  # starts before the first ended
+        record("o.jsonl", 3, 9.0, 300, 10, session="s", idle_before_s=-1.0),
+    ]
+    _stats, plans = run_import(tmp_path, "o.jsonl")
+    assert delays(plans[0]) == [0, 0, None]
+
+
+def test_max_delay_caps_and_counts(tmp_path, toy) -> None:
+    toy[TIME] = timed_records()
+    stats, plans = run_import(tmp_path, TIME, max_delay_ms=5000.0)
+    assert delays(plans[0]) == [3000, 250, 5000, 5000, None]
+    assert stats.capped_delays == 2
+
+
+def test_time_scale_divides_offsets_and_delays_before_the_cap(tmp_path, toy) -> None:
+    toy[TIME] = timed_records()
+    stats, plans = run_import(tmp_path, TIME, start="90", time_scale=2.0, max_delay_ms=4000.0)
+    assert plans[0]["start_after_ms"] == 5000
+    assert starts(plans[0]) == [5000, 7500, 10000, 15000, 20000]
+    assert delays(plans[0]) == [1500, 125, 4000, 4000, None]
+    assert stats.capped_delays == 2
+
+
+@pytest.mark.parametrize(
+    ("window", "rows", "start_after_ms", "recorded"),
+    [
+        ({}, [1, 2, 3, 4, 5], 0, [0, 5000, 10000, 20000, 30000]),
+        # Offsets are measured from --start, not from the earliest request.
+        ({"start": "90"}, [1, 2, 3, 4, 5], 10000, [10000, 15000, 20000, 30000, 40000]),
+        ({"start": "105"}, [2, 3, 4, 5], 0, [0, 5000, 15000, 25000]),
+        ({"end": "120"}, [1, 2, 3], 0, [0, 5000, 10000]),  # --end is exclusive
+        ({"first_seconds": 15.0}, [1, 2, 3], 0, [0, 5000, 10000]),
+        ({"start": "101", "first_seconds": 10.0}, [2, 3], 4000, [4000, 9000]),
+    ],
+)
+def test_the_window_keeps_rows_and_sets_the_origin(
+    tmp_path, toy, window, rows, start_after_ms, recorded
+) -> None:
+    toy[TIME] = timed_records()
+    stats, plans = run_import(tmp_path, TIME, **window)
+    (plan,) = plans
+    assert plan["metadata"]["source"]["rows"] == rows
+    assert (plan["start_after_ms"], starts(plan)) == (start_after_ms, recorded)
+    outside = 5 - len(rows)
+    assert stats.dropped == ({"outside the window": outside} if outside else {})
+    kept = [100, 300, 500, 700, 900]
+    assert stats.kept_prompt_tokens == sum(kept[row - 1] for row in rows)
+    assert (stats.kept_output_tokens, stats.input_prompt_tokens) == (11 * len(rows), 2500)
+
+
+EPOCH = 1767225600.0  # 2026-01-01T00:00:00Z
+
+
+@pytest.mark.parametrize(
+    ("start", "end"),
+    [
+        ("2026-01-01T00:00:05Z", "2026-01-01T00:00:10Z"),
+        ("2026-01-01T01:00:05+01:00", "2026-01-01 00:00:10"),  # an offset; no offset is UTC
+        (str(EPOCH + 5), str(EPOCH + 10)),
+    ],
+)
+def test_start_and_end_take_rfc3339_times_or_trace_seconds(tmp_path, toy, start, end) -> None:
+    toy["wall.jsonl"] = [
+        record("wall.jsonl", 1, EPOCH, 100, 10),
+        record("wall.jsonl", 2, EPOCH + 5.5, 100, 10),
+        record("wall.jsonl", 3, EPOCH + 10, 100, 10),
+    ]
+    stats, plans = run_import(tmp_path, "wall.jsonl", start=start, end=end)
+    assert [(p["trajectory_id"], p["start_after_ms"]) for p in plans] == [("wall.jsonl:2", 500)]
+    assert stats.dropped == {"outside the window": 2}
+
+
+MIX = "traces/mix.jsonl"
+
+
+def test_filters_and_drops_are_counted_by_reason_with_token_totals(tmp_path, toy) -> None:
+    toy[MIX] = [
+        record(MIX, 1, -1.0, 100, 10, model="m2"),  # before --start: the window comes first
+        record(MIX, 2, 0.0, 100, 10, model="m1"),
+        record(MIX, 3, 1.0, 100, 10, model="m2"),
+        record(MIX, 4, 2.0, 100, 10),  # no model
+        record(MIX, 5, 3.0, 0, 10, model="m1"),
+        record(MIX, 6, 4.0, 100, 0, model="m1"),
+        record(MIX, 7, 5.0, 0, 0, model="m1"),
+        record(MIX, 8, 6.0, 200, 20, model="m1", stream=True),
+    ]
+    stats, plans = run_import(tmp_path, MIX, model="m1", start="0")
+    assert plans == [
+        {
+            "schema_version": 2,
+            "trajectory_id": "mix.jsonl:2",
+            "start_after_ms": 0,
+            "requests": [
+                {
+                    "prompt_tokens": 100,
+                    "output_tokens": 10,
+                    "recorded_start_after_ms": 0,
+                    "blocks": [block("n0", 100)],
+                }
+            ],
+            "metadata": source("mix.jsonl", [2]),
+        },
+        {
+            "schema_version": 2,
+            "trajectory_id": "mix.jsonl:8",
+            "start_after_ms": 6000,
+            "requests": [
+                {
+                    "prompt_tokens": 200,
+                    "output_tokens": 20,
+                    "stream": True,
+                    "recorded_start_after_ms": 6000,
+                    "blocks": [block("n1", 200)],
+                }
+            ],
+            "metadata": source("mix.jsonl", [8]),
+        },
+    ]
+    assert stats.rows == 8
+    assert stats.dropped == {
+        "outside the window": 1,
+        "another model": 2,
+        "no input tokens": 2,
+        "no output tokens": 1,
+    }
+    assert (stats.input_prompt_tokens, stats.input_output_tokens) == (700, 70)
+    assert (stats.kept_prompt_tokens, stats.kept_output_tokens) == (300, 30)
+    assert (stats.prompt_tokens, stats.output_tokens, stats.requests) == (300, 30, 2)
+
+
+# --- sampling, order, ids, provenance ------------------------------------------------------
+
+
+def sample_key(seed: int, trajectory_id: str) -> int:
+    """export-plans' rule, written out again: SHA-256 of "<seed>:<id>", first 16 hex."""
+    return int(hashlib.sha256(f"{seed}:{trajectory_id}".encode()).hexdigest()[:16], 16)
+
+
+def test_sampling_keeps_the_smallest_keys_deterministically(tmp_path, toy) -> None:
+    toy["many.jsonl"] = [record("many.jsonl", r, float(r), 100, 10) for r in range(1, 21)]
+    stats, plans = run_import(tmp_path, "many.jsonl", sample=0.25, seed=7)
+    ids = [plan["trajectory_id"] for plan in plans]
+    assert ids == ["many.jsonl:1", "many.jsonl:2", "many.jsonl:8", "many.jsonl:9", "many.jsonl:11"]
+    every = [f"many.jsonl:{r}" for r in range(1, 21)]
+    assert set(ids) == set(sorted(every, key=lambda i: sample_key(7, i))[:5])
+    assert (stats.trajectories, stats.written, stats.requests) == (20, 5, 5)
+    _stats, again = run_import(tmp_path, "many.jsonl", sample=0.25, seed=7)
+    assert again == plans
+    _stats, other = run_import(tmp_path, "many.jsonl", sample=0.25, seed=8)
+    assert [plan["trajectory_id"] for plan in other] == [
+        "many.jsonl:1", "many.jsonl:5", "many.jsonl:12", "many.jsonl:13", "many.jsonl:17",
+    ]  # fmt: skip
+
+
+def test_stratified_sampling_keeps_every_session_length(tmp_path, toy) -> None:
+    rows = [record("st.jsonl", r, float(r), 100, 10) for r in range(1, 13)]
+    for k in range(4):
+        rows += [
+            record("st.jsonl", 20 + 2 * k + n, 20.0 + k, 100, 10, session=f"p{k}") for n in (0, 1)
+        ]
+    rows += [record("st.jsonl", 30 + n, 30.0 + n, 100, 10, session="q") for n in range(4)]
+    toy["st.jsonl"] = rows
+    _stats, plans = run_import(tmp_path, "st.jsonl", sample=0.25, seed=3)
+    # round(0.25 * 17) = 4 of all; stratified: 3 of 12 singles, 1 of 4 pairs, the 4-request one.
+    assert sorted(p["trajectory_id"] for p in plans) == [
+        "p3", "st.jsonl:12", "st.jsonl:2", "st.jsonl:3",
+    ]  # fmt: skip
+    _stats, plans = run_import(
+        tmp_path, "st.jsonl", sample=0.25, seed=3, stratify_by_session_length=True
+    )
+    assert sorted(p["trajectory_id"] for p in plans) == [
+        "p3", "q", "st.jsonl:12", "st.jsonl:2", "st.jsonl:3",
+    ]  # fmt: skip
+
+
+def test_output_is_sorted_by_start_then_id_and_repeated_ids_are_numbered(tmp_path, toy) -> None:
+    first, second = "a/t.jsonl", "b/t.jsonl"
+    toy[first] = [
+        record(first, 9, 5.0, 100, 10),
+        record(first, 10, 5.0, 100, 10),
+        record(first, 1, 7.0, 100, 10, origin="main"),
+    ]
+    toy[second] = [record(second, 1, 3.0, 100, 10)]
+    _stats, plans = run_import(tmp_path, first, second)
+    # Row 1 of b/t.jsonl comes first in time, so it takes the plain name.
+    assert [(p["trajectory_id"], p["start_after_ms"], p["metadata"]) for p in plans] == [
+        ("t.jsonl:1", 0, source("t.jsonl", [1])),
+        ("t.jsonl:10", 2000, source("t.jsonl", [10])),
+        ("t.jsonl:9", 2000, source("t.jsonl", [9])),
+        ("t.jsonl:1#1", 4000, source("t.jsonl", [1], origins=["main"])),
+    ]
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+BAD_OPTIONS = [
+    ({"format": "nope"}, "unknown format 'nope'; expected one of mooncake, bailian, weka, "
+     "tracelab, azure, burstgpt, ragpulse, claude-code, toy"),
+    ({"inputs": ()}, "no input files"),
+    ({"start": "yesterday"},
+     "--start must be seconds on the trace's clock or an RFC 3339 time, got 'yesterday'"),
+    ({"end": "soon"}, "--end must be seconds on the trace's clock or an RFC 3339 time, got 'soon'"),
+    ({"start": "inf"}, "--start must be finite, got 'inf'"),
+    ({"end": "nan"}, "--end must be finite, got 'nan'"),
+    ({"start": "10", "end": "10"}, "--end must be after --start"),
+    ({"end": "10", "first_seconds": 5.0}, "--first-seconds and --end cannot be used together"),
+    ({"first_seconds": 0.0}, "--first-seconds must be a positive number of seconds"),
+    ({"first_seconds": math.inf}, "--first-seconds must be a positive number of seconds"),
+    *(
+        ({"latency_model": text},
+         f"--latency-model must be none, fixed:MS or linear:TTFT_MS,TPOT_MS, got {text!r}")
+        for text in ("fast", "none:1", "fixed", "fixed:-1", "fixed:x", "linear:1", "linear:1,nan")
+    ),
+    *(({"time_scale": x}, "time scale must be a positive finite number") for x in (0.0, -1.0, math.inf, math.nan)),
+    *(({"link_window_hours": x}, "--link-window-hours must be non-negative") for x in (-1.0, math.nan)),
+    *(
+        ({flag: x}, f"--{flag.replace('_', '-')} must be a non-negative number of milliseconds")
+        for flag in ("max_delay_ms", "split_idle_ms")
+        for x in (-1.0, math.inf, math.nan)
+    ),
+    ({"block_size": 0}, "--block-size must be a positive number of tokens"),
+    ({"min_new_tokens": -1}, "--min-new-tokens must not be negative"),
+    ({"shared_prefix_followers": 1}, "--shared-prefix-followers must be at least 2"),
+    *(({"sample": x}, "sample fraction must be between 0 and 1") for x in (-0.1, 1.5, math.nan)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("changes", "message"), BAD_OPTIONS)
+def test_every_bad_option_is_one_input_error(toy, changes, message) -> None:
+    fields: dict[str, Any] = {"format": "toy", "inputs": ("t.jsonl",), "output": "o.jsonl"}
+    with pytest.raises(InputError) as caught:
+        check_options(ImportOptions(**{**fields, **changes}))
+    assert str(caught.value) == message
+
+
+def test_the_edges_of_the_options_are_accepted(toy) -> None:
+    window, model = check_options(
+        ImportOptions(
+            format="toy", inputs=("t.jsonl",), output="o.jsonl", link_window_hours=0.0,
+            max_delay_ms=0.0, split_idle_ms=0.0, min_new_tokens=0, shared_prefix_followers=2,
+            sample=0.0, latency_model="linear:0,0", start="2026-01-01T00:00:00Z",
+        )
+    )  # fmt: skip
+    assert (window.start_s, window.end_s, window.first_seconds) == (EPOCH, None, None)
+    assert (model.ttft_ms, model.tpot_ms) == (0.0, 0.0)
+
+
+def test_an_import_with_nothing_left_writes_nothing(tmp_path, toy) -> None:
+    toy["z.jsonl"] = [record("z.jsonl", 1, 0.0, 0, 10), record("z.jsonl", 2, 1.0, 100, 0)]
+    output = tmp_path / "out.jsonl"
+    options = ImportOptions(format="toy", inputs=("z.jsonl",), output=str(output))
+    with pytest.raises(InputError, match=r"^no trajectories to write from 2 rows$"):
+        import_trace(options)
+    assert not output.exists()
+    toy["z.jsonl"] = [record("z.jsonl", 1, 0.0, 100, 10)]
+    with pytest.raises(InputError, match=r"^no trajectories to write from 1 rows$"):
+        import_trace(
+            ImportOptions(format="toy", inputs=("z.jsonl",), output=str(output), sample=0.0)
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- known defects (the lead fixes the pipeline) --------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Seeds.name names a variant f'{base}~{tokens}{role[0]}': tool, tool_call and "
+    "tool_definition share the letter 't', so a key met as tool and then as tool_call at the "
+    "same size gets the tool variant's name back, and the import fails with 'request 1 "
+    'redefines seed "s:k~50t" (tokens 50, role tool_call; first defined with tokens 50, '
+    "role tool)'",
+)
+def test_a_key_met_with_three_roles_gets_three_seeds(tmp_path, toy) -> None:
+    segments = (Segment("user", 50, "k"), Segment("tool", 50, "k"), Segment("tool_call", 50, "k"))
+    toy["k.jsonl"] = [record("k.jsonl", 1, 0.0, 150, 10, segments=segments)]
+    _stats, plans = run_import(tmp_path, "k.jsonl")
+    blocks = plans[0]["requests"][0]["blocks"]
+    assert [(b["seed"], b["role"]) for b in blocks[:2]] == [("s:k", "user"), ("s:k~50t", "tool")]
+    assert blocks[2]["role"] == "tool_call" and blocks[2]["seed"] not in ("s:k", "s:k~50t")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="PlanWriter._trajectory_id numbers repeats of a base name as '<base>#<n>' without "
+    "checking that name is free: a split of session 'x' is named 'x#1', as is a session "
+    "whose key is 'x#1', and the import fails with 'duplicate trajectory_id \"x#1\"'",
+)
+def test_trajectory_ids_stay_unique_when_a_session_key_looks_numbered(tmp_path, toy) -> None:
+    toy["d.jsonl"] = [
+        record("d.jsonl", 1, 0.0, 100, 10, session="x"),
+        record("d.jsonl", 2, 100.0, 200, 10, session="x"),  # split: 100 s idle
+        record("d.jsonl", 3, 200.0, 200, 10, session="x#1"),
+    ]
+    _stats, plans = run_import(tmp_path, "d.jsonl", split_idle_ms=1000.0)
+    ids = [plan["trajectory_id"] for plan in plans]
+    assert ids[0] == "x" and len(set(ids)) == 3
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="_count_written counts a block as shared when its seed occurs in another "
+    "trajectory, live or not; a live block is that trajectory's own server reply, so A's "
+    "live r0 (2 x 50 tokens) and B's live r1 (20), and the branches' plain r0 (50) and r1 "
+    "(20) that nothing else sends, are counted in shared_prompt_tokens: 4,090 instead of "
+    "3,900",
+)
+def test_live_replies_are_not_counted_as_shared_tokens(tmp_path, toy) -> None:
+    toy[MC] = mooncake_records()
+    stats, _plans = run_import(tmp_path, MC, **MOONCAKE_OPTIONS)
+    # h1 in all 20 requests, h10 in A's 3 and its branch, h20 in B's 2 and its branch, h70
+    # in F1 and its split, h60 in E1 and E2, h33 in K1 and K2.
+    assert stats.shared_prompt_tokens == 2000 + 800 + 300 + 200 + 400 + 200
+
+
+def test_the_progress_tick_hears_every_65536_rows(toy) -> None:
+    toy["big.jsonl"] = [record("big.jsonl", r, 0.0, 0, 0) for r in range(1, 65538)]
+    ticks: list[int] = []
+    stats = ImportStats()
+    options = ImportOptions(format="toy", inputs=("big.jsonl",), output="unused.jsonl")
+    assert build_plans(options, stats, ticks.append) == []
+    assert ticks == [65536]
+    assert (stats.rows, stats.dropped) == (65537, {"no input tokens": 65537})
