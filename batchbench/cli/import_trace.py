@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from batchbench.cli.exits import exit_status, parsed_or_status
+from batchbench.cli.workload import add_describe_html, check_describe_html, show_workload
+from batchbench.ingest.describe import describe
 from batchbench.ingest.importer import FORMATS, ImportOptions, ImportStats, import_trace
 from batchbench.options.parser import CommandParser
 from batchbench.results.progress import progress_wanted
@@ -51,6 +53,7 @@ def build_parser(prog: str) -> CommandParser:
     add("format", choices=tuple(FORMATS), metavar="FORMAT", help="the trace's format (above)")
     add("inputs", nargs="+", metavar="INPUT", help="trace files, read in order")
     add("-o", "--output", required=True, metavar="PATH", help="the manifest to write")
+    add_describe_html(parser)
     window = parser.add_argument_group("window and filters")
     window.add_argument(
         "--start",
@@ -169,13 +172,15 @@ def run(argv: Sequence[str], prog: str = "batchbench import") -> int:
     )
 
     def command() -> int:
+        check_describe_html(args.describe_html)
         bar = _RowBar() if progress_wanted() else None
         try:
-            stats, _plans = import_trace(options, bar.tick if bar is not None else None)
+            stats, plans = import_trace(options, bar.tick if bar is not None else None)
         finally:
             if bar is not None:
                 bar.close()
         print(summary(options, stats))
+        show_workload(describe(plans), args.output, args.describe_html, sys.stdout)
         return 0
 
     return exit_status(command)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TextIO
 
 from batchbench.ingest.describe import WorkloadDescription, format_description
 
@@ -28,13 +29,16 @@ def check_describe_html(path: str | None) -> None:
         require_plotly()
 
 
-def show_workload(desc: WorkloadDescription, manifest: str, html_path: str | None) -> None:
-    """The description on stderr (after the command's own line), then the page if asked;
-    BatchbenchError when the page cannot be written."""
-    print(format_description(desc), file=sys.stderr)
+def show_workload(
+    desc: WorkloadDescription, manifest: str, html_path: str | None, out: TextIO | None = None
+) -> None:
+    """The description on ``out`` (stderr by default; after the command's own lines), then
+    the page if asked; BatchbenchError when the page cannot be written."""
+    out = out or sys.stderr
+    print(format_description(desc), file=out)
     if html_path is not None:
         from batchbench.report.workload import write_workload_html  # lazy: plotly
 
         title = f"batchbench workload: {os.path.basename(manifest)}"
         write_workload_html(desc, html_path, title)
-        print(f"wrote the workload description to {html_path}", file=sys.stderr)
+        print(f"wrote the workload description to {html_path}", file=out)
