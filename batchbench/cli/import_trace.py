@@ -238,8 +238,8 @@ def summary(options: ImportOptions, stats: ImportStats) -> str:
         f"  rows read       {_n(stats.rows)}; dropped: {dropped or 'none'}",
         f"  trajectories    {_n(stats.written)}, {_n(stats.multi_request)} of more than one "
         f"request",
-        f"  lineage         links {_n(stats.links)}, branches {_n(stats.branches)}, idle "
-        f"splits {_n(stats.splits)}, resets {_n(stats.resets)}"
+        f"  lineage         roots {_n(stats.roots)}, links {_n(stats.links)}, branches "
+        f"{_n(stats.branches)}, idle splits {_n(stats.splits)}, resets {_n(stats.resets)}"
         + (f" ({lineage})" if lineage else ""),
         f"  blocks          {_n(blocks.grown)} requests grown from their predecessor with its "
         f"live reply, {_n(blocks.folded)} with reply and new content as one block"
@@ -255,8 +255,14 @@ def summary(options: ImportOptions, stats: ImportStats) -> str:
         ),
         f"  tokens          prompt {_n(stats.prompt_tokens)} ({share:.1%} in blocks other "
         f"trajectories share), output {_n(stats.output_tokens)}; {totals}",
-        f"  delays          {_n(stats.capped_delays)} capped at --max-delay-ms"
-        if options.max_delay_ms is not None
-        else f"  delays          uncapped (latency model {options.latency_model})",
     ]
+    if stats.tiny_prompts:
+        lines.append(
+            f"  small prompts   {_n(stats.tiny_prompts)} under {options.min_new_tokens} tokens: "
+            "a chat template's framing alone may exceed them, so their replay may not be exact"
+        )
+    if options.max_delay_ms is not None:
+        lines.append(f"  delays          {_n(stats.capped_delays)} capped at --max-delay-ms")
+    else:
+        lines.append(f"  delays          uncapped (latency model {options.latency_model})")
     return "\n".join(lines)

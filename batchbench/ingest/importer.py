@@ -94,11 +94,13 @@ class ImportStats:
     trajectories: int = 0  # built, before sampling
     written: int = 0  # trajectories written
     multi_request: int = 0  # written trajectories of more than one request
+    roots: int = 0  # trajectories that continue nothing earlier
     links: int = 0
     branches: int = 0
     splits: int = 0
     resets: int = 0  # requests that follow a predecessor they do not extend (reset_before)
     capped_delays: int = 0
+    tiny_prompts: int = 0  # written prompts under --min-new-tokens: framing may exceed them
     prompt_tokens: int = 0  # written
     output_tokens: int = 0
     shared_prompt_tokens: int = 0  # written prompt tokens in blocks other trajectories also use
@@ -353,7 +355,7 @@ def build_plans(
         stratify=options.stratify_by_session_length,
     )
     kept_plans.sort(key=lambda plan: (plan["start_after_ms"], plan["trajectory_id"]))
-    _count_written(stats, kept_plans)
+    _count_written(stats, kept_plans, options.min_new_tokens)
     return kept_plans
 
 
@@ -380,6 +382,7 @@ def _block_builder(
 
 def _count_lineage(stats: ImportStats, lineage: Lineage) -> None:
     stats.trajectories = len(lineage.trajectories)
+    stats.roots = sum(trajectory.kind == "root" for trajectory in lineage.trajectories)
     stats.links = lineage.links
     stats.branches = lineage.branches
     stats.splits = lineage.splits
@@ -392,7 +395,7 @@ def _count_lineage(stats: ImportStats, lineage: Lineage) -> None:
     }
 
 
-def _count_written(stats: ImportStats, plans: Sequence[Plan]) -> None:
+def _count_written(stats: ImportStats, plans: Sequence[Plan], min_new_tokens: int) -> None:
     users: dict[str, set[str]] = {}
     for plan in plans:
         for request in plan["requests"]:
@@ -403,6 +406,7 @@ def _count_written(stats: ImportStats, plans: Sequence[Plan]) -> None:
         stats.multi_request += len(plan["requests"]) > 1
         for request in plan["requests"]:
             stats.requests += 1
+            stats.tiny_prompts += request["prompt_tokens"] < min_new_tokens
             stats.prompt_tokens += request["prompt_tokens"]
             stats.output_tokens += request["output_tokens"]
             stats.shared_prompt_tokens += sum(
