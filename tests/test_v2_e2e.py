@@ -531,6 +531,36 @@ def test_plan_warnings_reach_standard_error_once(capsys, tmp_path):
     assert [re.search(r"input_content_tokens=(\d+)", text)[1] for text in dry] == ["24", "26", "24"]
 
 
+def test_with_the_prompt_correction_the_mismatches_are_one_note(capsys, tmp_path):
+    """An imported trace's prompts hold their template's framing in their blocks: under the
+    prompt correction (which aims every request at its prompt_tokens) the per-trajectory
+    mismatch warnings become one note naming the first, and the prompts land exactly."""
+    system = {"seed": "n/system", "tokens": 40, "role": "system"}
+    trajectories = [
+        {"schema_version": 2, "trajectory_id": f"t{k}", "requests": [
+            {"prompt_tokens": 200, "output_tokens": 5,
+             "blocks": [system, {"seed": f"n/task{k}", "tokens": 160, "role": "user"}]},
+        ]}
+        for k in range(3)
+    ]  # fmt: skip
+    plans = tmp_path / "framed.jsonl"
+    plans.write_bytes(b"".join(orjson.dumps(t) + b"\n" for t in trajectories))
+    results = tmp_path / "results.json"
+    assert main(
+        ["--agent-plans-jsonl", str(plans), "--sim", "--calibrate", "--tokenizer-model",
+         "deepseek-v3", "--no-progress", "--results-json", str(results)]
+    ) == 0  # fmt: skip
+    notes = [text for text in capsys.readouterr().err.splitlines() if "blocks plus" in text]
+    assert notes == [
+        "note: 3 trajectories have block requests whose prompt_tokens differ from their "
+        'blocks plus overhead (first: trajectory "t0" request 1: prompt_tokens 200 != '
+        "sum(blocks.tokens) 200 + overhead_tokens 9; aiming at prompt_tokens with the prompt "
+        "correction)"
+    ]
+    fidelity = orjson.loads(results.read_bytes())["fidelity"]["prompt"]
+    assert (fidelity["requests"], fidelity["exact"]) == (3, 3)
+
+
 # ---------------------------------------------------------------------------------------
 # A manifest mixing schema v1 and v2 lines
 

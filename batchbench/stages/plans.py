@@ -60,10 +60,26 @@ def build_workload(
     )
 
 
+BLOCKS_AS_WRITTEN = "replaying the blocks as written"
+
+
 def planned(config: RunConfig, workload: Workload, root_seed: int, out: RunOutput) -> None:
     """Once the plans are compiled: their warnings, and a bad open-loop combination fails
     before the run."""
-    for warning in workload.warnings:
+    warnings = workload.warnings
+    mismatches = [w for w in warnings if w.endswith(BLOCKS_AS_WRITTEN)]
+    if config.prompt_correction and not config.dry_run and mismatches:
+        # The correction aims every block request at its prompt_tokens, so the blocks are
+        # not replayed as written: one line says so instead of one per trajectory (an
+        # imported trace's prompts hold their template's framing in their blocks).
+        first = mismatches[0].removeprefix("warning: ").removesuffix(BLOCKS_AS_WRITTEN)
+        out.warning(
+            f"note: {len(mismatches)} trajectories have block requests whose prompt_tokens "
+            f"differ from their blocks plus overhead (first: {first}aiming at prompt_tokens "
+            "with the prompt correction)"
+        )
+        warnings = tuple(w for w in warnings if not w.endswith(BLOCKS_AS_WRITTEN))
+    for warning in warnings:
         out.warning(warning)
     if config.admission_mode == "open-loop":
         start_offsets(config, workload, root_seed)
