@@ -297,13 +297,6 @@ def test_an_import_replays_exactly_on_the_simulator(tmp_path, toy, capsys) -> No
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="a branch copies every block of its context request (sim.jsonl:1), so that "
-    "request has no block the prompt correction may resize (all are shared with the "
-    "branch) and misses its prompt_tokens by the template's framing (+14 tokens, "
-    "correction_note 'no block can absorb a correction')",
-)
 def test_an_import_with_a_branch_replays_exactly_on_the_simulator(tmp_path, toy) -> None:
     events, summary = replay(tmp_path, toy, branch=True)
     assert_exact(events, summary, 7)

@@ -58,13 +58,14 @@ MOONCAKE_PLANS: list[Plan] = [
         "trajectory_id": "mc.jsonl:1",
         "start_after_ms": 0,
         "requests": [
-            # Ids 10 and 11 always come together: one block named by the first.
+            # Ids 10 and 11 always come together: one block named by the first. The 50
+            # tokens past the ids end the prompt in a block of its own.
             {
-                "prompt_tokens": 300,
+                "prompt_tokens": 350,
                 "output_tokens": 50,
                 "delay_after_ms": 10000,
                 "recorded_start_after_ms": 0,
-                "blocks": [h1(), block("h10", 200)],
+                "blocks": [h1(), block("h10", 200), block("n0", 50)],
             },
             {
                 "prompt_tokens": 480,
@@ -74,8 +75,9 @@ MOONCAKE_PLANS: list[Plan] = [
                 "blocks": [
                     h1(),
                     block("h10", 200),
+                    block("n0", 50),
                     block("r0", 50, "assistant", live=True),
-                    block("n2", 130),
+                    block("n2", 80),
                 ],
             },
             {
@@ -85,8 +87,9 @@ MOONCAKE_PLANS: list[Plan] = [
                 "blocks": [
                     h1(),
                     block("h10", 200),
+                    block("n0", 50),
                     block("r0", 50, "assistant", live=True),
-                    block("n2", 130),
+                    block("n2", 80),
                     block("r2", 40, "assistant", live=True),
                     block("n4", 180),
                 ],
@@ -100,19 +103,20 @@ MOONCAKE_PLANS: list[Plan] = [
         "start_after_ms": 5000,
         "requests": [
             {
-                "prompt_tokens": 200,
+                "prompt_tokens": 250,
                 "output_tokens": 20,
                 "delay_after_ms": 10000,
                 "recorded_start_after_ms": 5000,
-                "blocks": [h1(), block("h20", 100)],
+                "blocks": [h1(), block("h20", 100), block("n1", 50)],
             },
             {
-                "prompt_tokens": 300,
+                "prompt_tokens": 350,
                 "output_tokens": 20,
                 "recorded_start_after_ms": 15000,
                 "blocks": [
                     h1(),
                     block("h20", 100),
+                    block("n1", 50),
                     block("r1", 20, "assistant", live=True),
                     block("n3", 80),
                 ],
@@ -122,15 +126,22 @@ MOONCAKE_PLANS: list[Plan] = [
     },
     {
         # The regenerated reply: B1's prompt, B1's reply as plain text, the new content.
+        # The hash unit keeps its seed; B1's own block and reply are the branch's copies.
         "schema_version": 2,
         "trajectory_id": "mc.jsonl:6",
         "start_after_ms": 25000,
         "requests": [
             {
-                "prompt_tokens": 290,
+                "prompt_tokens": 340,
                 "output_tokens": 10,
                 "recorded_start_after_ms": 25000,
-                "blocks": [h1(), block("h20", 100), block("r1", 20, "assistant"), block("n5", 70)],
+                "blocks": [
+                    h1(),
+                    block("h20", 100),
+                    block("n1@5", 50),
+                    block("r1@5", 20, "assistant"),
+                    block("n5", 70),
+                ],
             },
         ],
         "metadata": source("mc.jsonl", [6], branch_of_row=2),
@@ -147,8 +158,9 @@ MOONCAKE_PLANS: list[Plan] = [
                 "blocks": [
                     h1(),
                     block("h10", 200),
-                    block("r0", 50, "assistant"),
-                    block("n6", 100),
+                    block("n0@6", 50),
+                    block("r0@6", 50, "assistant"),
+                    block("n6", 50),
                 ],
             },
         ],
@@ -163,7 +175,7 @@ MOONCAKE_PLANS: list[Plan] = [
                 "prompt_tokens": 150,
                 "output_tokens": 10,
                 "recorded_start_after_ms": 35000,
-                "blocks": [h1(), block("h30", 50)],
+                "blocks": [h1(), block("n7", 50)],
             },
         ],
         "metadata": source("mc.jsonl", [8]),
@@ -177,7 +189,7 @@ MOONCAKE_PLANS: list[Plan] = [
                 "prompt_tokens": 300,
                 "output_tokens": 10,
                 "recorded_start_after_ms": 40000,
-                "blocks": [h1(), block("h30~100u", 100), block("h31", 100)],
+                "blocks": [h1(), block("h30", 100), block("n8", 100)],
             },
         ],
         "metadata": source("mc.jsonl", [9]),
@@ -197,7 +209,9 @@ MOONCAKE_PLANS: list[Plan] = [
         "metadata": source("mc.jsonl", [10]),
     },
     {
-        # G2 cannot hold G1's prompt and reply: it restarts from its own blocks.
+        # G2 cannot hold G1's prompt and reply: it restarts from its own blocks. Both end
+        # in their ids: the trailing units join the new content until it holds 32 tokens
+        # (G2's 20-token id 82 is not enough, so 80-81 join too).
         "schema_version": 2,
         "trajectory_id": "mc.jsonl:11",
         "start_after_ms": 50000,
@@ -207,14 +221,14 @@ MOONCAKE_PLANS: list[Plan] = [
                 "output_tokens": 50,
                 "delay_after_ms": 5000,
                 "recorded_start_after_ms": 50000,
-                "blocks": [h1(), block("h80", 200)],
+                "blocks": [h1(), block("n10", 200)],
             },
             {
                 "prompt_tokens": 320,
                 "output_tokens": 20,
                 "reset_before": True,
                 "recorded_start_after_ms": 55000,
-                "blocks": [h1(), block("h80", 200), block("h82", 20)],
+                "blocks": [h1(), block("n11", 220)],
             },
         ],
         "metadata": source("mc.jsonl", [11, 12]),
@@ -230,13 +244,13 @@ MOONCAKE_PLANS: list[Plan] = [
                 "output_tokens": 40,
                 "delay_after_ms": 5000,
                 "recorded_start_after_ms": 60000,
-                "blocks": [h1(), block("h90", 100)],
+                "blocks": [h1(), block("n12", 100)],
             },
             {
                 "prompt_tokens": 260,
                 "output_tokens": 10,
                 "recorded_start_after_ms": 65000,
-                "blocks": [h1(), block("h90", 100), block("r12.13", 60, "assistant")],
+                "blocks": [h1(), block("n12", 100), block("r12.13", 60, "assistant")],
             },
         ],
         "metadata": source("mc.jsonl", [13, 14]),
@@ -247,10 +261,10 @@ MOONCAKE_PLANS: list[Plan] = [
         "start_after_ms": 70000,
         "requests": [
             {
-                "prompt_tokens": 200,
+                "prompt_tokens": 250,
                 "output_tokens": 10,
                 "recorded_start_after_ms": 70000,
-                "blocks": [h1(), block("h70", 100)],
+                "blocks": [h1(), block("h70", 100), block("n14", 50)],
             },
         ],
         "metadata": source("mc.jsonl", [15]),
@@ -267,8 +281,9 @@ MOONCAKE_PLANS: list[Plan] = [
                 "blocks": [
                     h1(),
                     block("h70", 100),
-                    block("r14", 10, "assistant"),
-                    block("n15", 90),
+                    block("n14@15", 50),
+                    block("r14@15", 10, "assistant"),
+                    block("n15", 40),
                 ],
             },
         ],
@@ -280,16 +295,16 @@ MOONCAKE_PLANS: list[Plan] = [
         "start_after_ms": 140000,
         "requests": [
             {
-                "prompt_tokens": 300,
+                "prompt_tokens": 350,
                 "output_tokens": 10,
                 "recorded_start_after_ms": 140000,
-                "blocks": [h1(), block("h60", 200)],
+                "blocks": [h1(), block("h60", 200), block("n16", 50)],
             },
         ],
         "metadata": source("mc.jsonl", [17]),
     },
     {
-        # 33 is followed by 34 here and by 36 in K2: it ends its unit.
+        # 33 is followed by 34 here and by 36 in K2: it ends its unit (34-35 is the tail).
         "schema_version": 2,
         "trajectory_id": "mc.jsonl:18",
         "start_after_ms": 150000,
@@ -298,7 +313,7 @@ MOONCAKE_PLANS: list[Plan] = [
                 "prompt_tokens": 400,
                 "output_tokens": 10,
                 "recorded_start_after_ms": 150000,
-                "blocks": [h1(), block("h33", 100), block("h34", 200)],
+                "blocks": [h1(), block("h33", 100), block("n17", 200)],
             },
         ],
         "metadata": source("mc.jsonl", [18]),
@@ -312,7 +327,7 @@ MOONCAKE_PLANS: list[Plan] = [
                 "prompt_tokens": 400,
                 "output_tokens": 10,
                 "recorded_start_after_ms": 160000,
-                "blocks": [h1(), block("h33", 100), block("h36", 200)],
+                "blocks": [h1(), block("h33", 100), block("n18", 200)],
             },
         ],
         "metadata": source("mc.jsonl", [19]),
@@ -327,7 +342,7 @@ MOONCAKE_PLANS: list[Plan] = [
                 "prompt_tokens": 400,
                 "output_tokens": 10,
                 "recorded_start_after_ms": 3800000,
-                "blocks": [h1(), block("h60", 200), block("h62", 100)],
+                "blocks": [h1(), block("h60", 200), block("n19", 100)],
             },
         ],
         "metadata": source("mc.jsonl", [20]),
@@ -349,9 +364,10 @@ def test_mooncake_sessions_are_rebuilt_from_hash_prefix_chains(tmp_path, toy) ->
     }
     counts = stats.blocks
     assert (counts.grown, counts.folded, counts.not_grown) == (6, 1, 1)
-    assert (counts.resized_seeds, counts.dropped_ids) == (1, 0)
-    # The 13 requests written from their ids (the roots, G2): 38 ids in 31 blocks.
-    assert (counts.hash_references, counts.units) == (38, 31)
+    assert (counts.resized_seeds, counts.dropped_ids) == (0, 0)
+    # The 13 requests written from their ids (the roots, G2): 38 ids in 30 units, counting
+    # each merged tail as one; 9 trailing units (2 in G2) joined 8 requests' new content.
+    assert (counts.hash_references, counts.units, counts.tails_merged) == (38, 30, 9)
     assert (stats.trajectories, stats.written, stats.multi_request) == (15, 15, 4)
 
 
@@ -359,7 +375,8 @@ FLAT = "traces/flat.jsonl"
 
 
 def flat_records(n: int) -> list:
-    """``n`` requests that begin with id 1 and then differ: 150 tokens, one whole block."""
+    """``n`` requests that begin with id 1 and then differ: 150 tokens, one whole block
+    (id 1) and a partial one, the request's own tail."""
     return [hashed(FLAT, k + 1, float(k), (1, 100 + k), 150, 10) for k in range(n)]
 
 
@@ -377,7 +394,7 @@ def test_an_id_sixteen_ids_follow_is_the_shared_prefix_by_default(tmp_path, toy)
                     "prompt_tokens": 150,
                     "output_tokens": 10,
                     "recorded_start_after_ms": 1000 * k,
-                    "blocks": [h1(), block(f"h{100 + k}", 50)],
+                    "blocks": [h1(), block(f"n{k}", 50)],
                 }
             ],
             "metadata": source("flat.jsonl", [k + 1]),
@@ -399,7 +416,7 @@ def test_without_the_shared_prefix_rule_requests_chain_into_one_fake_session(tmp
             "delay_after_ms": 1000,
             "reset_before": True,
             "recorded_start_after_ms": 1000 * k,
-            "blocks": [block("h1", 100), block(f"h{100 + k}", 50)],
+            "blocks": [block("h1", 100), block(f"n{k}", 50)],
         }
         for k in range(15)
     ]
@@ -419,8 +436,9 @@ def test_without_the_shared_prefix_rule_requests_chain_into_one_fake_session(tmp
 
 def file_scope_traces(toy, scope: str) -> tuple[str, str]:
     first, second = "day1/x.jsonl", "day2/y.jsonl"
-    toy[first] = [hashed(first, 1, 0.0, (5, 6), 200, 10, hash_scope=scope)]
-    toy[second] = [hashed(second, 1, 1.0, (5, 6, 7), 300, 10, hash_scope=scope)]
+    # 50 tokens past the ids: the ids' units are written, not merged into the tail.
+    toy[first] = [hashed(first, 1, 0.0, (5, 6), 250, 10, hash_scope=scope)]
+    toy[second] = [hashed(second, 1, 1.0, (5, 6, 7), 350, 10, hash_scope=scope)]
     return first, second
 
 
@@ -433,10 +451,10 @@ def test_file_scoped_ids_mean_nothing_across_files(tmp_path, toy) -> None:
             "start_after_ms": 0,
             "requests": [
                 {
-                    "prompt_tokens": 200,
+                    "prompt_tokens": 250,
                     "output_tokens": 10,
                     "recorded_start_after_ms": 0,
-                    "blocks": [block("h0.5", 200)],
+                    "blocks": [block("h0.5", 200), block("n0", 50)],
                 }
             ],
             "metadata": source("x.jsonl", [1]),
@@ -447,10 +465,10 @@ def test_file_scoped_ids_mean_nothing_across_files(tmp_path, toy) -> None:
             "start_after_ms": 1000,
             "requests": [
                 {
-                    "prompt_tokens": 300,
+                    "prompt_tokens": 350,
                     "output_tokens": 10,
                     "recorded_start_after_ms": 1000,
-                    "blocks": [block("h1.5", 300)],
+                    "blocks": [block("h1.5", 300), block("n1", 50)],
                 }
             ],
             "metadata": source("y.jsonl", [1]),
@@ -468,18 +486,19 @@ def test_global_ids_link_across_files(tmp_path, toy) -> None:
             "start_after_ms": 0,
             "requests": [
                 {
-                    "prompt_tokens": 200,
+                    "prompt_tokens": 250,
                     "output_tokens": 10,
                     "delay_after_ms": 1000,
                     "recorded_start_after_ms": 0,
-                    "blocks": [block("h5", 200)],
+                    "blocks": [block("h5", 200), block("n0", 50)],
                 },
                 {
-                    "prompt_tokens": 300,
+                    "prompt_tokens": 350,
                     "output_tokens": 10,
                     "recorded_start_after_ms": 1000,
                     "blocks": [
                         block("h5", 200),
+                        block("n0", 50),
                         block("r0", 10, "assistant", live=True),
                         block("n1", 90),
                     ],
@@ -496,11 +515,42 @@ def test_global_ids_link_across_files(tmp_path, toy) -> None:
 def test_ids_past_the_prompt_are_dropped_and_block_size_reaches_the_reader(tmp_path, toy) -> None:
     toy["t.jsonl"] = [hashed("t.jsonl", 1, 0.0, (1, 2, 3, 4), 150, 10)]
     stats, plans = run_import(tmp_path, "t.jsonl", block_size=64)
-    # Ids 1 and 2 (the 50-token partial block) are one unit; 3 and 4 are past the prompt.
-    assert plans[0]["requests"][0]["blocks"] == [block("h1", 150)]
+    # Ids 1 and 2 (the 50-token partial block) are one unit, and the prompt's last: it is
+    # the request's own new content. 3 and 4 are past the prompt.
+    assert plans[0]["requests"][0]["blocks"] == [block("n0", 150)]
     counts = stats.blocks
     assert (counts.dropped_ids, counts.hash_references, counts.units) == (2, 2, 1)
+    assert counts.tails_merged == 1
     assert toy.options == [FormatOptions(block_size=64)]
+
+
+@pytest.mark.parametrize(
+    ("min_new_tokens", "first", "second", "counts"),
+    [
+        # No tail rule: every unit is written, and id 30, a 50-token partial block in the
+        # first request and whole in the second, gets a seed for its second size.
+        (
+            0,
+            [block("h30", 50)],
+            [block("h30~100:user", 100), block("h31", 100)],
+            (3, 0, 1),
+        ),
+        # The default: each request's last unit is its own new content.
+        (32, [block("n0", 50)], [block("h30", 100), block("n1", 100)], (3, 2, 0)),
+    ],
+)
+def test_the_tail_rule_follows_min_new_tokens(
+    tmp_path, toy, min_new_tokens, first, second, counts
+) -> None:
+    toy["c.jsonl"] = [
+        hashed("c.jsonl", 1, 0.0, (30,), 50, 10),
+        hashed("c.jsonl", 2, 1.0, (30, 31), 200, 10),
+    ]
+    stats, plans = run_import(tmp_path, "c.jsonl", min_new_tokens=min_new_tokens)
+    assert [plan["requests"][0]["blocks"] for plan in plans] == [first, second]
+    blocks = stats.blocks
+    assert (blocks.units, blocks.tails_merged, blocks.resized_seeds) == counts
+    assert (blocks.hash_references, stats.links) == (3, 0)
 
 
 # --- explicit sessions, parent keys, segments, roles -------------------------------------
@@ -597,7 +647,8 @@ def test_explicit_sessions_grow_with_new_segment_roles_and_split(tmp_path, toy) 
             "metadata": source("sess.jsonl", [2, 5]),
         },
         {
-            # The split keeps the context: s1's prompt, its replies as plain text.
+            # The split keeps the context: s1's prompt, its replies as plain text, all
+            # of it s1's own content, so copied under the split's seeds (@ its first uid).
             "schema_version": 2,
             "trajectory_id": "s1#1",
             "start_after_ms": 100000,
@@ -607,14 +658,14 @@ def test_explicit_sessions_grow_with_new_segment_roles_and_split(tmp_path, toy) 
                     "output_tokens": 10,
                     "recorded_start_after_ms": 100000,
                     "blocks": [
-                        block("n0", 100),
-                        block("r0", 20, "assistant"),
-                        block("n2.0", 50, "tool"),
-                        block("n2", 30),
-                        block("r2", 10, "assistant"),
-                        block("n3.0", 30, "tool"),
-                        block("n3.1", 5),
-                        block("r3", 10, "assistant"),
+                        block("n0@5", 100),
+                        block("r0@5", 20, "assistant"),
+                        block("n2.0@5", 50, "tool"),
+                        block("n2@5", 30),
+                        block("r2@5", 10, "assistant"),
+                        block("n3.0@5", 30, "tool"),
+                        block("n3.1@5", 5),
+                        block("r3@5", 10, "assistant"),
                         block("n5", 145),
                     ],
                 }
@@ -649,7 +700,7 @@ def test_hashed_sessions_grow_when_their_ids_extend_and_reset_when_not(tmp_path,
                     "output_tokens": 20,
                     "delay_after_ms": 1000,
                     "recorded_start_after_ms": 0,
-                    "blocks": [*prefix, block("h0.3", 100)],
+                    "blocks": [*prefix, block("n0", 100)],
                 },
                 {
                     "prompt_tokens": 400,
@@ -658,7 +709,7 @@ def test_hashed_sessions_grow_when_their_ids_extend_and_reset_when_not(tmp_path,
                     "recorded_start_after_ms": 1000,
                     "blocks": [
                         *prefix,
-                        block("h0.3", 100),
+                        block("n0", 100),
                         block("r0", 20, "assistant", live=True),
                         block("n1", 80),
                     ],
@@ -738,7 +789,11 @@ def test_parent_keys_link_branch_and_count_missing_parents(tmp_path, toy) -> Non
                     "prompt_tokens": 180,
                     "output_tokens": 10,
                     "recorded_start_after_ms": 3000,
-                    "blocks": [block("n0", 100), block("r0", 10, "assistant"), block("n3", 70)],
+                    "blocks": [
+                        block("n0@3", 100),
+                        block("r0@3", 10, "assistant"),
+                        block("n3", 70),
+                    ],
                 }
             ],
             "metadata": source("bl.jsonl", [4], branch_of_row=1),
@@ -820,7 +875,7 @@ def test_whole_prompt_segments_never_reset_and_share_keyed_seeds(tmp_path, toy) 
                     "prompt_tokens": 180,
                     "output_tokens": 10,
                     "recorded_start_after_ms": 2000,
-                    "blocks": [block("s:sys~80s", 80, "system"), block("s:q", 100)],
+                    "blocks": [block("s:sys~80:system", 80, "system"), block("s:q", 100)],
                 }
             ],
             "metadata": source("seg.jsonl", [3]),
@@ -832,9 +887,10 @@ def test_whole_prompt_segments_never_reset_and_share_keyed_seeds(tmp_path, toy) 
 
 def test_prefix_roles_label_blocks_and_units_stop_at_a_role_boundary(tmp_path, toy) -> None:
     """Ids 1-4 always come together; the tool definitions span 150 tokens, the system
-    prompt the next 100: a block takes the role of its first token."""
+    prompt the next 100: a block takes the role of its first token. The 50 tokens past
+    the ids are the prompt's own tail, so id 4's unit is written too."""
     roles = (("tool_definition", 150), ("system", 100))
-    toy["w.json"] = [hashed("w.json", 1, 0.0, (1, 2, 3, 4), 400, 10, prefix_roles=roles)]
+    toy["w.json"] = [hashed("w.json", 1, 0.0, (1, 2, 3, 4), 450, 10, prefix_roles=roles)]
     _stats, plans = run_import(tmp_path, "w.json")
     assert plans == [
         {
@@ -843,13 +899,14 @@ def test_prefix_roles_label_blocks_and_units_stop_at_a_role_boundary(tmp_path, t
             "start_after_ms": 0,
             "requests": [
                 {
-                    "prompt_tokens": 400,
+                    "prompt_tokens": 450,
                     "output_tokens": 10,
                     "recorded_start_after_ms": 0,
                     "blocks": [
                         block("h1", 200, "tool_definition"),
                         block("h3", 100, "system"),
                         block("h4", 100),
+                        block("n0", 50),
                     ],
                 }
             ],
@@ -1244,32 +1301,21 @@ def test_an_import_with_nothing_left_writes_nothing(tmp_path, toy) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-# --- known defects (the lead fixes the pipeline) --------------------------------------------
+# --- seed variant names, numbered ids, shared tokens (defects the lead fixed) -------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Seeds.name names a variant f'{base}~{tokens}{role[0]}': tool, tool_call and "
-    "tool_definition share the letter 't', so a key met as tool and then as tool_call at the "
-    "same size gets the tool variant's name back, and the import fails with 'request 1 "
-    'redefines seed "s:k~50t" (tokens 50, role tool_call; first defined with tokens 50, '
-    "role tool)'",
-)
 def test_a_key_met_with_three_roles_gets_three_seeds(tmp_path, toy) -> None:
     segments = (Segment("user", 50, "k"), Segment("tool", 50, "k"), Segment("tool_call", 50, "k"))
     toy["k.jsonl"] = [record("k.jsonl", 1, 0.0, 150, 10, segments=segments)]
     _stats, plans = run_import(tmp_path, "k.jsonl")
     blocks = plans[0]["requests"][0]["blocks"]
-    assert [(b["seed"], b["role"]) for b in blocks[:2]] == [("s:k", "user"), ("s:k~50t", "tool")]
-    assert blocks[2]["role"] == "tool_call" and blocks[2]["seed"] not in ("s:k", "s:k~50t")
+    assert [(b["seed"], b["role"]) for b in blocks] == [
+        ("s:k", "user"),
+        ("s:k~50:tool", "tool"),
+        ("s:k~50:tool_call", "tool_call"),
+    ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PlanWriter._trajectory_id numbers repeats of a base name as '<base>#<n>' without "
-    "checking that name is free: a split of session 'x' is named 'x#1', as is a session "
-    "whose key is 'x#1', and the import fails with 'duplicate trajectory_id \"x#1\"'",
-)
 def test_trajectory_ids_stay_unique_when_a_session_key_looks_numbered(tmp_path, toy) -> None:
     toy["d.jsonl"] = [
         record("d.jsonl", 1, 0.0, 100, 10, session="x"),
@@ -1279,21 +1325,17 @@ def test_trajectory_ids_stay_unique_when_a_session_key_looks_numbered(tmp_path, 
     _stats, plans = run_import(tmp_path, "d.jsonl", split_idle_ms=1000.0)
     ids = [plan["trajectory_id"] for plan in plans]
     assert ids[0] == "x" and len(set(ids)) == 3
+    # The split (100 s) takes "x#1" first; the session keyed "x#1" (200 s) the next name.
+    assert ids == ["x", "x#1", "x#1#1"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_count_written counts a block as shared when its seed occurs in another "
-    "trajectory, live or not; a live block is that trajectory's own server reply, so A's "
-    "live r0 (2 x 50 tokens) and B's live r1 (20), and the branches' plain r0 (50) and r1 "
-    "(20) that nothing else sends, are counted in shared_prompt_tokens: 4,090 instead of "
-    "3,900",
-)
-def test_live_replies_are_not_counted_as_shared_tokens(tmp_path, toy) -> None:
+def test_shared_prompt_tokens_count_the_blocks_other_trajectories_also_send(tmp_path, toy) -> None:
     toy[MC] = mooncake_records()
     stats, _plans = run_import(tmp_path, MC, **MOONCAKE_OPTIONS)
     # h1 in all 20 requests, h10 in A's 3 and its branch, h20 in B's 2 and its branch, h70
-    # in F1 and its split, h60 in E1 and E2, h33 in K1 and K2.
+    # in F1 and its split, h60 in E1 and E2, h33 in K1 and K2. Replies and new content
+    # are one trajectory's each: live ones in theirs, branch and split copies (r0@6,
+    # n14@15) under seeds of their own.
     assert stats.shared_prompt_tokens == 2000 + 800 + 300 + 200 + 400 + 200
 
 

@@ -87,23 +87,23 @@ MC = "traces/mc.jsonl"
 def mooncake_records() -> list:
     """Block size 100; id 1 starts every prompt. Letters name the conversations."""
     return [
-        hashed(MC, 1, 0.0, (1, 10, 11), 300, 50),  # A1
-        hashed(MC, 2, 5.0, (1, 20), 200, 20),  # B1
+        hashed(MC, 1, 0.0, (1, 10, 11), 350, 50),  # A1: 50 tokens past its ids
+        hashed(MC, 2, 5.0, (1, 20), 250, 20),  # B1
         hashed(MC, 3, 10.0, (1, 10, 11, 12, 13), 480, 40),  # A2 extends A1
-        hashed(MC, 4, 15.0, (1, 20, 22), 300, 20),  # B2 extends B1
+        hashed(MC, 4, 15.0, (1, 20, 22), 350, 20),  # B2 extends B1
         hashed(MC, 5, 20.0, (1, 10, 11, 12, 14, 15, 16), 700, 30),  # A3 extends A2
-        hashed(MC, 6, 25.0, (1, 20, 23), 290, 10),  # B1 regenerated: its second child
+        hashed(MC, 6, 25.0, (1, 20, 23), 340, 10),  # B1 regenerated: its second child
         hashed(MC, 7, 28.0, (1, 10, 11, 50, 51), 450, 10),  # A1 again, no longer A's tail
-        hashed(MC, 8, 35.0, (1, 30), 150, 10),  # C1: id 30 a 50-token partial block
-        hashed(MC, 9, 40.0, (1, 30, 31), 300, 10),  # C2: id 30 whole (a second size)
+        hashed(MC, 8, 35.0, (1, 30), 150, 10),  # C1: id 30 a 50-token partial block, its tail
+        hashed(MC, 9, 40.0, (1, 30, 31), 300, 10),  # C2: id 30 whole, 31 its tail
         hashed(MC, 10, 45.0, (1, 95), 350, 10),  # D: 150 tokens past its ids
         hashed(MC, 11, 50.0, (1, 80, 81), 300, 50),  # G1
         hashed(MC, 12, 55.0, (1, 80, 81, 82), 320, 20),  # G2: 20 more tokens, reply was 50
         hashed(MC, 13, 60.0, (1, 90), 200, 40),  # H1
         hashed(MC, 14, 65.0, (1, 90, 91), 260, 10),  # H2: 60 more tokens, reply was 40
-        hashed(MC, 15, 70.0, (1, 70), 200, 10),  # F1
+        hashed(MC, 15, 70.0, (1, 70), 250, 10),  # F1
         hashed(MC, 16, 130.0, (1, 70, 71), 300, 10),  # F2: 60 s idle after F1
-        hashed(MC, 17, 140.0, (1, 60, 61), 300, 10),  # E1
+        hashed(MC, 17, 140.0, (1, 60, 61), 350, 10),  # E1
         hashed(MC, 18, 150.0, (1, 33, 34, 35), 400, 10),  # K1
         hashed(MC, 19, 160.0, (1, 33, 36, 37), 400, 10),  # K2: 33 followed by 34, then 36
         hashed(MC, 20, 3800.0, (1, 60, 61, 62), 400, 10),  # E2: 3,660 s after E1
