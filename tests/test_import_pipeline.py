@@ -572,7 +572,7 @@ def test_explicit_sessions_grow_with_new_segment_roles_and_split(tmp_path, toy) 
             new_segments=(Segment("tool", 50),),
             origin="tool-loop",
         ),
-        # 35 new tokens: 30 of the tool result, 5 of the 20-token user turn.
+        # 35 new tokens: 30 of the tool result, 5 of the 20-token user turn (clipped).
         record(
             SESS,
             4,
@@ -586,14 +586,15 @@ def test_explicit_sessions_grow_with_new_segment_roles_and_split(tmp_path, toy) 
         record(SESS, 6, 100.0, 400, 10, session="s1", origin="sub"),  # 97 s idle: a split
     ]
     stats, plans = run_import(tmp_path, SESS, split_idle_ms=50000.0)
+    # New content ends in a block of its own of at least 32 tokens (the absorber of the
+    # template's framing): request 3's 30-token user remainder joins its 50-token tool
+    # result, request 4's 5-token user turn its 30-token tool result (mixed roles: user).
     s1_prompt = [
         block("n0", 100),
         block("r0", 20, "assistant", live=True),
-        block("n2.0", 50, "tool"),
-        block("n2", 30),
+        block("n2", 80),
         block("r2", 10, "assistant", live=True),
-        block("n3.0", 30, "tool"),
-        block("n3.1", 5),
+        block("n3", 35),
     ]
     assert plans == [
         {
@@ -613,7 +614,7 @@ def test_explicit_sessions_grow_with_new_segment_roles_and_split(tmp_path, toy) 
                     "output_tokens": 10,
                     "delay_after_ms": 1000,
                     "recorded_start_after_ms": 2000,
-                    "blocks": s1_prompt[:4],
+                    "blocks": s1_prompt[:3],
                 },
                 {
                     "prompt_tokens": 245,
@@ -660,11 +661,9 @@ def test_explicit_sessions_grow_with_new_segment_roles_and_split(tmp_path, toy) 
                     "blocks": [
                         block("n0@5", 100),
                         block("r0@5", 20, "assistant"),
-                        block("n2.0@5", 50, "tool"),
-                        block("n2@5", 30),
+                        block("n2@5", 80),
                         block("r2@5", 10, "assistant"),
-                        block("n3.0@5", 30, "tool"),
-                        block("n3.1@5", 5),
+                        block("n3@5", 35),
                         block("r3@5", 10, "assistant"),
                         block("n5", 145),
                     ],
@@ -832,15 +831,18 @@ def test_whole_prompt_segments_never_reset_and_share_keyed_seeds(tmp_path, toy) 
             SEG, 1, 0.0, 160, 10, session="u",
             segments=(Segment("system", 100, "sys"), Segment("user", 60)),
         ),
+        # Each prompt ends in 40 tokens of its own (the absorber of the template's
+        # framing), so the keyed question before it stays shared.
         record(
-            SEG, 2, 1.0, 200, 10, session="u",
+            SEG, 2, 1.0, 240, 10, session="u",
             segments=(
                 Segment("system", 100, "sys"), Segment("assistant", 0), Segment("user", 100, "q"),
+                Segment("user", 40),
             ),
         ),
         record(
-            SEG, 3, 2.0, 180, 10, session="v",
-            segments=(Segment("system", 80, "sys"), Segment("user", 100, "q")),
+            SEG, 3, 2.0, 220, 10, session="v",
+            segments=(Segment("system", 80, "sys"), Segment("user", 100, "q"), Segment("user", 40)),
         ),
     ]  # fmt: skip
     stats, plans = run_import(tmp_path, SEG)
@@ -858,10 +860,10 @@ def test_whole_prompt_segments_never_reset_and_share_keyed_seeds(tmp_path, toy) 
                     "blocks": [block("s:sys", 100, "system"), block("n0.1", 60)],
                 },
                 {
-                    "prompt_tokens": 200,
+                    "prompt_tokens": 240,
                     "output_tokens": 10,
                     "recorded_start_after_ms": 1000,
-                    "blocks": [block("s:sys", 100, "system"), block("s:q", 100)],
+                    "blocks": [block("s:sys", 100, "system"), block("s:q", 100), block("n1.3", 40)],
                 },
             ],
             "metadata": source("seg.jsonl", [1, 2]),
@@ -872,10 +874,14 @@ def test_whole_prompt_segments_never_reset_and_share_keyed_seeds(tmp_path, toy) 
             "start_after_ms": 2000,
             "requests": [
                 {
-                    "prompt_tokens": 180,
+                    "prompt_tokens": 220,
                     "output_tokens": 10,
                     "recorded_start_after_ms": 2000,
-                    "blocks": [block("s:sys~80:system", 80, "system"), block("s:q", 100)],
+                    "blocks": [
+                        block("s:sys~80:system", 80, "system"),
+                        block("s:q", 100),
+                        block("n2.2", 40),
+                    ],
                 }
             ],
             "metadata": source("seg.jsonl", [3]),
@@ -1305,14 +1311,20 @@ def test_an_import_with_nothing_left_writes_nothing(tmp_path, toy) -> None:
 
 
 def test_a_key_met_with_three_roles_gets_three_seeds(tmp_path, toy) -> None:
-    segments = (Segment("user", 50, "k"), Segment("tool", 50, "k"), Segment("tool_call", 50, "k"))
-    toy["k.jsonl"] = [record("k.jsonl", 1, 0.0, 150, 10, segments=segments)]
+    segments = (
+        Segment("user", 50, "k"),
+        Segment("tool", 50, "k"),
+        Segment("tool_call", 50, "k"),
+        Segment("user", 40),  # the prompt's own tail: the keyed blocks before it stay
+    )
+    toy["k.jsonl"] = [record("k.jsonl", 1, 0.0, 190, 10, segments=segments)]
     _stats, plans = run_import(tmp_path, "k.jsonl")
     blocks = plans[0]["requests"][0]["blocks"]
     assert [(b["seed"], b["role"]) for b in blocks] == [
         ("s:k", "user"),
         ("s:k~50:tool", "tool"),
         ("s:k~50:tool_call", "tool_call"),
+        ("n0.3", "user"),
     ]
 
 

@@ -38,7 +38,9 @@ class BlockCounts:
     units: int = 0  # block references written from hash ids, after collapsing
     hash_references: int = 0  # hash ids those units hold
     dropped_ids: int = 0  # ids past the end of their request's prompt
-    tails_merged: int = 0  # trailing units sent as the request's own new content
+    tails_merged: int = (
+        0  # shared-able blocks (units, keyed segments) joined to a request's own tail
+    )
     resized_seeds: int = 0  # a seed met again with another size or role: given its own name
     grown: int = 0  # requests written as growth of their predecessor, with its live reply
     folded: int = 0  # growth whose reply and new content are one plain assistant block
@@ -85,7 +87,7 @@ class BlockBuilder:
         if chain:
             return self._hashed(record, chain, uid)
         if record.segments is not None:
-            return self._segments(record.segments, uid, 0)
+            return self._own_tail(self._segments(record.segments, uid), uid)
         return [Block(f"n{uid}", record.input_tokens, "user")]
 
     def grown(
@@ -114,7 +116,7 @@ class BlockBuilder:
             self.counts.grown += 1
             reply = f"r{before_uid}" if live else f"r{before_uid}@{uid}"
             blocks.append(Block(reply, before.output_tokens, "assistant", live))
-            blocks.extend(self._new_content(record, new, uid))
+            blocks.extend(self._own_tail(self._new_content(record, new, uid), uid))
         else:
             self.counts.folded += 1
             blocks.append(Block(f"r{before_uid}.{uid}", room, "assistant"))
@@ -132,9 +134,30 @@ class BlockBuilder:
             parts.append(Block(f"n{uid}", left, "user"))
         return parts
 
-    def _segments(self, segments: Sequence[Segment], uid: int, first: int) -> list[Block]:
+    def _own_tail(self, blocks: list[Block], uid: int) -> list[Block]:
+        """The blocks, ending in a block of this request's own of at least min_new_tokens
+        (the run's prompt correction resizes only such a block, to absorb the template's
+        framing): trailing blocks join into one ``n<uid>`` until it is that large, with
+        their role when they share one, else ``user``."""
+        last = blocks[-1] if blocks else None
+        if last is None or (last.seed.startswith(f"n{uid}") and last.tokens >= self.min_new_tokens):
+            return blocks
+        tokens = 0
+        roles = set()
+        kept = len(blocks)
+        while kept and tokens < self.min_new_tokens:
+            kept -= 1
+            tokens += blocks[kept].tokens
+            roles.add(blocks[kept].role)
+            self.counts.tails_merged += not blocks[kept].seed.startswith(f"n{uid}")
+        if kept == len(blocks):  # min_new_tokens 0: nothing to join
+            return blocks
+        role = roles.pop() if len(roles) == 1 else "user"
+        return [*blocks[:kept], Block(f"n{uid}", tokens, role)]
+
+    def _segments(self, segments: Sequence[Segment], uid: int) -> list[Block]:
         blocks = []
-        for k, segment in enumerate(segments, first):
+        for k, segment in enumerate(segments):
             if segment.tokens <= 0:
                 continue
             if segment.key is None:
@@ -153,25 +176,27 @@ class BlockBuilder:
             spans = self.units.split(chain)
         else:
             spans = [(k, k + 1) for k in range(len(chain))]
-        sizes = [min(stop * size, record.input_tokens) - start * size for start, stop in spans]
-        rest = record.input_tokens - min(usable * size, record.input_tokens)
-        # The prompt ends in a block of its own (the run's prompt correction resizes only
-        # such a block to absorb the template's framing), of at least min_new_tokens:
-        # trailing units join the new content until it is that large.
-        own = len(spans)
-        while own and rest < self.min_new_tokens:
-            own -= 1
-            rest += sizes[own]
-            self.counts.tails_merged += 1
-        blocks = []
-        for (start, _stop), tokens in zip(spans[:own], sizes[:own], strict=True):
-            role = self.id_roles.get(chain[start], "user")
-            blocks.append(Block(self.seeds.name(f"h{chain[start]}", tokens, role), tokens, role))
-        self.counts.units += own + (own < len(spans))
         self.counts.hash_references += usable
+        blocks = []
+        for start, stop in spans:  # named once kept: a unit joining the tail takes no seed
+            tokens = min(stop * size, record.input_tokens) - start * size
+            blocks.append(
+                Block(f"h{chain[start]}", tokens, self.id_roles.get(chain[start], "user"))
+            )
+        rest = record.input_tokens - min(usable * size, record.input_tokens)
         if rest > 0:
             blocks.append(Block(f"n{uid}", rest, "user"))
-        return blocks
+        merged_before = self.counts.tails_merged
+        blocks = self._own_tail(blocks, uid)
+        named = [
+            block._replace(seed=self.seeds.name(block.seed, block.tokens, block.role))
+            if block.seed.startswith("h")
+            else block
+            for block in blocks
+        ]
+        merged = self.counts.tails_merged > merged_before  # the tail holds ids too
+        self.counts.units += sum(block.seed.startswith("h") for block in named) + merged
+        return named
 
 
 def _branch_copy(block: Block, uid: int) -> Block:

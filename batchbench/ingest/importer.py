@@ -410,9 +410,7 @@ def _count_written(stats: ImportStats, plans: Sequence[Plan], min_new_tokens: in
             stats.prompt_tokens += request["prompt_tokens"]
             stats.output_tokens += request["output_tokens"]
             stats.shared_prompt_tokens += sum(
-                block["tokens"]
-                for block in request["blocks"]
-                if len(users[block["seed"]]) > 1 and not block.get("live")
+                block["tokens"] for block in request["blocks"] if len(users[block["seed"]]) > 1
             )
 
 
