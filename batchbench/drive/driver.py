@@ -58,7 +58,7 @@ from batchbench.drive.wire import (
 )
 from batchbench.errors import BatchbenchError
 from batchbench.plan.workload import Workload
-from batchbench.results.events import RequestEvent, with_source_row
+from batchbench.results.events import RequestEvent, SourcedRequestEvent
 from batchbench.results.failures import AttemptError, ErrorKind
 from batchbench.results.lifecycle import Outcome
 from batchbench.results.recording import AgentFigures, Recorder
@@ -521,7 +521,14 @@ class HttpAgentLoop:
         if reply is not None:
             served, completion = reply.prompt_tokens, reply.completion_tokens
             cached, ttft = reply.cached_tokens, reply.ttft
-        event = RequestEvent(
+        rows = self._source_rows
+        make: type[RequestEvent]
+        source: tuple[int, ...]
+        if rows is None or (row := int(rows[planned.request])) < 0:
+            make, source = RequestEvent, ()
+        else:  # the source row is one more argument: no copy of the other 25 fields
+            make, source = SourcedRequestEvent, (row,)
+        event = make(
             identity.agent,
             identity.trajectory_id,
             planned.invocation,
@@ -547,10 +554,8 @@ class HttpAgentLoop:
             completion - planned_output if completion is not None else None,
             rendered,
             planned.oracle_seconds,
+            *source,
         )
-        rows = self._source_rows
-        if rows is not None and (row := int(rows[planned.request])) >= 0:
-            event = with_source_row(event, row)
         sink.write_batched(event)
 
 

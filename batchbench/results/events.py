@@ -12,7 +12,6 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any, overload
 
 import orjson
@@ -66,15 +65,6 @@ class SourcedRequestEvent(RequestEvent):
     its source file) comes last, so the other keys keep their order and bytes."""
 
     source_row: int
-
-
-_REQUEST_EVENT_VALUES = attrgetter(*RequestEvent.__slots__)
-
-
-def with_source_row(event: RequestEvent, row: int) -> SourcedRequestEvent:
-    """``event`` with its request's source row; only runs of imported plans pay for it."""
-    # mypy cannot count the starred values: they are RequestEvent's fields, in order.
-    return SourcedRequestEvent(*_REQUEST_EVENT_VALUES(event), row)  # type: ignore[call-arg]
 
 
 class JsonlFile:
