@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from batchbench.cli.agent import main
+from batchbench.cli.main import run as batchbench
 from batchbench.plan.manifest import parse_manifest
 from batchbench.plan.provenance import provenance_of
 
@@ -30,9 +31,15 @@ def growth(*prompts: int) -> list[dict[str, int]]:
     return [{"prompt_tokens": p, "output_tokens": 8} for p in prompts]
 
 
+BLOCKS = [
+    {"seed": "d/system", "tokens": 60, "role": "system"},
+    {"seed": "d/user-1", "tokens": 40, "role": "user"},
+]
+
 # Two trajectories from one file (one of them schema 1), one from two files, one whose
-# metadata is free-form (the shape of benchmarks/bench_manifest.py's) and one whose rows do
-# not match its requests: those two are not provenance.
+# metadata is free-form (the shape of benchmarks/bench_manifest.py's), one whose rows do
+# not match its requests (those two are not provenance), and one made of blocks, as
+# `batchbench import` writes them.
 TRAJECTORIES = [
     {
         "schema_version": 2,
@@ -65,13 +72,26 @@ TRAJECTORIES = [
         "metadata": source(file=TRACE, rows=[1]),
         "requests": growth(100, 180),
     },
+    {
+        "schema_version": 2,
+        "trajectory_id": "imp-d",
+        "metadata": source(file="b.jsonl", rows=[9, 11]),
+        "requests": [
+            {"prompt_tokens": 100, "output_tokens": 8, "blocks": BLOCKS},
+            {"prompt_tokens": 170, "output_tokens": 8, "blocks": [
+                *BLOCKS,
+                {"seed": "d/reply", "tokens": 8, "role": "assistant", "live": True},
+                {"seed": "d/user-2", "tokens": 62, "role": "user"},
+            ]},
+        ],
+    },
 ]  # fmt: skip
 
-SOURCE_ROWS = {"imp-a": [12, 40, 77], "imp-b": [3, 0], "imp-c": [7]}
+SOURCE_ROWS = {"imp-a": [12, 40, 77], "imp-b": [3, 0], "imp-c": [7], "imp-d": [9, 11]}
 SOURCES = [
     {"format": "mooncake", "file": TRACE, "trajectories": 2, "requests": 4},
     {"format": "mooncake", "file": "a.jsonl", "trajectories": 1, "requests": 1},
-    {"format": "mooncake", "file": "b.jsonl", "trajectories": 1, "requests": 1},
+    {"format": "mooncake", "file": "b.jsonl", "trajectories": 2, "requests": 3},
 ]
 FREE_FORM = [
     {"schema_version": 2, "trajectory_id": "tagged", "metadata": {"tags": ["x"], "source": {}},
@@ -97,8 +117,8 @@ def jsonl(path: Path) -> list[dict[str, Any]]:
 # -- the loader ----------------------------------------------------------------------------
 def test_the_loader_keeps_source_rows_per_request_and_the_distinct_files():
     manifest = parse_manifest(manifest_bytes(TRAJECTORIES), "m.jsonl")
-    assert manifest.source_rows.tolist() == [12, 40, 77, 3, 0, -1, 7, -1, -1]
-    assert manifest.source_ids.tolist() == [0, 0, 0, 1, 2, -1, 0, -1, -1]
+    assert manifest.source_rows.tolist() == [12, 40, 77, 3, 0, -1, 7, -1, -1, 9, 11]
+    assert manifest.source_ids.tolist() == [0, 0, 0, 1, 2, -1, 0, -1, -1, 2, 2]
     assert manifest.source_rows.dtype == np.int64 and manifest.source_ids.dtype == np.int32
     assert manifest.source_names == [
         ("mooncake", TRACE),
@@ -214,6 +234,7 @@ EXPECTED_REQUEST_ROWS = {
     ("free", 1): None,
     ("imp-c", 1): 7,
     ("short", 1): None, ("short", 2): None,
+    ("imp-d", 1): 9, ("imp-d", 2): 11,
 }  # fmt: skip
 EXPECTED_LIFECYCLE_ROWS = {**SOURCE_ROWS, "free": None, "short": None}
 
@@ -274,3 +295,23 @@ def test_two_workers_keep_the_provenance(tmp_path):
     document = json.loads((folder / "r.json").read_text())
     assert document["client_health"]["processes"] == 2
     assert document["manifest"]["sources"] == SOURCES
+
+
+def test_merged_shards_keep_the_provenance(capsys, tmp_path):
+    """Each shard's results describe the whole manifest (every shard loads all of it, and
+    runs a share), and so do the merged results; the lifecycle records keep their rows."""
+    plans = write(tmp_path / "m.jsonl", TRAJECTORIES)
+    results = []
+    for index in (0, 1):
+        folder = tmp_path / f"s{index}"
+        run(capsys, plans, folder, "--dry-run", "--tokenizer-model", "deepseek-v3",
+            "--seed", "5", "--shard", f"{index}/2")  # fmt: skip
+        assert json.loads((folder / "r.json").read_text())["manifest"]["sources"] == SOURCES
+        results.append(str(folder / "r.json"))
+    assert batchbench(["merge", *results, "-o", str(tmp_path / "merged")]) == 0
+    capsys.readouterr()
+    merged = tmp_path / "merged"
+    assert json.loads((merged / "results.json").read_text())["manifest"]["sources"] == SOURCES
+    assert {
+        e["trajectory_id"]: e.get("source_rows") for e in jsonl(merged / "agent-events.jsonl")
+    } == EXPECTED_LIFECYCLE_ROWS
