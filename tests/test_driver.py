@@ -1314,7 +1314,12 @@ def test_outputs_csv_json_lifecycle_and_request_events(capsys, stub, tmp_path):
 
     # JSON summary.
     document = json.loads(summary_json.read_text())
-    assert document["manifest"] == {"path": str(plans), "sha256": digest, "schema_version": 1}
+    assert document["manifest"] == {
+        "path": str(plans),
+        "sha256": digest,
+        "schema_version": 1,
+        "sources": [],  # no trajectory of this manifest has provenance
+    }
     assert list(document["metrics"]) == [
         *fixed,
         "errors_by_kind",

@@ -149,6 +149,7 @@ def run_capacity(
             path=config.agent_plans_jsonl,
             sha256=hash_manifest(config.agent_plans_jsonl),
             schema_version=None,
+            sources=None,
         )
     outdir = OutputDirectory(
         output_dir,
@@ -184,7 +185,8 @@ def run_capacity(
     def document(pending: StepRecord | None = None) -> dict[str, Any]:
         nonlocal manifest
         if manifest is not None and runner_box and runner_box[0].result is not None:
-            manifest = replace(manifest, schema_version=runner_box[0].result.setup.schema_version)
+            setup = runner_box[0].result.setup
+            manifest = replace(manifest, schema_version=setup.schema_version, sources=setup.sources)
         steps = (*search.steps, pending) if pending is not None else tuple(search.steps)
         return CapacityDocument(
             batchbench_version=__version__,

@@ -58,7 +58,7 @@ from batchbench.drive.wire import (
 )
 from batchbench.errors import BatchbenchError
 from batchbench.plan.workload import Workload
-from batchbench.results.events import RequestEvent
+from batchbench.results.events import RequestEvent, SourcedRequestEvent
 from batchbench.results.failures import AttemptError, ErrorKind
 from batchbench.results.lifecycle import Outcome
 from batchbench.results.recording import AgentFigures, Recorder
@@ -198,6 +198,7 @@ class HttpAgentLoop:
         self._max_retry_wait_ms = math.ceil(settings.max_retry_wait_seconds * 1000.0)
         self._timeout_text = f"request timed out after {_seconds_text(settings.timeout_seconds)}s"
         self._out = sys.stdout
+        self._source_rows = workload.source_rows
 
     def clock_started(self, origin: float) -> None:
         """The engine started the benchmark clock: offsets and client CPU count from here
@@ -505,7 +506,8 @@ class HttpAgentLoop:
         exchange: Exchange,
         rendered: int | None,
     ) -> None:
-        """The request's line in --request-events-jsonl, when the run writes that file."""
+        """The request's line in --request-events-jsonl, when the run writes that file (with
+        ``source_row`` when its trajectory has provenance)."""
         sink = self.recorder.request_events
         if sink is None:
             return
@@ -519,35 +521,42 @@ class HttpAgentLoop:
         if reply is not None:
             served, completion = reply.prompt_tokens, reply.completion_tokens
             cached, ttft = reply.cached_tokens, reply.ttft
-        sink.write_batched(
-            RequestEvent(
-                identity.agent,
-                identity.trajectory_id,
-                planned.invocation,
-                identity.slot,
-                identity.rank,
-                sizing.target,
-                served,
-                completion,
-                cached,
-                exchange.started,
-                exchange.elapsed,
-                ttft,
-                exchange.attempts,
-                status,
-                last.message if last is not None else None,
-                str(last.kind) if last is not None else None,
-                last.status if last is not None else None,
-                [error.as_dict() for error in errors],
-                served - sizing.target if served is not None else None,
-                sizing.correction,
-                sizing.note,
-                planned_output,
-                completion - planned_output if completion is not None else None,
-                rendered,
-                planned.oracle_seconds,
-            )
+        rows = self._source_rows
+        make: type[RequestEvent]
+        source: tuple[int, ...]
+        if rows is None or (row := int(rows[planned.request])) < 0:
+            make, source = RequestEvent, ()
+        else:  # the source row is one more argument: no copy of the other 25 fields
+            make, source = SourcedRequestEvent, (row,)
+        event = make(
+            identity.agent,
+            identity.trajectory_id,
+            planned.invocation,
+            identity.slot,
+            identity.rank,
+            sizing.target,
+            served,
+            completion,
+            cached,
+            exchange.started,
+            exchange.elapsed,
+            ttft,
+            exchange.attempts,
+            status,
+            last.message if last is not None else None,
+            str(last.kind) if last is not None else None,
+            last.status if last is not None else None,
+            [error.as_dict() for error in errors],
+            served - sizing.target if served is not None else None,
+            sizing.correction,
+            sizing.note,
+            planned_output,
+            completion - planned_output if completion is not None else None,
+            rendered,
+            planned.oracle_seconds,
+            *source,
         )
+        sink.write_batched(event)
 
 
 def _raise_status(status: int, raw: bytes, retry_after: str | None) -> None:

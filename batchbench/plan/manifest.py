@@ -54,6 +54,7 @@ import orjson
 
 from batchbench.errors import ManifestError
 from batchbench.plan import dupkeys
+from batchbench.plan.provenance import Provenance, provenance_of, summarize
 
 SUPPORTED_SCHEMA_VERSIONS = (1, 2)
 HASH_CHUNK_BYTES = 64 * 1024
@@ -166,6 +167,12 @@ class Manifest:
     seed_redefinitions: list[tuple[int, int, str]] = field(default_factory=list)
     # Per trajectory: the line's own schema_version, uint8.
     schema_versions: np.ndarray = None  # type: ignore[assignment]
+    # Provenance (``metadata.source`` of imported plans, batchbench.plan.provenance): the
+    # distinct (format, file) pairs in first-seen order, and per request source_ids int32
+    # (an index into source_names, -1 absent) and source_rows int64 (-1 absent).
+    source_names: list[tuple[str, str]] = field(default_factory=list)
+    source_ids: np.ndarray = None  # type: ignore[assignment]
+    source_rows: np.ndarray = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         trajectories = len(self.trajectory_ids)
@@ -182,6 +189,8 @@ class Manifest:
             ("block_role", 0, np.uint8, 0),
             ("block_live", 0, np.bool_, 0),
             ("schema_versions", trajectories, np.uint8, self.schema_version),
+            ("source_ids", requests, np.int32, -1),
+            ("source_rows", requests, np.int64, -1),
         ]
         for name, size, dtype, value in absent:
             if getattr(self, name) is None:
@@ -210,6 +219,11 @@ class Manifest:
             "reusing its first content"
             for trajectory, n, seed in self.seed_redefinitions
         ]
+
+    def source_summary(self) -> list[dict[str, Any]]:
+        """Per (format, file) of the trajectories' provenance: how many trajectories and
+        requests come from it (``provenance.summarize``)."""
+        return summarize(self.source_names, self.source_ids, self.request_offsets)
 
     def requests_of(self, trajectory: int) -> slice:
         """Rows of one trajectory's requests in the request columns."""
@@ -361,6 +375,10 @@ class _Builder:
         self.seed_ids: dict[str, int] = {}
         self.block_seeds: list[str] = []
         self.seed_redefinitions: list[tuple[int, int, str]] = []
+        # One entry per request, kept from the first trajectory with provenance on.
+        self.source_ids = array.array("i")
+        self.source_rows = array.array("q")
+        self.source_index: dict[tuple[str, str], int] = {}
 
     def add_line(self, line: bytes, number: int) -> None:
         """Validate one non-blank line and append its trajectory; raises the bare cause."""
@@ -412,6 +430,10 @@ class _Builder:
             raise
         if rows is not None:
             self._append_requests(rows, version, mark)
+        if type(metadata) is dict:
+            provenance = provenance_of(metadata, len(requests))
+            if provenance is not None:
+                self._add_provenance(provenance, mark)
         self.seen.add(ident)
         self.trajectory_ids.append(ident)
         self.line_numbers.append(number)
@@ -539,6 +561,26 @@ class _Builder:
                     self.seed_redefinitions.append((len(self.trajectory_ids), n, seed))
                     redefined = True
 
+    def _add_provenance(self, provenance: Provenance, mark: int) -> None:
+        """Store one trajectory's source rows and files (its requests start at ``mark``)."""
+        self._pad_sources(mark)
+        name, files, rows = provenance
+        index = self.source_index
+        if type(files) is str:
+            key = (name, files)
+            ids = array.array("i", [index.setdefault(key, len(index))]) * len(rows)
+        else:
+            ids = array.array("i", [index.setdefault((name, file), len(index)) for file in files])
+        self.source_ids.extend(ids)
+        self.source_rows.extend(rows)
+
+    def _pad_sources(self, rows: int) -> None:
+        """Give the requests before ``rows`` without provenance their "absent" values."""
+        missing = rows - len(self.source_rows)
+        if missing > 0:
+            self.source_ids.extend(array.array("i", [-1]) * missing)
+            self.source_rows.extend(array.array("q", [-1]) * missing)
+
     def _pad_v2(self, rows: int) -> None:
         """Give the requests before ``rows`` that no v2 line set their "absent" values."""
         missing = rows - len(self.overhead)
@@ -560,12 +602,12 @@ class _Builder:
     def finish(self, source: str, sha256: str) -> Manifest:
         """Convert the buffers to exact-size numpy columns."""
         requests = len(self.prompt)
-        v2: dict[str, Any] = {}
+        optional: dict[str, Any] = {}  # columns left to their defaults when unset
         if self.overhead:  # some v2 line was kept; otherwise Manifest fills the defaults
             self._pad_v2(requests)
             block_offsets = np.zeros(requests + 1, dtype=np.int64)
             np.cumsum(_column(self.block_counts, np.int64), out=block_offsets[1:])
-            v2 = {
+            optional = {
                 "overhead_tokens": _column(self.overhead, np.int64),
                 "stream": _column(self.stream, np.int8),
                 "max_tokens": _column(self.max_tokens, np.int64),
@@ -576,6 +618,11 @@ class _Builder:
                 "block_role": _column(self.block_role, np.uint8),
                 "block_live": _column(self.block_live, np.uint8).view(np.bool_),
             }
+        if self.source_rows:  # some trajectory has provenance; otherwise the defaults
+            self._pad_sources(requests)
+            optional["source_names"] = list(self.source_index)
+            optional["source_ids"] = _column(self.source_ids, np.int32)
+            optional["source_rows"] = _column(self.source_rows, np.int64)
         return Manifest(
             source=source,
             sha256=sha256,
@@ -592,7 +639,7 @@ class _Builder:
             has_start_offsets=self.has_start_offsets,
             seed_redefinitions=self.seed_redefinitions,
             schema_versions=_column(self.versions, np.uint8),
-            **v2,
+            **optional,
         )
 
 

@@ -92,6 +92,9 @@ class Workload:
     recorded_start_after_ms: np.ndarray | None = None  # int64 per request: -1 absent
     overhead_tokens: np.ndarray | None = None  # int64 per request: effective overhead
     blocks: BlockPlan | None = None  # seeded content blocks of block trajectories
+    # int64 per request: its row in its source file, -1 absent (plan.provenance); None
+    # when no trajectory has provenance.
+    source_rows: np.ndarray | None = None
     warnings: tuple[str, ...] = ()  # plan warnings to print once before the run
 
     def __len__(self) -> int:
@@ -182,6 +185,7 @@ def compile_manifest(
         recorded_start_after_ms=recorded,
         overhead_tokens=overhead,
         blocks=blocks,
+        source_rows=np.asarray(manifest.source_rows) if manifest.source_names else None,
         warnings=tuple(warnings),
     )
 

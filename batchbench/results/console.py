@@ -565,6 +565,7 @@ def summary_model(
             path=config.agent_plans_jsonl,
             sha256=setup.manifest_sha256,
             schema_version=setup.schema_version,
+            sources=setup.sources,
         ),
         configuration=ConfigurationSection(
             model=config.model,

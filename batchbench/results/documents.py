@@ -154,6 +154,7 @@ class ManifestSection:
     path: str | None
     sha256: str | None
     schema_version: int | None
+    sources: list[dict[str, Any]] | None  # per (format, file): trajectories, requests
 
 
 @dataclass(frozen=True, slots=True)

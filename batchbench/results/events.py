@@ -59,6 +59,14 @@ class RequestEvent:
     oracle_seconds: float | None
 
 
+@dataclass(slots=True)
+class SourcedRequestEvent(RequestEvent):
+    """The line of a request whose trajectory has provenance: ``source_row`` (its row in
+    its source file) comes last, so the other keys keep their order and bytes."""
+
+    source_row: int
+
+
 class JsonlFile:
     """A file created and truncated at start, receiving whole lines only."""
 
@@ -126,10 +134,13 @@ class LifecycleWriter:
         collect: bool = False,
         recorded_starts=None,
         request_offsets=None,
+        source_rows=None,
     ) -> None:
-        """``recorded_starts`` (with ``request_offsets``): each request's recorded start
-        offset from the manifest, -1 where a request has none; carried into the records."""
+        """``recorded_starts`` and ``source_rows`` (with ``request_offsets``): each request's
+        recorded start offset from the manifest and its row in its source file, -1 where a
+        request has none; carried into the records."""
         self._recorded = recorded_starts
+        self._source_rows = source_rows
         self._offsets = request_offsets
         self._file = JsonlFile(path) if path else None
         self.path = path
@@ -164,6 +175,11 @@ class LifecycleWriter:
             values = self._recorded[int(self._offsets[agent]) : int(self._offsets[agent + 1])]
             if bool((values >= 0).any()):
                 event["recorded_start_after_ms"] = [int(v) if v >= 0 else None for v in values]
+        if self._source_rows is not None:
+            agent = record.agent_id
+            rows = self._source_rows[int(self._offsets[agent]) : int(self._offsets[agent + 1])]
+            if bool((rows >= 0).any()):
+                event["source_rows"] = [int(v) if v >= 0 else None for v in rows]
         if record.interrupted:
             event["interrupted"] = True
         if extra:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from batchbench import __version__
 from batchbench.config import RunConfig
@@ -33,6 +34,9 @@ class RunSetup:
     framing_initial: int  # framing overheads the run started from (flags, calibration or 0)
     framing_turn: int
     framing_measured: bool  # from flags or calibration, not a default
+    # The manifest's provenance summary (``provenance.summarize``; [] when no trajectory has
+    # any); None in sampled mode and in shard data written before it existed.
+    sources: list[dict[str, Any]] | None = None
 
 
 @dataclass

@@ -49,6 +49,7 @@ async def execute(prepared: Prepared, out: RunOutput, hosting: Hosting) -> Execu
         True,
         workload.recorded_start_after_ms,
         workload.request_offsets,
+        workload.source_rows,
     )
     live: LiveRun | None = None
     wall_origin = time.time()

@@ -115,6 +115,7 @@ def run_setup(
         framing_measured=calibration is not None
         or config.replay_initial_overhead_tokens is not None
         or config.replay_turn_overhead_tokens is not None,
+        sources=plans.manifest.source_summary() if plans.manifest is not None else None,
     )
 
 
