@@ -221,6 +221,41 @@ def test_bailian_parent_keys_growth_branch_and_missing_parent(tmp_path, capsys) 
     assert plans == BAILIAN_GROWTH
 
 
+def conversations(file: int, uid: list[int]) -> list[Plan]:
+    """BAILIAN_GROWTH as file ``file`` of an import gives it: hash seeds qualified by the
+    file, and ``uid[k]`` the place of the file's k-th request among all kept requests."""
+    x1 = [block(f"h{file}.1", 64), block(f"n{uid[0]}", 86)]
+    x2 = [*x1, block(f"r{uid[0]}", 60, "assistant", live=True), block(f"n{uid[2]}", 90)]
+    repeat = f"#{file}" if file else ""
+    return [
+        plan(f"conversations.jsonl:1{repeat}", 0, [
+            request(150, 60, 0, x1, delay=20000),
+            request(300, 40, 20000, x2, delay=15000),
+            request(360, 30, 35000, [*x2, block(f"r{uid[2]}.{uid[3]}", 60, "assistant")]),
+        ], "bailian", "conversations.jsonl", [1, 3, 4]),
+        plan(f"conversations.jsonl:2{repeat}", 10000, [
+            request(500, 100, 10000, [block(f"h{file}.1", 64), block(f"n{uid[1]}", 436)]),
+        ], "bailian", "conversations.jsonl", [2]),
+        plan(f"conversations.jsonl:5{repeat}", 40000, [
+            request(260, 25, 40000, [
+                block(f"h{file}.1", 64), block(f"n{uid[0]}@{uid[4]}", 86),
+                block(f"r{uid[0]}@{uid[4]}", 60, "assistant"), block(f"n{uid[4]}", 50),
+            ]),
+        ], "bailian", "conversations.jsonl", [5], branch_of_row=1),
+    ]  # fmt: skip
+
+
+def test_bailian_ids_and_chat_ids_mean_nothing_across_files(tmp_path, capsys) -> None:
+    """Two files numbered alike (here the same file twice): equal hash ids are other
+    content (``h0.1`` and ``h1.1``), chat ids name requests of their own file only, and
+    equal trajectory ids are numbered. Requests interleave by arrival, the first file
+    first at equal times."""
+    assert conversations(0, [0, 1, 2, 3, 4]) == BAILIAN_GROWTH  # the helper, alone
+    plans, _ = imported(tmp_path, capsys, "bailian", "conversations.jsonl", "conversations.jsonl")
+    first, second = conversations(0, [0, 2, 4, 6, 8]), conversations(1, [1, 3, 5, 7, 9])
+    assert plans == [plan for pair in zip(first, second, strict=True) for plan in pair]
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="a Bailian first turn (parent_chat_id -1) is linked to an earlier request by "
