@@ -26,7 +26,11 @@ Plan = dict[str, Any]
 
 
 def imported(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], fmt: str, *inputs: str, flags=()
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    fmt: str,
+    *inputs: str,
+    flags: tuple[str, ...] = (),
 ) -> tuple[list[Plan], str]:
     """The manifest ``batchbench import`` writes for fixture files, and what it printed."""
     out = tmp_path / "manifest.jsonl"
