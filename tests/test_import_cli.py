@@ -261,7 +261,13 @@ def replay(tmp_path: Path, toy, branch: bool) -> tuple[list[dict[str, Any]], dic
     stats, _ = import_trace(
         ImportOptions(format="toy", inputs=(SIM,), output=str(plans), shared_prefix_followers=3)
     )
-    assert (stats.blocks.grown, stats.blocks.folded, stats.branches) == (2 + branch, 1, branch)
+    blocks = stats.blocks
+    assert (blocks.grown, blocks.branch_grown, blocks.folded, stats.branches) == (
+        2,
+        branch,
+        1,
+        branch,
+    )
     summary, events = tmp_path / "summary.json", tmp_path / "requests.jsonl"
     status = agent_main(
         [

@@ -363,7 +363,9 @@ def test_mooncake_sessions_are_rebuilt_from_hash_prefix_chains(tmp_path, toy) ->
         "shared-prefix ids": 1,
     }
     counts = stats.blocks
-    assert (counts.grown, counts.folded, counts.not_grown) == (6, 1, 1)
+    # Three requests grow their predecessor with its live reply; the two branches and the
+    # split start from their parent's prompt and a plain copy of its reply.
+    assert (counts.grown, counts.branch_grown, counts.folded, counts.not_grown) == (3, 3, 1, 1)
     assert (counts.resized_seeds, counts.dropped_ids) == (0, 0)
     # The 13 requests written from their ids (the roots, G2): 38 ids in 30 units, counting
     # each merged tail as one; 9 trailing units (2 in G2) joined 8 requests' new content.

@@ -43,6 +43,7 @@ class BlockCounts:
     )
     resized_seeds: int = 0  # a seed met again with another size or role: given its own name
     grown: int = 0  # requests written as growth of their predecessor, with its live reply
+    branch_grown: int = 0  # a branch's first request: its parent's prompt and plain reply
     folded: int = 0  # growth whose reply and new content are one plain assistant block
     not_grown: int = 0  # requests too short to hold their predecessor's prompt
 
@@ -102,8 +103,9 @@ class BlockBuilder:
         """``previous`` (the prompt of ``before``), its reply, then this record's new
         content; None when the record's prompt cannot hold the previous prompt and room
         for one message. The reply is ``live`` within a trajectory (a plain assistant
-        block when a branch starts), and only when at least ``min_new_tokens`` follow it:
-        the new messages' template framing must fit in the new content for the prompt to
+        block when a branch starts), and only when at least ``min_new_tokens`` (plus one
+        per 32 reply tokens) follow it: the new messages' template framing, and what the
+        reply gains when it is re-encoded, must fit in the new content for the prompt to
         come out exact. Otherwise reply and new content become one plain assistant block
         (``folded``), which still repeats the predecessor's prompt byte for byte."""
         room = record.input_tokens - sum(block.tokens for block in previous)
@@ -112,8 +114,13 @@ class BlockBuilder:
             return None
         blocks = list(previous) if live else [_branch_copy(block, uid) for block in previous]
         new = room - before.output_tokens
-        if new >= self.min_new_tokens:
-            self.counts.grown += 1
+        # A replayed reply re-encodes to a few more tokens than it was generated with (about
+        # one in a hundred on long replies): the new content must absorb that too.
+        if new >= self.min_new_tokens + before.output_tokens // 32:
+            if live:
+                self.counts.grown += 1
+            else:
+                self.counts.branch_grown += 1
             reply = f"r{before_uid}" if live else f"r{before_uid}@{uid}"
             blocks.append(Block(reply, before.output_tokens, "assistant", live))
             blocks.extend(self._own_tail(self._new_content(record, new, uid), uid))

@@ -275,7 +275,7 @@ class PlanWriter:
         if chain is None or previous is None:
             return chain is None and previous is None
         full = full_block_count(self.records[before], len(previous))
-        return full < len(chain) and chain[:full] == previous[:full]
+        return full <= len(chain) and chain[:full] == previous[:full]
 
     def _delay_ms(self, index: int, following: int) -> int:
         gap = gap_seconds(self.records[index], self.records[following], self.ends[index])

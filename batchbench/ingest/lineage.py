@@ -96,10 +96,16 @@ def shared_prefix_ids(chains: Sequence[tuple[str, ...] | None], min_followers: i
 def linkable_chains(
     records: Sequence[Record], chains: Sequence[tuple[str, ...] | None]
 ) -> list[tuple[str, ...] | None]:
-    """The chains of records that name no session and no parent: only their hashes can
-    link them."""
+    """The chains of records whose trace names no session and no parent key: only their
+    hashes can link them. (A record with a key of its own comes from a trace that names
+    parents by key: without a parent it is a first turn, whatever its ids share.)"""
     return [
-        chain if chain is not None and record.session is None and record.parent is None else None
+        chain
+        if chain is not None
+        and record.session is None
+        and record.parent is None
+        and record.key is None
+        else None
         for record, chain in zip(records, chains, strict=True)
     ]
 
