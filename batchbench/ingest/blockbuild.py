@@ -108,7 +108,7 @@ class BlockBuilder:
         reply gains when it is re-encoded, must fit in the new content for the prompt to
         come out exact. Otherwise reply and new content become one plain assistant block
         (``folded``), which still repeats the predecessor's prompt byte for byte."""
-        room = record.input_tokens - sum(block.tokens for block in previous)
+        room = record.input_tokens - before.input_tokens  # a prompt sums to its input
         if room < self.min_new_tokens:
             self.counts.not_grown += 1
             return None

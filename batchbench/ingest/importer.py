@@ -253,7 +253,7 @@ class PlanWriter:
         index = trajectory.requests[position]
         record = self.records[index]
         before = trajectory.requests[position - 1] if position else trajectory.context
-        if before != NO_PARENT and self._continues(before, index):
+        if before != NO_PARENT and continues(self.records, self.chains, before, index):
             grown = self.builder.grown(
                 self.prompts[before], self.records[before], before, record, index, live=position > 0
             )
@@ -264,18 +264,6 @@ class PlanWriter:
         reset = position > 0 and not _whole_segments(record)
         self.stats.resets += reset
         return blocks, reset
-
-    def _continues(self, before: int, index: int) -> bool:
-        """Whether the record can be written as growth of ``before``: its hash ids extend
-        the full blocks of ``before`` (when both are hashed), and it is not a trace of
-        whole-prompt segments."""
-        if _whole_segments(self.records[index]):
-            return False
-        chain, previous = self.chains[index], self.chains[before]
-        if chain is None or previous is None:
-            return chain is None and previous is None
-        full = full_block_count(self.records[before], len(previous))
-        return full <= len(chain) and chain[:full] == previous[:full]
 
     def _delay_ms(self, index: int, following: int) -> int:
         gap = gap_seconds(self.records[index], self.records[following], self.ends[index])
@@ -314,6 +302,44 @@ class PlanWriter:
         return {"source": source}
 
 
+def continues(
+    records: Sequence[Record], chains: Sequence[tuple[str, ...] | None], before: int, index: int
+) -> bool:
+    """Whether record ``index`` may be written as growth of record ``before``: it is not a
+    prompt of whole segments, and its hash ids extend the full blocks of ``before`` when
+    both are hashed (otherwise only the sizes tell, and growth decides)."""
+    if _whole_segments(records[index]):
+        return False
+    chain, previous = chains[index], chains[before]
+    if chain is None or previous is None:
+        return True
+    full = full_block_count(records[before], len(previous))
+    return full <= len(chain) and chain[:full] == previous[:full]
+
+
+def built_from_content(
+    lineage: Lineage,
+    records: Sequence[Record],
+    chains: Sequence[tuple[str, ...] | None],
+    min_new_tokens: int,
+) -> list[int]:
+    """The records whose blocks come from their own content, not from growth: the
+    trajectories' first requests without context, and requests that cannot grow their
+    predecessor (a prompt always sums to its record's input tokens, so the room is
+    known before any block is built)."""
+    chosen = []
+    for trajectory in lineage.trajectories:
+        for position, index in enumerate(trajectory.requests):
+            before = trajectory.requests[position - 1] if position else trajectory.context
+            if (
+                before == NO_PARENT
+                or not continues(records, chains, before, index)
+                or records[index].input_tokens - records[before].input_tokens < min_new_tokens
+            ):
+                chosen.append(index)
+    return chosen
+
+
 def _whole_segments(record: Record) -> bool:
     return record.segments is not None and record.hash_ids is None
 
@@ -335,11 +361,23 @@ def build_plans(
         shared_prefix_ids(linkable, options.shared_prefix_followers) if any(linkable) else set()
     )
     parents, counts = assign_parents(
-        records, chains, kept.sources, options.link_window_hours * 3600, shared
+        records,
+        chains,
+        kept.sources,
+        options.link_window_hours * 3600,
+        shared,
+        options.min_new_tokens,
     )
     split = options.split_idle_ms / 1000 if options.split_idle_ms is not None else None
     lineage = build_trajectories(records, parents, counts, split, ends)
-    builder = _block_builder(records, chains, shared, stats.blocks, options.min_new_tokens)
+    content = built_from_content(lineage, records, chains, options.min_new_tokens)
+    builder = _block_builder(
+        [records[i] for i in content],
+        [chains[i] for i in content],
+        shared,
+        stats.blocks,
+        options.min_new_tokens,
+    )
     origin = (
         window.start_s if window.start_s is not None else (records[0].time_s if records else 0.0)
     )

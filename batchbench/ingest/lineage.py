@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from batchbench.ingest.record import Record
+from batchbench.ingest.timing import gap_seconds
 
 NO_PARENT = -1
 MANY = -2  # an id followed (or preceded) by more than one distinct id, or by the sequence's end
@@ -123,6 +124,7 @@ def assign_parents(
     sources: Sequence[int],
     link_window_s: float,
     shared: set[str],
+    min_new_tokens: int,
 ) -> tuple[list[int], LineageCounts]:
     """Each record's parent index (records in arrival order), or NO_PARENT; ``shared``
     are the ids of the globally shared prefix (``shared_prefix_ids`` of the chains that
@@ -153,7 +155,9 @@ def assign_parents(
                 counts.missing_parents += 1
         chain = hashed[index]
         if chain is not None:
-            parent = _hash_parent(records, hashed, latest_full, index, shared, link_window_s)
+            parent = _hash_parent(
+                records, hashed, latest_full, index, shared, link_window_s, min_new_tokens
+            )
             if parent != NO_PARENT:
                 parents[index] = parent
                 counts.hash_links += 1
@@ -172,9 +176,12 @@ def _hash_parent(
     index: int,
     shared: set[str],
     link_window_s: float,
+    min_new_tokens: int,
 ) -> int:
     """The latest earlier record whose full blocks are a strict prefix of this chain and
-    longer than its shared prefix, at most the link window earlier."""
+    longer than its shared prefix, at most the link window earlier, and whose prompt this
+    one holds with room for a message (at least ``min_new_tokens`` more): a request of
+    the same size or shorter is a retry or an edit, not the next turn."""
     chain = chains[index]
     assert chain is not None
     floor = _leading_shared(chain, shared)
@@ -183,6 +190,8 @@ def _hash_parent(
     for length in range(len(chain) - 1, floor, -1):
         candidate = latest_full.get(chain[length - 1], NO_PARENT)
         if candidate <= best or time_s - records[candidate].time_s > link_window_s:
+            continue
+        if records[index].input_tokens < records[candidate].input_tokens + min_new_tokens:
             continue
         other = chains[candidate]
         assert other is not None
@@ -210,7 +219,7 @@ def build_trajectories(
             lineage.trajectories.append(Trajectory([index]))
             continue
         owner = lineage.trajectories[trajectory_of[parent]]
-        idle = records[index].time_s - ends[parent]
+        idle = gap_seconds(records[parent], records[index], ends[parent])
         if split_idle_s is not None and idle > split_idle_s:
             kind = "split"
             lineage.splits += 1
