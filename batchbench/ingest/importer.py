@@ -112,6 +112,14 @@ def check_options(options: ImportOptions) -> tuple[TraceWindow, LatencyModel]:
     format_reader(options.format)
     if not options.inputs:
         raise InputError("no input files")
+    names: dict[str, str] = {}
+    for path in options.inputs:
+        other = names.setdefault(os.path.basename(path), path)
+        if other != path:
+            raise InputError(
+                f"two inputs are named {os.path.basename(path)} ({other}, {path}): provenance "
+                "names a file by its name; give each input once, under its own name"
+            )
     window = TraceWindow.parse(options.start, options.end, options.first_seconds)
     model = LatencyModel.parse(options.latency_model)
     if not (math.isfinite(options.time_scale) and options.time_scale > 0):
@@ -159,6 +167,7 @@ def read_records(
                 tick(stats.rows)
             stats.input_prompt_tokens += record.input_tokens
             stats.input_output_tokens += record.output_tokens
+            _check_sizes(record)
             reason = _drop_reason(record, options, window)
             if reason is not None:
                 stats.dropped[reason] += 1
@@ -178,6 +187,22 @@ def read_records(
         kept = inside
     kept.sort(key=lambda item: item[:3])
     return _Kept([item[3] for item in kept], [item[1] for item in kept])
+
+
+LARGEST = 2**53  # counts and milliseconds a manifest holds exactly (JSON numbers in most readers)
+
+
+def _check_sizes(record: Record) -> None:
+    for name, value in (
+        ("input tokens", record.input_tokens),
+        ("output tokens", record.output_tokens),
+    ):
+        if value > LARGEST:
+            raise InputError(f"{record.source}:{record.row}: {name} {value} exceed 2^53")
+    if not math.isfinite(record.time_s) or abs(record.time_s) > LARGEST / 1000:
+        raise InputError(
+            f"{record.source}:{record.row}: its time {record.time_s!r} is out of range"
+        )
 
 
 def _drop_reason(record: Record, options: ImportOptions, window: TraceWindow) -> str | None:
@@ -218,7 +243,7 @@ class PlanWriter:
         self._taken: set[str] = set()
 
     def offset_ms(self, time_s: float) -> int:
-        return round(max(time_s - self.origin_s, 0.0) * 1000 / self.options.time_scale)
+        return _milliseconds(max(time_s - self.origin_s, 0.0) * 1000 / self.options.time_scale)
 
     def plan(self, trajectory: Trajectory) -> Plan:
         requests = []
@@ -272,7 +297,7 @@ class PlanWriter:
         if cap is not None and delay > cap:
             self.stats.capped_delays += 1
             delay = cap
-        return round(delay)
+        return _milliseconds(delay)
 
     def _trajectory_id(self, first: Record, index: int) -> str:
         source = os.path.basename(self.options.inputs[self.sources[index]])
@@ -299,7 +324,19 @@ class PlanWriter:
         if trajectory.context != NO_PARENT:
             context = self.records[trajectory.context]
             source[trajectory.kind + "_of_row"] = context.row
+            if len(self.options.inputs) > 1:
+                context_file = self.options.inputs[self.sources[trajectory.context]]
+                source[trajectory.kind + "_of_file"] = os.path.basename(context_file)
         return {"source": source}
+
+
+def _milliseconds(value: float) -> int:
+    if not value <= LARGEST:  # a tiny --time-scale, say
+        raise InputError(
+            f"an offset or delay of {value:.4g} ms is out of range (at most 2^53 ms); "
+            "check --time-scale"
+        )
+    return round(value)
 
 
 def continues(

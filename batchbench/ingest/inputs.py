@@ -46,6 +46,10 @@ def lines(path: str) -> Iterator[tuple[int, bytes]]:
             yield number, line.rstrip(b"\r\n")
     except (OSError, EOFError) as exc:
         raise InputError(f"cannot read {path}: {exc}") from None
+    except Exception as exc:  # a damaged zstd frame (zstandard.ZstdError)
+        if type(exc).__module__.split(".")[0] != "zstandard":
+            raise
+        raise InputError(f"cannot read {path}: {exc}") from None
     finally:
         stream.close()
 
