@@ -10,10 +10,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from batchbench.errors import InputError
-from batchbench.ingest.formats.fields import kind
+from batchbench.ingest.formats.fields import decode, kind
 from batchbench.ingest.window import parse_timestamp
 
 
@@ -106,10 +104,7 @@ class _Fields:
 def parse_row(line: bytes, number: int, source: str) -> Row:
     """One JSONL line as a Row, or InputError naming ``source:number`` and the field."""
     where = f"{source}:{number}"
-    try:
-        obj = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        raise InputError(f"{where}: invalid JSON ({exc.args[0]})") from None
+    obj = decode(line, where)
     if type(obj) is not dict:
         raise InputError(f"{where}: a row must be a JSON object, found {kind(obj)}")
     fields = _Fields(obj, where)

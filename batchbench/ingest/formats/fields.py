@@ -73,7 +73,8 @@ def missing(where: str, name: str) -> InputError:
 # JSON ---------------------------------------------------------------------------------
 
 
-def _decode(text: str | bytes, where: str) -> Any:
+def decode(text: str | bytes, where: str) -> Any:
+    """Any JSON value, or the one-line error for text that is no JSON."""
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError as exc:
@@ -82,7 +83,7 @@ def _decode(text: str | bytes, where: str) -> Any:
 
 def parse_object(text: str | bytes, where: str) -> dict[str, Any]:
     """One JSON object (a JSONL line or a whole file), or InputError naming ``where``."""
-    value = _decode(text, where)
+    value = decode(text, where)
     if type(value) is not dict:
         raise InputError(f"{where}: expected a JSON object, got {kind(value)}")
     return value
@@ -91,7 +92,7 @@ def parse_object(text: str | bytes, where: str) -> dict[str, Any]:
 def json_rows(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for every non-blank line of a JSON Lines file, streamed."""
     for line, raw in _nonblank_lines(path):
-        obj = _decode(raw, f"{path}:{line}")
+        obj = decode(raw, f"{path}:{line}")
         if type(obj) is not dict:
             raise InputError(f"{path}:{line}: a row must be a JSON object, got {describe(obj)}")
         yield line, obj
