@@ -354,8 +354,7 @@ def test_real_mooncake_traces():
     for path in real_files("mooncake", "*.jsonl"):
         records = read(mooncake, path)
         raw = list(jsonl_objects(path))
-        rows = jsonl_sizes(raw)
-        check_against(records, rows, monotonic=True)
+        check_against(records, jsonl_sizes(raw), monotonic=True)
         assert [r.time_s for r in records] == [o["timestamp"] / 1000 for _, o in raw]
         assert [r.hash_ids for r in records] == [tuple(o["hash_ids"]) for _, o in raw]
         assert {r.block_size for r in records} == {512}
@@ -365,8 +364,7 @@ def test_real_azure_traces():
     for path in real_files("azure-2023", "*.csv"):
         records = read(azure, path)
         raw = csv_dicts(path)
-        rows = csv_sizes(raw, "ContextTokens", "GeneratedTokens")
-        check_against(records, rows, monotonic=True)
+        check_against(records, csv_sizes(raw, "ContextTokens", "GeneratedTokens"), monotonic=True)
         assert [r.time_s for r in records] == [exact_azure_time(row["TIMESTAMP"]) for row in raw]
 
 
@@ -374,8 +372,7 @@ def test_real_burstgpt_traces():
     for path in real_files("burstgpt", "*.csv"):
         records = read(burstgpt, path)
         raw = csv_dicts(path)
-        rows = csv_sizes(raw, "Request tokens", "Response tokens")
-        check_against(records, rows, monotonic=False)
+        check_against(records, csv_sizes(raw, "Request tokens", "Response tokens"), monotonic=False)
         assert [r.model for r in records] == [row["Model"] or None for row in raw]
 
 
@@ -383,8 +380,7 @@ def test_real_bailian_traces():
     for path in real_files("bailian", "*.jsonl"):
         records = read(bailian, path)
         raw = list(jsonl_objects(path))
-        rows = jsonl_sizes(raw)
-        check_against(records, rows, monotonic=False)
+        check_against(records, jsonl_sizes(raw), monotonic=False)
         assert [r.key for r in records] == [str(o["chat_id"]) for _, o in raw]
         roots = [o.get("parent_chat_id", -1) == -1 for _, o in raw]
         assert [r.parent is None for r in records] == roots
