@@ -298,8 +298,8 @@ class Table:
         self.header = header
         self._records = records
         self._indexes = [header.require(column) for column in required]
+        # The required columns as the file spells them (messages name them so).
         self.names = [header.names[index] for index in self._indexes]
-        """The required columns as the file spells them, in ``required``'s order."""
 
     def rows(self) -> Iterator[tuple[int, int, tuple[str, ...], list[str]]]:
         """(row, line, the required cells, all cells) for every data row. ``row`` is the
