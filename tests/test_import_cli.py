@@ -123,7 +123,7 @@ def test_options_reach_the_import(tmp_path, toy, capsys) -> None:
         (["toy", "c.jsonl"], "Error: the following arguments are required: -o/--output"),
         (["toy", "-o", "m.jsonl"], "Error: the following arguments are required: INPUT"),
         (["toy", "c.jsonl", "-o", "m.jsonl", "--sample", "half"],
-         "Error: argument --sample: not a number: 'half'"),
+         'Error: argument --sample: "half" is not a valid number'),
         (["toy", "c.jsonl", "-o", "m.jsonl", "--seed", "x"],
          "Error: argument --seed: invalid int value: 'x'"),
         (["toy", "c.jsonl", "-o", "m.jsonl", "--bogus"], "Error: unrecognized arguments: --bogus"),

@@ -6,13 +6,13 @@ beside the repository)."""
 from __future__ import annotations
 
 import json
-import os
 import statistics
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from realtraces import traces_folder
 
 from batchbench.errors import InputError
 from batchbench.ingest.formats import claude_code, ragpulse, tracelab, weka
@@ -20,16 +20,6 @@ from batchbench.ingest.record import FormatOptions, Record, Segment
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "traces"
 OPTIONS = FormatOptions()
-
-
-def real_traces(name: str) -> Path:
-    """A real sample's folder, or a skip when it is not on this machine."""
-    root = os.environ.get("BATCHBENCH_TRACES")
-    base = Path(root) if root else Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-    folder = base / name
-    if not folder.is_dir():
-        pytest.skip(f"real {name} traces not present")
-    return folder
 
 
 def test_modules_name_and_summarize_their_format() -> None:
@@ -119,7 +109,7 @@ def _weka_requests(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def test_weka_real_samples_keep_every_request() -> None:
-    folder = real_traces("weka")
+    folder = traces_folder("weka")
     files = sorted(folder.glob("trace_*.json"))
     subagents = 0
     think: list[float] = []
@@ -147,7 +137,7 @@ def test_weka_real_samples_keep_every_request() -> None:
 
 
 def test_weka_real_subagents_start_at_their_spawn() -> None:
-    file = real_traces("weka") / "trace_0291.json"
+    file = traces_folder("weka") / "trace_0291.json"
     records = list(weka.read(str(file), OPTIONS))
     by_session = Counter(r.session for r in records)
     assert by_session == {"trace_0291": 20, "trace_0291/sub1": 5, "trace_0291/sub2": 7}
@@ -160,7 +150,7 @@ def test_weka_real_subagents_start_at_their_spawn() -> None:
     assert first.prefix_roles == (("tool_definition", 7401), ("system", 1465))
     # Every sub-agent of the sample starts within a second of its parent request's end.
     gaps = []
-    for file in sorted(real_traces("weka").glob("trace_*.json")):
+    for file in sorted(traces_folder("weka").glob("trace_*.json")):
         parent_end, seen = 0.0, set()
         for record in weka.read(str(file), OPTIONS):
             if record.session == file.stem:
@@ -219,7 +209,7 @@ def test_tracelab_bad_timestamp_names_line_and_field(tmp_path: Path) -> None:
 
 
 def test_tracelab_real_sample() -> None:
-    path = real_traces("tracelab") / "round_trace.jsonl"
+    path = traces_folder("tracelab") / "round_trace.jsonl"
     raw = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     records = list(tracelab.read(str(path), OPTIONS))
     assert len(records) == len(raw) == 19
@@ -300,7 +290,7 @@ def test_ragpulse_side_tables_share_the_trace_extension() -> None:
 
 
 def test_ragpulse_real_sample() -> None:
-    folder = real_traces("ragpulse")
+    folder = traces_folder("ragpulse")
     raw = [
         json.loads(line)
         for line in (folder / "0_trace.jsonl").read_text().splitlines()

@@ -9,7 +9,6 @@ import csv
 import gzip
 import json
 import math
-import os
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -19,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from realtraces import traces_folder
 
 from batchbench.errors import InputError
 from batchbench.ingest.formats import azure, bailian, burstgpt, mooncake
@@ -302,15 +302,8 @@ def test_azure_rejects_times_that_are_no_times(text: str, tmp_path: Path):
 # Real traces, when present -------------------------------------------------------------
 
 
-def traces_root() -> Path:
-    configured = os.environ.get("BATCHBENCH_TRACES")
-    if configured:
-        return Path(configured)
-    return Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-
-
 def real_files(folder: str, pattern: str) -> list[str]:
-    found = sorted(str(path) for path in (traces_root() / folder).glob(pattern))
+    found = sorted(str(path) for path in traces_folder(folder).glob(pattern))
     if not found:
         pytest.skip(f"no {folder}/{pattern} under the traces folder")
     return found
@@ -336,6 +329,16 @@ def exact_azure_time(text: str) -> float:
     return float(Decimal(int(whole.timestamp())) + Decimal("0" + fraction if fraction else 0))
 
 
+def jsonl_sizes(raw: list[tuple[int, dict]]) -> list[tuple[int, int, int]]:
+    """(line, input, output tokens) of the Mooncake-layout rows, as the files write them."""
+    return [(n, o["input_length"], o["output_length"]) for n, o in raw]
+
+
+def csv_sizes(raw: list[dict[str, str]], prompt: str, output: str) -> list[tuple[int, int, int]]:
+    """(data row, input, output tokens) of CSV rows, from the named columns."""
+    return [(n, int(row[prompt]), int(row[output])) for n, row in enumerate(raw, 1)]
+
+
 def check_against(records: list[Record], rows: list[tuple[int, int, int]], monotonic: bool) -> None:
     """``rows``: (row, input, output) as read from the raw file by this test."""
     assert len(records) == len(rows)
@@ -351,8 +354,7 @@ def test_real_mooncake_traces():
     for path in real_files("mooncake", "*.jsonl"):
         records = read(mooncake, path)
         raw = list(jsonl_objects(path))
-        rows = [(n, o["input_length"], o["output_length"]) for n, o in raw]
-        check_against(records, rows, monotonic=True)
+        check_against(records, jsonl_sizes(raw), monotonic=True)
         assert [r.time_s for r in records] == [o["timestamp"] / 1000 for _, o in raw]
         assert [r.hash_ids for r in records] == [tuple(o["hash_ids"]) for _, o in raw]
         assert {r.block_size for r in records} == {512}
@@ -362,11 +364,7 @@ def test_real_azure_traces():
     for path in real_files("azure-2023", "*.csv"):
         records = read(azure, path)
         raw = csv_dicts(path)
-        rows = [
-            (n, int(row["ContextTokens"]), int(row["GeneratedTokens"]))
-            for n, row in enumerate(raw, 1)
-        ]
-        check_against(records, rows, monotonic=True)
+        check_against(records, csv_sizes(raw, "ContextTokens", "GeneratedTokens"), monotonic=True)
         assert [r.time_s for r in records] == [exact_azure_time(row["TIMESTAMP"]) for row in raw]
 
 
@@ -374,11 +372,7 @@ def test_real_burstgpt_traces():
     for path in real_files("burstgpt", "*.csv"):
         records = read(burstgpt, path)
         raw = csv_dicts(path)
-        rows = [
-            (n, int(row["Request tokens"]), int(row["Response tokens"]))
-            for n, row in enumerate(raw, 1)
-        ]
-        check_against(records, rows, monotonic=False)
+        check_against(records, csv_sizes(raw, "Request tokens", "Response tokens"), monotonic=False)
         assert [r.model for r in records] == [row["Model"] or None for row in raw]
 
 
@@ -386,8 +380,7 @@ def test_real_bailian_traces():
     for path in real_files("bailian", "*.jsonl"):
         records = read(bailian, path)
         raw = list(jsonl_objects(path))
-        rows = [(n, o["input_length"], o["output_length"]) for n, o in raw]
-        check_against(records, rows, monotonic=False)
+        check_against(records, jsonl_sizes(raw), monotonic=False)
         assert [r.key for r in records] == [str(o["chat_id"]) for _, o in raw]
         roots = [o.get("parent_chat_id", -1) == -1 for _, o in raw]
         assert [r.parent is None for r in records] == roots

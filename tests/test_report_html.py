@@ -785,7 +785,10 @@ def test_documents_built_in_memory_are_checked_like_files(runs):
 
 
 def chromium_driver(tmp_path: Path):
-    """Headless Chromium through the system chromedriver (never selenium-manager)."""
+    """Headless Chromium through the system chromedriver (never selenium-manager), or a
+    skip where they are not installed."""
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        pytest.skip("chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)")  # fmt: skip
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -801,9 +804,17 @@ def chromium_driver(tmp_path: Path):
     return webdriver.Chrome(service=service, options=options)
 
 
+def open_when_ready(driver, page: Path) -> None:
+    """Load the page and wait, 30 s at most, until its script says it drew or failed."""
+    driver.get(page.as_uri())
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if driver.execute_script("return window.__bbReady === true || window.__bbErrors.length > 0"):  # fmt: skip
+            break
+        time.sleep(0.05)
+
+
 def test_report_opens_in_headless_chromium_and_draws_every_chart(runs, capacity, tmp_path):
-    if not (shutil.which("chromium") and shutil.which("chromedriver")):
-        pytest.skip("chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)")  # fmt: skip
     document = json.loads(runs["a"].read_text())
     document["manifest"]["path"] = HOSTILE
     hostile = tmp_path / "hostile.json"
@@ -813,12 +824,7 @@ def test_report_opens_in_headless_chromium_and_draws_every_chart(runs, capacity,
     assert set(parser.charts) == RUN_CHARTS | CAPACITY_CHARTS
     driver = chromium_driver(tmp_path)
     try:
-        driver.get(out.as_uri())
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if driver.execute_script("return window.__bbReady === true || window.__bbErrors.length > 0"):  # fmt: skip
-                break
-            time.sleep(0.05)
+        open_when_ready(driver, out)
         state = driver.execute_script(
             """
             var charts = Array.from(document.querySelectorAll('.bb-chart'));

@@ -5,14 +5,12 @@ HTML page opened in a real headless Chromium."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 from test_export_plans import Export, row
-from test_report_html import chromium_driver, parse
+from test_report_html import chromium_driver, open_when_ready, parse
 
 from batchbench.errors import BatchbenchError
 from batchbench.ingest.describe import describe, format_description
@@ -380,18 +378,11 @@ def test_an_unwritable_path_is_one_line(tmp_path):
 
 @pytest.mark.native_pass_only
 def test_the_page_opens_in_headless_chromium_and_draws_every_chart(tmp_path):
-    if not (shutil.which("chromium") and shutil.which("chromedriver")):
-        pytest.skip("chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)")  # fmt: skip
     out = tmp_path / "workload.html"
     write_workload_html(describe(conversations()), out, "conversations")
     driver = chromium_driver(tmp_path)
     try:
-        driver.get(out.as_uri())
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if driver.execute_script("return window.__bbReady === true || window.__bbErrors.length > 0"):  # fmt: skip
-                break
-            time.sleep(0.05)
+        open_when_ready(driver, out)
         state = driver.execute_script(
             """
             var charts = Array.from(document.querySelectorAll('.bb-chart'));

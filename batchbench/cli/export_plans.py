@@ -12,6 +12,7 @@ from batchbench.cli.workload import add_describe_html, check_describe_html, show
 from batchbench.errors import BatchbenchError
 from batchbench.ingest.export_plans import ExportOptions, export
 from batchbench.options.parser import CommandParser
+from batchbench.options.values import number
 
 DESCRIPTION = """\
 Rebuild agent sessions from logged chat requests and write them as a schema v2 trajectory
@@ -31,13 +32,6 @@ requests in arrival order, and percentiles of prompt and output tokens, requests
 trajectory and delays (--describe-html draws it). Exit status: 0 on success, 1 on bad
 input, an empty or invalid export, or a page that cannot be written (`error: <message>`),
 2 on misuse."""
-
-
-def _fraction(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
 def build_parser(prog: str) -> CommandParser:
@@ -65,7 +59,7 @@ def build_parser(prog: str) -> CommandParser:
     )
     add(
         "--sample",
-        type=_fraction,
+        type=number,
         metavar="F",
         help="keep this fraction of the trajectories, chosen by a hash of seed and id "
         "(default: all)",

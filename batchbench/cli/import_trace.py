@@ -12,6 +12,7 @@ from batchbench.cli.workload import add_describe_html, check_describe_html, show
 from batchbench.ingest.describe import describe
 from batchbench.ingest.importer import FORMATS, ImportOptions, ImportStats, import_trace
 from batchbench.options.parser import CommandParser
+from batchbench.options.values import number
 from batchbench.results.progress import progress_wanted
 
 DESCRIPTION = """\
@@ -38,13 +39,6 @@ the file is written; an empty or invalid import writes nothing.
 Exit status: 0 on success, 1 on bad input or an empty or invalid import, 2 on misuse."""
 
 
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-
-
 def build_parser(prog: str) -> CommandParser:
     parser = CommandParser(
         prog=prog, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -64,14 +58,14 @@ def build_parser(prog: str) -> CommandParser:
     window.add_argument("--end", metavar="TIME", help="keep requests before TIME (as --start)")
     window.add_argument(
         "--first-seconds",
-        type=_number,
+        type=number,
         metavar="S",
         help="keep the first S seconds after the earliest kept request",
     )
     window.add_argument("--model", metavar="NAME", help="keep only requests of this model")
     window.add_argument(
         "--sample",
-        type=_number,
+        type=number,
         metavar="F",
         help="keep this fraction of the trajectories, chosen by a hash of seed and id "
         "(as export-plans; default: all)",
@@ -92,7 +86,7 @@ def build_parser(prog: str) -> CommandParser:
     )
     sessions.add_argument(
         "--link-window-hours",
-        type=_number,
+        type=number,
         default=24.0,
         metavar="H",
         help="largest gap between a request and the parent it continues (default: 24)",
@@ -117,7 +111,7 @@ def build_parser(prog: str) -> CommandParser:
     )
     sessions.add_argument(
         "--split-idle-ms",
-        type=_number,
+        type=number,
         metavar="MS",
         help="start a new trajectory (keeping the context) after an idle gap longer than MS",
     )
@@ -132,13 +126,13 @@ def build_parser(prog: str) -> CommandParser:
     )
     time.add_argument(
         "--max-delay-ms",
-        type=_number,
+        type=number,
         metavar="MS",
         help="cap every delay between requests at MS (capped delays are counted)",
     )
     time.add_argument(
         "--time-scale",
-        type=_number,
+        type=number,
         default=1.0,
         metavar="X",
         help="divide every written offset and delay by X (default: 1)",

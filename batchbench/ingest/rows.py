@@ -10,9 +10,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from batchbench.errors import InputError
+from batchbench.ingest.formats.fields import decode, kind
 from batchbench.ingest.window import parse_timestamp
 
 
@@ -43,20 +42,6 @@ class Row:
         return (self.ts_us, self.correlation_id, self.line)
 
 
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
-
-
 class _Fields:
     """Typed reads of one row's fields; errors name the file, line and field."""
 
@@ -65,7 +50,7 @@ class _Fields:
         self.where = where
 
     def fail(self, name: str, expected: str, value: Any) -> InputError:
-        return InputError(f"{self.where}: field {name!r} must be {expected}, found {_kind(value)}")
+        return InputError(f"{self.where}: field {name!r} must be {expected}, found {kind(value)}")
 
     def string(self, name: str, *, optional: bool = False) -> str | None:
         value = self.obj.get(name)
@@ -119,12 +104,9 @@ class _Fields:
 def parse_row(line: bytes, number: int, source: str) -> Row:
     """One JSONL line as a Row, or InputError naming ``source:number`` and the field."""
     where = f"{source}:{number}"
-    try:
-        obj = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        raise InputError(f"{where}: invalid JSON ({exc.args[0]})") from None
+    obj = decode(line, where)
     if type(obj) is not dict:
-        raise InputError(f"{where}: a row must be a JSON object, found {_kind(obj)}")
+        raise InputError(f"{where}: a row must be a JSON object, found {kind(obj)}")
     fields = _Fields(obj, where)
     ts = fields.string("ts")
     assert ts is not None

@@ -75,7 +75,7 @@ def compact(values: Any) -> list[float | None]:
     return out
 
 
-def _finish(fig: go.Figure, chart_id: str, height: int, **layout: Any) -> Chart:
+def finish(fig: go.Figure, chart_id: str, height: int, **layout: Any) -> Chart:
     fig.update_layout(
         height=height,
         margin={"l": 60, "r": 20, "t": 50, "b": 50},
@@ -86,6 +86,27 @@ def _finish(fig: go.Figure, chart_id: str, height: int, **layout: Any) -> Chart:
     figure = fig.to_plotly_json()
     figure["layout"].pop("template", None)  # the page sets one shared template
     return Chart(chart_id, {"data": figure["data"], "layout": figure["layout"]}, height)
+
+
+def log_ms_axis() -> dict[str, Any]:
+    """A log axis of milliseconds (latencies and delays span several orders)."""
+    return {"type": "log", "title": {"text": "milliseconds (log scale)"}}
+
+
+def note_left_out(fig: go.Figure, text: str) -> None:
+    """A small note above the plot's top left saying what is not drawn (a log axis has no
+    0, so the zeros are counted here instead)."""
+    fig.add_annotation(
+        text=text,
+        xref="paper",
+        yref="paper",
+        x=0,
+        y=1,
+        xanchor="left",
+        yanchor="bottom",
+        showarrow=False,
+        font={"size": 11, "color": "#666"},
+    )
 
 
 def _name(label: str) -> str:
@@ -172,23 +193,13 @@ def cdf_chart(
             )
         )
     if zeros:  # a log axis has no 0: say what is left out (the fractions stay cumulative)
-        fig.add_annotation(
-            text=f"{zeros} points at 0 ms are not drawn (log scale)",
-            xref="paper",
-            yref="paper",
-            x=0,
-            y=1,
-            xanchor="left",
-            yanchor="bottom",
-            showarrow=False,
-            font={"size": 11, "color": "#666"},
-        )
-    return _finish(
+        note_left_out(fig, f"{zeros} points at 0 ms are not drawn (log scale)")
+    return finish(
         fig,
         chart_id,
         380,
         title={"text": _name(title)},
-        xaxis={"type": "log", "title": {"text": "milliseconds (log scale)"}},
+        xaxis=log_ms_axis(),
         yaxis={"title": {"text": "fraction of requests"}, "range": [0, 1.02]},
     )
 
@@ -229,7 +240,7 @@ def throughput_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | None:
     if not drawn:
         return None
     fig.update_xaxes(title_text="seconds since the run started", row=2, col=1)
-    return _finish(fig, "bb-throughput", 520, title={"text": "Throughput over time"})
+    return finish(fig, "bb-throughput", 520, title={"text": "Throughput over time"})
 
 
 def concurrency_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | None:
@@ -259,7 +270,7 @@ def concurrency_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | None:
             )
     if not fig.data:
         return None
-    return _finish(
+    return finish(
         fig,
         "bb-concurrency",
         360,
@@ -309,7 +320,7 @@ def ranks_chart(series: list[tuple[str, list[dict[str, Any]]]]) -> Chart | None:
             )
     if not drawn:
         return None
-    return _finish(fig, "bb-ranks", 560, title={"text": "Per data-parallel rank"}, barmode="group")
+    return finish(fig, "bb-ranks", 560, title={"text": "Per data-parallel rank"}, barmode="group")
 
 
 def fidelity_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | None:
@@ -348,7 +359,7 @@ def fidelity_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | None:
         return None
     fig.update_xaxes(title_text="served − planned tokens")
     fig.update_yaxes(title_text="requests", col=1)
-    return _finish(
+    return finish(
         fig, "bb-fidelity", 380, title={"text": "Token fidelity"}, barmode="group", bargap=0.2
     )
 
@@ -402,7 +413,7 @@ def server_metrics_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | No
     if not fig.data:
         return None
     fig.update_xaxes(title_text="seconds since the run started", row=3, col=1)
-    return _finish(fig, "bb-server-metrics", 640, title={"text": "Server metrics over time"})
+    return finish(fig, "bb-server-metrics", 640, title={"text": "Server metrics over time"})
 
 
 def _steps_by_agents(capacity: dict[str, Any]) -> list[StepView]:
@@ -619,7 +630,7 @@ def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
     fig.update_yaxes(type="log", row=1, col=1)  # objectives from ms (ITL) to s (E2E)
     fig.update_xaxes(tickmode="array", tickvals=agents)  # ticks at the steps only
     fig.update_xaxes(title_text="active agents", row=rows, col=1)
-    return _finish(fig, chart_id, 260 + 220 * rows, title={"text": "Capacity curve"})
+    return finish(fig, chart_id, 260 + 220 * rows, title={"text": "Capacity curve"})
 
 
 def _limit_line(span: list[float], limit: float, text: str, line_color: str) -> go.Scatter:

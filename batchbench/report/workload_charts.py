@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 
 from batchbench.ingest.describe import Timeline
 from batchbench.ingest.distribution import Histogram
-from batchbench.report.charts import Chart, _finish, color
+from batchbench.report.charts import Chart, color, finish, log_ms_axis, note_left_out
 
 
 def _range(low: float, high: float) -> str:
@@ -37,7 +37,7 @@ def histogram_chart(
             hovertemplate="%{customdata}: %{y} " + counted + "<extra></extra>",
         )
     )
-    return _finish(
+    return finish(
         fig,
         chart_id,
         340,
@@ -67,23 +67,13 @@ def delay_chart(histogram: Histogram, zeros: int) -> Chart | None:
         )
     )
     if zeros:
-        fig.add_annotation(
-            text=f"{zeros:,} delays of 0 ms are not drawn (log scale)",
-            xref="paper",
-            yref="paper",
-            x=0,
-            y=1,
-            xanchor="left",
-            yanchor="bottom",
-            showarrow=False,
-            font={"size": 11, "color": "#666"},
-        )
-    return _finish(
+        note_left_out(fig, f"{zeros:,} delays of 0 ms are not drawn (log scale)")
+    return finish(
         fig,
         "bb-workload-delay",
         340,
         title={"text": "Delay after a request (delay_after_ms)"},
-        xaxis={"type": "log", "title": {"text": "milliseconds (log scale)"}},
+        xaxis=log_ms_axis(),
         yaxis={"title": {"text": "requests"}},
         showlegend=False,
     )
@@ -110,7 +100,7 @@ def arrivals_chart(timeline: Timeline) -> Chart | None:
             "<extra></extra>",
         )
     )
-    return _finish(
+    return finish(
         fig,
         "bb-workload-arrivals",
         340,
@@ -137,7 +127,7 @@ def cache_chart(timeline: Timeline) -> Chart | None:
             hovertemplate="by %{x:.4~g} s: %{y:.1%} of prompt tokens hit<extra></extra>",
         )
     )
-    return _finish(
+    return finish(
         fig,
         "bb-workload-cache",
         340,

@@ -20,13 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import datetime
 
-from batchbench.ingest.formats._cells import (
-    Header,
-    cell_count,
-    csv_records,
-    describe_cell,
-    invalid,
-)
+from batchbench.ingest.formats.fields import cell_count, csv_table, describe_cell, invalid
 from batchbench.ingest.record import FormatOptions, Record
 
 NAME = "azure"
@@ -118,24 +112,17 @@ def _zone_seconds(zone: str) -> int:
 def read(path: str, options: FormatOptions) -> Iterator[Record]:
     """The file's requests in file order, one row at a time (``options`` has nothing for
     this format)."""
-    records = csv_records(path)
-    first = next(records, None)
-    if first is None:
+    table = csv_table(path, COLUMNS)
+    if table is None:
         return
-    header = Header(path, *first)
-    indexes = [header.require(column) for column in COLUMNS]
-    t, c, g = indexes
-    t_name, c_name, g_name = (header.names[index] for index in indexes)
+    t_name, c_name, g_name = table.names
     clock = _Clock()
-    for row, (line, cells) in enumerate(records, 1):
-        try:
-            stamp, context, generated = cells[t], cells[c], cells[g]
-        except IndexError:
-            raise header.short_row(line, cells, indexes) from None
+    for row, line, (stamp, context, generated), _cells in table.rows():
         try:
             time_s = clock.seconds(stamp)
         except ValueError:
-            raise invalid(path, line, t_name, TIMESTAMP_SHAPE, describe_cell(stamp)) from None
+            where = f"{path}:{line}"
+            raise invalid(where, t_name, TIMESTAMP_SHAPE, describe_cell(stamp)) from None
         yield Record(
             source=path,
             row=row,

@@ -24,16 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from batchbench.ingest.formats._cells import (
-    MISSING,
-    count,
-    describe,
-    integer_ids,
-    invalid,
-    json_rows,
-    missing,
-    number,
-)
+from batchbench.ingest.formats.fields import MISSING, describe, invalid, json_rows, missing
+from batchbench.ingest.formats.mooncake import sized_record
 from batchbench.ingest.record import FormatOptions, Record
 
 NAME = "bailian"
@@ -50,8 +42,8 @@ def _key(obj: dict[str, Any], source: str, line: int) -> str:
     if (type(value) is int and value >= 0) or (type(value) is str and value):
         return str(value)
     if value is MISSING:
-        raise missing(source, line, "chat_id")
-    raise invalid(source, line, "chat_id", ID, describe(value))
+        raise missing(f"{source}:{line}", "chat_id")
+    raise invalid(f"{source}:{line}", "chat_id", ID, describe(value))
 
 
 def _parent(obj: dict[str, Any], source: str, line: int) -> str | None:
@@ -61,7 +53,7 @@ def _parent(obj: dict[str, Any], source: str, line: int) -> str | None:
         return None
     if (type(value) is int and value >= 0) or (type(value) is str and value):
         return str(value)
-    raise invalid(source, line, "parent_chat_id", f"{ROOT} or {ID}", describe(value))
+    raise invalid(f"{source}:{line}", "parent_chat_id", f"{ROOT} or {ID}", describe(value))
 
 
 def read(path: str, options: FormatOptions) -> Iterator[Record]:
@@ -70,19 +62,4 @@ def read(path: str, options: FormatOptions) -> Iterator[Record]:
     for line, obj in json_rows(path):
         key = _key(obj, path, line)
         parent = _parent(obj, path, line)
-        time_s = number(obj, "timestamp", path, line)
-        input_tokens = count(obj, "input_length", path, line)
-        output_tokens = count(obj, "output_length", path, line)
-        hash_ids = integer_ids(obj, "hash_ids", path, line)
-        yield Record(
-            source=path,
-            row=line,
-            time_s=time_s,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            key=key,
-            parent=parent,
-            hash_ids=hash_ids,
-            block_size=0 if hash_ids is None else block_size,
-            hash_scope="file",
-        )
+        yield sized_record(obj, path, line, 1, block_size, "file", key, parent)

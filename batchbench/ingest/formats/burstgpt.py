@@ -20,13 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from batchbench.ingest.formats._cells import (
-    Header,
-    cell_count,
-    cell_number,
-    cell_text,
-    csv_records,
-)
+from batchbench.ingest.formats.fields import cell_count, cell_number, cell_text, csv_table
 from batchbench.ingest.record import FormatOptions, Record
 
 NAME = "burstgpt"
@@ -39,21 +33,13 @@ OPTIONAL = ("Model", "Session ID", "Elapsed time")
 def read(path: str, options: FormatOptions) -> Iterator[Record]:
     """The file's requests in file order, one row at a time (``options`` has nothing for
     this format)."""
-    records = csv_records(path)
-    first = next(records, None)
-    if first is None:
+    table = csv_table(path, REQUIRED)
+    if table is None:
         return
-    header = Header(path, *first)
-    indexes = [header.require(column) for column in REQUIRED]
-    t, i, o = indexes
-    t_name, i_name, o_name = (header.names[index] for index in indexes)
-    model, session, elapsed = (header.find(column) for column in OPTIONAL)
-    e_name = "" if elapsed is None else header.names[elapsed]
-    for row, (line, cells) in enumerate(records, 1):
-        try:
-            stamp, request, response = cells[t], cells[i], cells[o]
-        except IndexError:
-            raise header.short_row(line, cells, indexes) from None
+    t_name, i_name, o_name = table.names
+    model, session, elapsed = (table.header.find(column) for column in OPTIONAL)
+    e_name = "" if elapsed is None else table.header.names[elapsed]
+    for row, line, (stamp, request, response), cells in table.rows():
         time_s = cell_number(stamp, t_name, path, line)
         input_tokens = cell_count(request, i_name, path, line)
         output_tokens = cell_count(response, o_name, path, line)

@@ -18,8 +18,9 @@ hashes). The trace names no session, stream or model.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any, Literal
 
-from batchbench.ingest.formats._cells import count, integer_ids, json_rows, number
+from batchbench.ingest.formats.fields import count, integer_ids, json_rows, number
 from batchbench.ingest.record import FormatOptions, Record
 
 NAME = "mooncake"
@@ -32,17 +33,36 @@ def read(path: str, options: FormatOptions) -> Iterator[Record]:
     """The file's requests in file order, one line at a time."""
     block_size = options.block_size or BLOCK_SIZE
     for line, obj in json_rows(path):
-        time_s = number(obj, "timestamp", path, line) / 1000
-        input_tokens = count(obj, "input_length", path, line)
-        output_tokens = count(obj, "output_length", path, line)
-        hash_ids = integer_ids(obj, "hash_ids", path, line)
-        yield Record(
-            source=path,
-            row=line,
-            time_s=time_s,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            hash_ids=hash_ids,
-            block_size=0 if hash_ids is None else block_size,
-            hash_scope="global",
-        )
+        yield sized_record(obj, path, line, 1000, block_size, "global")
+
+
+def sized_record(
+    obj: dict[str, Any],
+    path: str,
+    line: int,
+    time_per_second: int,
+    block_size: int,
+    hash_scope: Literal["global", "file"],
+    key: str | None = None,
+    parent: str | None = None,
+) -> Record:
+    """The record of a row in this layout (``timestamp`` in units of ``1 /
+    time_per_second`` seconds, ``input_length``, ``output_length``, optional ``hash_ids``),
+    checked in that order; Bailian rows are this layout plus chat links (``key``,
+    ``parent``)."""
+    time_s = number(obj, "timestamp", path, line) / time_per_second
+    input_tokens = count(obj, "input_length", path, line)
+    output_tokens = count(obj, "output_length", path, line)
+    hash_ids = integer_ids(obj, "hash_ids", path, line)
+    return Record(
+        source=path,
+        row=line,
+        time_s=time_s,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        key=key,
+        parent=parent,
+        hash_ids=hash_ids,
+        block_size=0 if hash_ids is None else block_size,
+        hash_scope=hash_scope,
+    )

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import PurePath
 
 from batchbench.errors import InputError
-from batchbench.ingest.formats._fields import Fields, parse_object
+from batchbench.ingest.formats.fields import Fields, parse_object
 from batchbench.ingest.inputs import text_lines
 from batchbench.ingest.record import FormatOptions, Record, Segment
 

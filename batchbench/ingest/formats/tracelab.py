@@ -30,8 +30,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from batchbench.errors import InputError
-from batchbench.ingest.formats._fields import Fields, parse_object
 from batchbench.ingest.formats._growth import growth_segments
+from batchbench.ingest.formats.fields import Fields, parse_object
 from batchbench.ingest.inputs import text_lines
 from batchbench.ingest.record import FormatOptions, Record
 

@@ -33,7 +33,7 @@ from pathlib import PurePath
 from typing import Any, Literal
 
 from batchbench.errors import InputError
-from batchbench.ingest.formats._fields import Fields, parse_object
+from batchbench.ingest.formats.fields import Fields, parse_object
 from batchbench.ingest.inputs import open_binary
 from batchbench.ingest.record import FormatOptions, Record
 
