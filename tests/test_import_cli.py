@@ -87,7 +87,7 @@ def test_the_summary_of_a_sample(tmp_path, toy, capsys) -> None:
         f"wrote 2 trajectories (2 requests) to {out} (4 built, sampled 0.5)",
         "  rows read       4; dropped: none",
         "  trajectories    2, 0 of more than one request",
-        "  lineage         roots 4, links 0, branches 0, idle splits 0, resets 0",
+        "  lineage         roots 2, links 0, branches 0, idle splits 0, resets 0",
         "  blocks          0 requests grown from their predecessor with its live reply, 0 with "
         "reply and new content as one block",
         "  tokens          prompt 2,000 (0.0% in blocks other trajectories share), output 200; "

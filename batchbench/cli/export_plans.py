@@ -101,7 +101,7 @@ def run(argv: Sequence[str], prog: str = "batchbench export-plans") -> int:
         time_scale=args.time_scale,
     )
     try:
-        check_describe_html(args.describe_html)
+        check_describe_html(args.describe_html, args.output)
         stats, workload = export(options)
         print(
             f"wrote {stats.sampled} trajectories to {args.output} ({stats.line()})",

@@ -166,7 +166,7 @@ def run(argv: Sequence[str], prog: str = "batchbench import") -> int:
     )
 
     def command() -> int:
-        check_describe_html(args.describe_html)
+        check_describe_html(args.describe_html, args.output)
         bar = _RowBar() if progress_wanted() else None
         try:
             stats, plans = import_trace(options, bar.tick if bar is not None else None)

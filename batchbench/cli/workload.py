@@ -8,6 +8,7 @@ import os
 import sys
 from typing import TextIO
 
+from batchbench.errors import InputError, UsageError
 from batchbench.ingest.describe import WorkloadDescription, format_description
 
 DESCRIBE_HTML_HELP = (
@@ -21,12 +22,20 @@ def add_describe_html(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--describe-html", metavar="PATH", help=DESCRIBE_HTML_HELP)
 
 
-def check_describe_html(path: str | None) -> None:
-    """Before any work: BatchbenchError when the page is asked for and plotly is missing."""
-    if path is not None:
-        from batchbench.report import require_plotly  # lazy: only with --describe-html
+def check_describe_html(path: str | None, manifest: str) -> None:
+    """Before any work: BatchbenchError when the page is asked for and plotly is missing,
+    when it would overwrite the manifest, or when its folder cannot take it (so a bad
+    page path never leaves a manifest behind a failed command)."""
+    if path is None:
+        return
+    from batchbench.report import require_plotly  # lazy: only with --describe-html
 
-        require_plotly()
+    require_plotly()
+    if os.path.realpath(path) == os.path.realpath(manifest):
+        raise UsageError(f"--describe-html {path} would overwrite the manifest; name another file")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise InputError(f"cannot write {path}: its folder {folder} is missing or not writable")
 
 
 def show_workload(

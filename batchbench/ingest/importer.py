@@ -13,7 +13,7 @@ import math
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from batchbench.errors import InputError
@@ -419,7 +419,17 @@ def build_plans(
         window.start_s if window.start_s is not None else (records[0].time_s if records else 0.0)
     )
     writer = PlanWriter(options, kept, chains, builder, ends, origin, stats)
-    plans = [writer.plan(trajectory) for trajectory in lineage.trajectories]
+    plans = []
+    counted: dict[int, Counter[str]] = {}  # id(plan) -> what building it counted
+    for trajectory in lineage.trajectories:
+        before = _tally(stats)
+        plan = writer.plan(trajectory)
+        moved = _tally(stats)
+        moved.subtract(before)
+        moved[trajectory.kind + "s"] += 1
+        moved["links"] += len(trajectory.requests) - 1
+        plans.append(plan)
+        counted[id(plan)] = moved
     _count_lineage(stats, lineage)
     kept_plans = sample(
         plans,
@@ -430,8 +440,31 @@ def build_plans(
         stratify=options.stratify_by_session_length,
     )
     kept_plans.sort(key=lambda plan: (plan["start_after_ms"], plan["trajectory_id"]))
+    if len(kept_plans) != len(plans):  # the counters say what was written
+        _untally(stats, sum((counted[id(plan)] for plan in kept_plans), Counter()))
     _count_written(stats, kept_plans, options.min_new_tokens)
     return kept_plans
+
+
+_TALLIED = ("resets", "capped_delays")
+_BLOCK_COUNTS = tuple(f.name for f in fields(BlockCounts))
+
+
+def _tally(stats: ImportStats) -> Counter[str]:
+    """The counters building a plan moves, as they stand."""
+    counts = Counter({name: getattr(stats, name) for name in _TALLIED})
+    counts.update({f"blocks.{name}": getattr(stats.blocks, name) for name in _BLOCK_COUNTS})
+    return counts
+
+
+def _untally(stats: ImportStats, counts: Counter[str]) -> None:
+    """Set the counters to those of the sampled plans alone."""
+    for name in _TALLIED:
+        setattr(stats, name, counts[name])
+    for name in _BLOCK_COUNTS:
+        setattr(stats.blocks, name, counts[f"blocks.{name}"])
+    stats.roots, stats.branches, stats.splits = counts["roots"], counts["branchs"], counts["splits"]
+    stats.links = counts["links"]
 
 
 def _block_builder(
