@@ -226,12 +226,21 @@ def check_replayable(path: Path, trajectories: int, requests: int) -> None:
 
 
 def test_an_imported_hash_trace_is_valid_for_the_other_commands(tmp_path, toy) -> None:
-    """Branches, splits, folded and reset requests, renamed seeds: every line passes the
-    manifest parser a run uses."""
+    """Branches, splits, folded requests, branch copies of seeds, and (a hash link always
+    holds its parent's prompt, so from a session that shrinks) a reset request: every line
+    passes the manifest parser a run uses."""
     toy[MC] = mooncake_records()
+    toy["s.jsonl"] = [
+        record("s.jsonl", 1, 0.0, 300, 20, session="s"),
+        record("s.jsonl", 2, 1.0, 200, 20, session="s"),  # shorter: a reset
+    ]
     out = tmp_path / "mc-plans.jsonl"
-    import_trace(ImportOptions(format="toy", inputs=(MC,), output=str(out), **MOONCAKE_OPTIONS))
-    check_replayable(out, trajectories=15, requests=20)
+    options = ImportOptions(
+        format="toy", inputs=(MC, "s.jsonl"), output=str(out), **MOONCAKE_OPTIONS
+    )
+    stats, _ = import_trace(options)
+    assert (stats.branches, stats.splits, stats.blocks.folded, stats.resets) == (2, 1, 1, 1)
+    check_replayable(out, trajectories=17, requests=22)
 
 
 # --- a replay on the simulator ------------------------------------------------------------

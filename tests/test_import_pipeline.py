@@ -209,9 +209,8 @@ MOONCAKE_PLANS: list[Plan] = [
         "metadata": source("mc.jsonl", [10]),
     },
     {
-        # G2 cannot hold G1's prompt and reply: it restarts from its own blocks. Both end
-        # in their ids: the trailing units join the new content until it holds 32 tokens
-        # (G2's 20-token id 82 is not enough, so 80-81 join too).
+        # G1 ends in its ids: the trailing unit (80-81) joins the new content, which must
+        # hold 32 tokens.
         "schema_version": 2,
         "trajectory_id": "mc.jsonl:11",
         "start_after_ms": 50000,
@@ -219,19 +218,28 @@ MOONCAKE_PLANS: list[Plan] = [
             {
                 "prompt_tokens": 300,
                 "output_tokens": 50,
-                "delay_after_ms": 5000,
                 "recorded_start_after_ms": 50000,
                 "blocks": [h1(), block("n10", 200)],
             },
+        ],
+        "metadata": source("mc.jsonl", [11]),
+    },
+    {
+        # G2 adds 20 tokens to G1's prompt (< 32), too few for a message: not G1's child
+        # but a root, from its own ids. Its 20-token id 82 is not enough for the tail, so
+        # the unit 80-81 joins it too.
+        "schema_version": 2,
+        "trajectory_id": "mc.jsonl:12",
+        "start_after_ms": 55000,
+        "requests": [
             {
                 "prompt_tokens": 320,
                 "output_tokens": 20,
-                "reset_before": True,
                 "recorded_start_after_ms": 55000,
                 "blocks": [h1(), block("n11", 220)],
             },
         ],
-        "metadata": source("mc.jsonl", [11, 12]),
+        "metadata": source("mc.jsonl", [12]),
     },
     {
         # H2 adds 20 tokens after H1's reply (< 32): reply and them are one plain block.
@@ -354,32 +362,37 @@ def test_mooncake_sessions_are_rebuilt_from_hash_prefix_chains(tmp_path, toy) ->
     toy[MC] = mooncake_records()
     stats, plans = run_import(tmp_path, MC, **MOONCAKE_OPTIONS)
     assert plans == MOONCAKE_PLANS
-    assert (stats.links, stats.branches, stats.splits, stats.resets) == (5, 2, 1, 1)
+    assert (stats.links, stats.branches, stats.splits, stats.resets) == (4, 2, 1, 0)
     assert stats.lineage == {
         "session links": 0,
         "parent-key links": 0,
-        "hash-prefix links": 8,
+        "hash-prefix links": 7,
         "parents not found": 0,
         "shared-prefix ids": 1,
     }
     counts = stats.blocks
-    # Three requests grow their predecessor with its live reply; the two branches and the
-    # split start from their parent's prompt and a plain copy of its reply.
-    assert (counts.grown, counts.branch_grown, counts.folded, counts.not_grown) == (3, 3, 1, 1)
+    # Three requests grow their predecessor with its live reply, one folds it (H2); the two
+    # branches and the split start from their parent's prompt and a plain copy of its
+    # reply. A hash link holds its parent's prompt and a message: none is too short to grow.
+    assert (counts.grown, counts.branch_grown, counts.folded, counts.not_grown) == (3, 3, 1, 0)
     assert (counts.resized_seeds, counts.dropped_ids) == (0, 0)
-    # The 13 requests written from their ids (the roots, G2): 38 ids in 30 units, counting
-    # each merged tail as one; 9 trailing units (2 in G2) joined 8 requests' new content.
+    # The 13 roots are written from their ids: 38 ids in 30 units, counting each merged
+    # tail as one; 9 trailing units (2 in G2) joined 8 requests' new content.
     assert (counts.hash_references, counts.units, counts.tails_merged) == (38, 30, 9)
-    assert (stats.trajectories, stats.written, stats.multi_request) == (15, 15, 4)
+    assert (stats.trajectories, stats.written, stats.multi_request) == (16, 16, 3)
 
 
 FLAT = "traces/flat.jsonl"
 
 
 def flat_records(n: int) -> list:
-    """``n`` requests that begin with id 1 and then differ: 150 tokens, one whole block
-    (id 1) and a partial one, the request's own tail."""
-    return [hashed(FLAT, k + 1, float(k), (1, 100 + k), 150, 10) for k in range(n)]
+    """``n`` requests that begin with id 1 (a whole 1000-token block) and then differ in a
+    partial block, the request's own tail; each is 50 tokens longer than the one before,
+    room for a message, so only the shared-prefix rule keeps them apart."""
+    return [
+        record(FLAT, k + 1, float(k), 1050 + 50 * k, 10, hash_ids=(1, 100 + k), block_size=1000)
+        for k in range(n)
+    ]
 
 
 def test_an_id_sixteen_ids_follow_is_the_shared_prefix_by_default(tmp_path, toy) -> None:
@@ -393,10 +406,10 @@ def test_an_id_sixteen_ids_follow_is_the_shared_prefix_by_default(tmp_path, toy)
             "start_after_ms": 1000 * k,
             "requests": [
                 {
-                    "prompt_tokens": 150,
+                    "prompt_tokens": 1050 + 50 * k,
                     "output_tokens": 10,
                     "recorded_start_after_ms": 1000 * k,
-                    "blocks": [h1(), block(f"n{k}", 50)],
+                    "blocks": [block("h1", 1000, "system"), block(f"n{k}", 50 + 50 * k)],
                 }
             ],
             "metadata": source("flat.jsonl", [k + 1]),
@@ -408,21 +421,26 @@ def test_an_id_sixteen_ids_follow_is_the_shared_prefix_by_default(tmp_path, toy)
 
 def test_without_the_shared_prefix_rule_requests_chain_into_one_fake_session(tmp_path, toy) -> None:
     """Fifteen followers are not enough at the default of 16: every request then links
-    to the previous one through the common first block."""
+    to the previous one through the common first block, and grows it. (Only the first
+    request is written from its ids: ids 1 and 100 always come together there, one unit,
+    which is its tail.)"""
     toy[FLAT] = flat_records(15)
     stats, plans = run_import(tmp_path, FLAT)
-    requests: list[dict[str, Any]] = [
-        {
-            "prompt_tokens": 150,
-            "output_tokens": 10,
-            "delay_after_ms": 1000,
-            "reset_before": True,
-            "recorded_start_after_ms": 1000 * k,
-            "blocks": [block("h1", 100), block(f"n{k}", 50)],
-        }
-        for k in range(15)
-    ]
-    del requests[0]["reset_before"], requests[-1]["delay_after_ms"]
+    prompt = [block("n0", 1050)]
+    requests: list[dict[str, Any]] = []
+    for k in range(15):
+        if k:
+            prompt = [*prompt, block(f"r{k - 1}", 10, "assistant", live=True), block(f"n{k}", 40)]
+        requests.append(
+            {
+                "prompt_tokens": 1050 + 50 * k,
+                "output_tokens": 10,
+                "delay_after_ms": 1000,
+                "recorded_start_after_ms": 1000 * k,
+                "blocks": prompt,
+            }
+        )
+    del requests[-1]["delay_after_ms"]
     assert plans == [
         {
             "schema_version": 2,
@@ -432,8 +450,139 @@ def test_without_the_shared_prefix_rule_requests_chain_into_one_fake_session(tmp
             "metadata": source("flat.jsonl", list(range(1, 16))),
         }
     ]
-    assert (stats.links, stats.resets, stats.lineage["hash-prefix links"]) == (14, 14, 14)
-    assert stats.lineage["shared-prefix ids"] == 0
+    assert (stats.links, stats.resets, stats.lineage["hash-prefix links"]) == (14, 0, 14)
+    assert (stats.blocks.grown, stats.lineage["shared-prefix ids"]) == (14, 0)
+
+
+RETRY = "traces/retry.jsonl"
+
+
+def test_a_retry_or_an_edit_is_a_root_that_shares_the_hash_seeds(tmp_path, toy) -> None:
+    """Row 2 repeats row 1's ids and size (a retry), row 3 is shorter and ends in another
+    id (an edit): row 1's full blocks prefix both, but neither holds row 1's prompt and
+    a message. Each is a root written from its own ids, and the unit of ids 1 and 10
+    (always together) is the same seed in all three."""
+    toy[RETRY] = [
+        hashed(RETRY, 1, 0.0, (1, 10, 11), 250, 20),
+        hashed(RETRY, 2, 5.0, (1, 10, 11), 250, 20),
+        hashed(RETRY, 3, 10.0, (1, 10, 12), 240, 20),
+    ]
+    stats, plans = run_import(tmp_path, RETRY)
+    assert plans == [
+        {
+            "schema_version": 2,
+            "trajectory_id": f"retry.jsonl:{k + 1}",
+            "start_after_ms": 5000 * k,
+            "requests": [
+                {
+                    "prompt_tokens": size,
+                    "output_tokens": 20,
+                    "recorded_start_after_ms": 5000 * k,
+                    "blocks": [block("h1", 200), block(f"n{k}", size - 200)],
+                }
+            ],
+            "metadata": source("retry.jsonl", [k + 1]),
+        }
+        for k, size in enumerate((250, 250, 240))
+    ]
+    assert (stats.roots, stats.links, stats.lineage["hash-prefix links"]) == (3, 0, 0)
+
+
+def test_a_retry_of_a_second_turn_branches_from_the_first(tmp_path, toy) -> None:
+    """Row 3 repeats row 2 (a retry): not row 2's child, but, like row 2, a child of row 1
+    (the latest earlier request whose full blocks prefix it, with room for a message),
+    so a branch of row 1, as a regenerated reply is."""
+    toy[RETRY] = [
+        hashed(RETRY, 1, 0.0, (1, 10), 150, 20),
+        hashed(RETRY, 2, 5.0, (1, 10, 11), 250, 20),
+        hashed(RETRY, 3, 10.0, (1, 10, 11), 250, 20),
+    ]
+    stats, plans = run_import(tmp_path, RETRY)
+    first = [block("n0", 150)]  # ids 1 and 10: one unit (row 1 alone is from its ids)
+    assert plans == [
+        {
+            "schema_version": 2,
+            "trajectory_id": "retry.jsonl:1",
+            "start_after_ms": 0,
+            "requests": [
+                {
+                    "prompt_tokens": 150,
+                    "output_tokens": 20,
+                    "delay_after_ms": 5000,
+                    "recorded_start_after_ms": 0,
+                    "blocks": first,
+                },
+                {
+                    "prompt_tokens": 250,
+                    "output_tokens": 20,
+                    "recorded_start_after_ms": 5000,
+                    "blocks": [*first, block("r0", 20, "assistant", live=True), block("n1", 80)],
+                },
+            ],
+            "metadata": source("retry.jsonl", [1, 2]),
+        },
+        {
+            "schema_version": 2,
+            "trajectory_id": "retry.jsonl:3",
+            "start_after_ms": 10000,
+            "requests": [
+                {
+                    "prompt_tokens": 250,
+                    "output_tokens": 20,
+                    "recorded_start_after_ms": 10000,
+                    "blocks": [
+                        block("n0@2", 150),
+                        block("r0@2", 20, "assistant"),
+                        block("n2", 80),
+                    ],
+                }
+            ],
+            "metadata": source("retry.jsonl", [3], branch_of_row=1),
+        },
+    ]
+    assert (stats.links, stats.branches, stats.lineage["hash-prefix links"]) == (1, 1, 2)
+
+
+@pytest.mark.parametrize(
+    ("size", "links", "plans"),
+    [
+        # 31 tokens more than row 1: a root, sharing id 1 with row 1 through its seed.
+        (
+            181,
+            0,
+            [
+                [{"blocks": [block("h1", 100), block("n0", 50)], "prompt_tokens": 150}],
+                [{"blocks": [block("h1", 100), block("n1", 81)], "prompt_tokens": 181}],
+            ],
+        ),
+        # 32 more: row 1's child. Its 32 new tokens hold the reply (10) and too little
+        # after it: folded. Row 1 alone is written from its ids: 1 and 10 one unit.
+        (
+            182,
+            1,
+            [
+                [
+                    {"blocks": [block("n0", 150)], "prompt_tokens": 150},
+                    {
+                        "blocks": [block("n0", 150), block("r0.1", 32, "assistant")],
+                        "prompt_tokens": 182,
+                    },
+                ]
+            ],
+        ),
+    ],
+)
+def test_a_hash_child_adds_at_least_min_new_tokens(tmp_path, toy, size, links, plans) -> None:
+    toy[RETRY] = [
+        hashed(RETRY, 1, 0.0, (1, 10), 150, 10),
+        hashed(RETRY, 2, 1.0, (1, 11), size, 10),
+    ]
+    stats, written = run_import(tmp_path, RETRY)
+    assert [
+        [{"blocks": r["blocks"], "prompt_tokens": r["prompt_tokens"]} for r in plan["requests"]]
+        for plan in written
+    ] == plans
+    assert (stats.lineage["hash-prefix links"], stats.links) == (links, links)
 
 
 def file_scope_traces(toy, scope: str) -> tuple[str, str]:
@@ -729,6 +878,51 @@ def test_hashed_sessions_grow_when_their_ids_extend_and_reset_when_not(tmp_path,
     assert stats.lineage["session links"] == 2 and stats.lineage["hash-prefix links"] == 0
 
 
+def test_a_session_mixing_hashed_and_unhashed_requests_grows_by_size(tmp_path, toy) -> None:
+    """Row 2 records no hash ids and row 3 does again: where one side has no ids, only the
+    sizes tell, and each holds its predecessor's prompt, reply and a message, so each
+    grows (none resets)."""
+    toy["m.jsonl"] = [
+        hashed("m.jsonl", 1, 0.0, (1, 10), 250, 20, session="m"),
+        record("m.jsonl", 2, 1.0, 400, 30, session="m"),
+        hashed("m.jsonl", 3, 2.0, (1, 10, 11, 12, 13), 500, 10, session="m"),
+    ]
+    stats, plans = run_import(tmp_path, "m.jsonl")
+    first = [block("h1", 200), block("n0", 50)]  # ids 1 and 10 always together: one unit
+    second = [*first, block("r0", 20, "assistant", live=True), block("n1", 130)]
+    assert plans == [
+        {
+            "schema_version": 2,
+            "trajectory_id": "m",
+            "start_after_ms": 0,
+            "requests": [
+                {
+                    "prompt_tokens": 250,
+                    "output_tokens": 20,
+                    "delay_after_ms": 1000,
+                    "recorded_start_after_ms": 0,
+                    "blocks": first,
+                },
+                {
+                    "prompt_tokens": 400,
+                    "output_tokens": 30,
+                    "delay_after_ms": 1000,
+                    "recorded_start_after_ms": 1000,
+                    "blocks": second,
+                },
+                {
+                    "prompt_tokens": 500,
+                    "output_tokens": 10,
+                    "recorded_start_after_ms": 2000,
+                    "blocks": [*second, block("r1", 30, "assistant", live=True), block("n2", 70)],
+                },
+            ],
+            "metadata": source("m.jsonl", [1, 2, 3]),
+        }
+    ]
+    assert (stats.lineage["session links"], stats.resets, stats.blocks.grown) == (2, 0, 2)
+
+
 BL = "traces/bl.jsonl"
 
 
@@ -939,6 +1133,66 @@ def test_the_link_window_and_the_idle_split_include_their_bound(tmp_path, toy) -
     stats, plans = run_import(tmp_path, "b.jsonl", link_window_hours=0.999, split_idle_ms=1.0)
     assert [plan["metadata"]["source"]["rows"] for plan in plans] == [[1], [2], [3], [4]]
     assert stats.lineage["parents not found"] == 1 and stats.links == 0
+
+
+def test_the_idle_split_measures_the_recorded_idle_gap(tmp_path, toy) -> None:
+    """The split measures the gap the delay records: row 2 comes 60 s after row 1 but
+    records 5 s of idle (row 1 ran long), so it links; row 3 comes 10 s after row 2 but
+    records 40 s of idle, more than --split-idle-ms: a split."""
+    toy["i.jsonl"] = [
+        record("i.jsonl", 1, 0.0, 100, 10, session="s"),
+        record("i.jsonl", 2, 60.0, 200, 10, session="s", idle_before_s=5.0),
+        record("i.jsonl", 3, 70.0, 300, 10, session="s", idle_before_s=40.0),
+    ]
+    stats, plans = run_import(tmp_path, "i.jsonl", split_idle_ms=30000.0)
+    assert plans == [
+        {
+            "schema_version": 2,
+            "trajectory_id": "s",
+            "start_after_ms": 0,
+            "requests": [
+                {
+                    "prompt_tokens": 100,
+                    "output_tokens": 10,
+                    "delay_after_ms": 5000,
+                    "recorded_start_after_ms": 0,
+                    "blocks": [block("n0", 100)],
+                },
+                {
+                    "prompt_tokens": 200,
+                    "output_tokens": 10,
+                    "recorded_start_after_ms": 60000,
+                    "blocks": [
+                        block("n0", 100),
+                        block("r0", 10, "assistant", live=True),
+                        block("n1", 90),
+                    ],
+                },
+            ],
+            "metadata": source("i.jsonl", [1, 2]),
+        },
+        {
+            "schema_version": 2,
+            "trajectory_id": "s#1",
+            "start_after_ms": 70000,
+            "requests": [
+                {
+                    "prompt_tokens": 300,
+                    "output_tokens": 10,
+                    "recorded_start_after_ms": 70000,
+                    "blocks": [
+                        block("n0@2", 100),
+                        block("r0@2", 10, "assistant"),
+                        block("n1@2", 90),
+                        block("r1@2", 10, "assistant"),
+                        block("n2", 90),
+                    ],
+                }
+            ],
+            "metadata": source("i.jsonl", [3], split_of_row=2),
+        },
+    ]
+    assert (stats.links, stats.splits, stats.branches) == (1, 1, 0)
 
 
 # --- time ---------------------------------------------------------------------------------

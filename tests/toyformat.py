@@ -98,7 +98,7 @@ def mooncake_records() -> list:
         hashed(MC, 9, 40.0, (1, 30, 31), 300, 10),  # C2: id 30 whole, 31 its tail
         hashed(MC, 10, 45.0, (1, 95), 350, 10),  # D: 150 tokens past its ids
         hashed(MC, 11, 50.0, (1, 80, 81), 300, 50),  # G1
-        hashed(MC, 12, 55.0, (1, 80, 81, 82), 320, 20),  # G2: 20 more tokens, reply was 50
+        hashed(MC, 12, 55.0, (1, 80, 81, 82), 320, 20),  # G2: 20 more tokens (< 32): a root
         hashed(MC, 13, 60.0, (1, 90), 200, 40),  # H1
         hashed(MC, 14, 65.0, (1, 90, 91), 260, 10),  # H2: 60 more tokens, reply was 40
         hashed(MC, 15, 70.0, (1, 70), 250, 10),  # F1
