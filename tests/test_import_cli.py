@@ -349,3 +349,63 @@ def test_every_flag_reaches_the_import_options(monkeypatch, capsys) -> None:
     seen.clear()
     assert run(["weka", "t.json", "-o", "m.jsonl"]) == 1
     assert seen == [ImportOptions(format="weka", inputs=("t.json",), output="m.jsonl")]
+
+
+# --- inputs out of range, and the page's path -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("lines", "flags", "message"),
+    [
+        (
+            [b'{"timestamp": 0, "input_length": 100, "output_length": 9007199254740993}'],
+            (),
+            "Error: {path}:1: output tokens 9007199254740993 exceed 2^53\n",
+        ),
+        (
+            [
+                b'{"timestamp": 0, "input_length": 100, "output_length": 9}',
+                b'{"timestamp": 1e300, "input_length": 100, "output_length": 9}',
+            ],
+            (),
+            "Error: {path}:2: its time 1e+297 is out of range\n",
+        ),
+        (
+            [
+                b'{"timestamp": 0, "input_length": 100, "output_length": 9}',
+                b'{"timestamp": 1000, "input_length": 100, "output_length": 9}',
+            ],
+            ("--time-scale", "1e-14"),
+            "Error: an offset or delay of 1e+17 ms is out of range (at most 2^53 ms); check "
+            "--time-scale\n",
+        ),
+        ([b"(\xb5/\xfd not a zstd frame"], (), None),
+    ],
+)
+def test_values_out_of_range_are_one_line_errors(tmp_path, capsys, lines, flags, message) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(b"\n".join(lines) + b"\n")
+    out = tmp_path / "m.jsonl"
+    assert run(["mooncake", str(trace), "-o", str(out), *flags]) == 1
+    err = capsys.readouterr().err
+    if message is None:  # the decompressor's own words follow the file
+        assert err.startswith(f"Error: cannot read {trace}: ") and err.count("\n") == 1
+    else:
+        assert err == message.format(path=trace)
+    assert not out.exists()
+
+
+def test_the_page_may_not_overwrite_the_manifest_or_miss_its_folder(tmp_path, capsys) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 100, "output_length": 9}\n')
+    out = tmp_path / "m.jsonl"
+    assert run(["mooncake", str(trace), "-o", str(out), "--describe-html", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"Error: --describe-html {out} would overwrite the manifest; name another file\n"
+    )
+    page = tmp_path / "missing" / "page.html"
+    assert run(["mooncake", str(trace), "-o", str(out), "--describe-html", str(page)]) == 1
+    assert capsys.readouterr().err == (
+        f"Error: cannot write {page}: its folder {page.parent} is missing or not writable\n"
+    )
+    assert not out.exists()  # checked before any work

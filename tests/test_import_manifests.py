@@ -144,12 +144,6 @@ GROWTH_FLAGS = ("--shared-prefix-followers", "4")
 
 
 BRANCHED = ("session_growth.jsonl:2", "session_growth.jsonl:6")  # row 2 and its branch
-LOST_BRANCH_PREFIX = (
-    "units are built without the branch's first request (row 6 is written by growth), so "
-    "ids 10 and 11 of row 2 become one unit, merged into row 2's own tail n1 (588); the "
-    "branch copies it as n1@5 and no longer shares id 10 (512 tokens) with row 2, which "
-    "docs/import.md promises ('in every request of the import', 'nothing shared is lost')"
-)
 
 
 def test_mooncake_sessions_from_hash_chains(tmp_path, capsys) -> None:
@@ -159,13 +153,11 @@ def test_mooncake_sessions_from_hash_chains(tmp_path, capsys) -> None:
     ]
 
 
-@pytest.mark.xfail(strict=True, reason=LOST_BRANCH_PREFIX)
 def test_a_mooncake_branch_keeps_the_hash_blocks_it_shares(tmp_path, capsys) -> None:
     plans, _ = imported(tmp_path, capsys, "mooncake", "session_growth.jsonl", flags=GROWTH_FLAGS)
     assert plans == MOONCAKE_GROWTH
 
 
-@pytest.mark.xfail(strict=True, reason=LOST_BRANCH_PREFIX)
 def test_the_summary_of_a_hashed_import(tmp_path, capsys) -> None:
     _, printed = imported(tmp_path, capsys, "mooncake", "session_growth.jsonl", flags=GROWTH_FLAGS)
     out = tmp_path / "manifest.jsonl"
@@ -247,9 +239,11 @@ def test_bailian_parent_keys_growth_branch_and_missing_parent(tmp_path, capsys) 
     assert plans == BAILIAN_GROWTH
 
 
-def conversations(file: int, uid: list[int]) -> list[Plan]:
-    """BAILIAN_GROWTH as file ``file`` of an import gives it: hash seeds qualified by the
-    file, and ``uid[k]`` the place of the file's k-th request among all kept requests."""
+def conversations(file: int, uid: list[int], inputs: int = 1) -> list[Plan]:
+    """BAILIAN_GROWTH as file ``file`` of an import of ``inputs`` files gives it: hash
+    seeds qualified by the file, and ``uid[k]`` the place of the file's k-th request among
+    all kept requests (a branch names its parent's file when several are read)."""
+    branch_file = {"branch_of_file": "conversations.jsonl"} if inputs > 1 else {}
     x1 = [block(f"h{file}.1", 64), block(f"n{uid[0]}", 86)]
     x2 = [*x1, block(f"r{uid[0]}", 60, "assistant", live=True), block(f"n{uid[2]}", 90)]
     repeat = f"#{file}" if file else ""
@@ -267,7 +261,7 @@ def conversations(file: int, uid: list[int]) -> list[Plan]:
                 block(f"h{file}.1", 64), block(f"n{uid[0]}@{uid[4]}", 86),
                 block(f"r{uid[0]}@{uid[4]}", 60, "assistant"), block(f"n{uid[4]}", 50),
             ]),
-        ], "bailian", "conversations.jsonl", [5], branch_of_row=1),
+        ], "bailian", "conversations.jsonl", [5], branch_of_row=1, **branch_file),
     ]  # fmt: skip
 
 
@@ -278,7 +272,7 @@ def test_bailian_ids_and_chat_ids_mean_nothing_across_files(tmp_path, capsys) ->
     first at equal times."""
     assert conversations(0, [0, 1, 2, 3, 4]) == BAILIAN_GROWTH  # the helper, alone
     plans, _ = imported(tmp_path, capsys, "bailian", "conversations.jsonl", "conversations.jsonl")
-    first, second = conversations(0, [0, 2, 4, 6, 8]), conversations(1, [1, 3, 5, 7, 9])
+    first, second = conversations(0, [0, 2, 4, 6, 8], 2), conversations(1, [1, 3, 5, 7, 9], 2)
     assert plans == [plan for pair in zip(first, second, strict=True) for plan in pair]
 
 

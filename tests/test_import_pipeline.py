@@ -1477,7 +1477,7 @@ def test_stratified_sampling_keeps_every_session_length(tmp_path, toy) -> None:
 
 
 def test_output_is_sorted_by_start_then_id_and_repeated_ids_are_numbered(tmp_path, toy) -> None:
-    first, second = "a/t.jsonl", "b/t.jsonl"
+    first, second = "a/t.jsonl", "b/u.jsonl"
     toy[first] = [
         record(first, 9, 5.0, 100, 10),
         record(first, 10, 5.0, 100, 10),
@@ -1485,13 +1485,24 @@ def test_output_is_sorted_by_start_then_id_and_repeated_ids_are_numbered(tmp_pat
     ]
     toy[second] = [record(second, 1, 3.0, 100, 10)]
     _stats, plans = run_import(tmp_path, first, second)
-    # Row 1 of b/t.jsonl comes first in time, so it takes the plain name.
+    # Ties in time go by id; ids of one name are numbered in trajectory order.
     assert [(p["trajectory_id"], p["start_after_ms"], p["metadata"]) for p in plans] == [
-        ("t.jsonl:1", 0, source("t.jsonl", [1])),
+        ("u.jsonl:1", 0, source("u.jsonl", [1])),
         ("t.jsonl:10", 2000, source("t.jsonl", [10])),
         ("t.jsonl:9", 2000, source("t.jsonl", [9])),
-        ("t.jsonl:1#1", 4000, source("t.jsonl", [1], origins=["main"])),
+        ("t.jsonl:1", 4000, source("t.jsonl", [1], origins=["main"])),
     ]
+
+
+def test_two_inputs_of_one_name_are_refused(tmp_path, toy) -> None:
+    toy["a/t.jsonl"] = [record("a/t.jsonl", 1, 0.0, 100, 10)]
+    toy["b/t.jsonl"] = [record("b/t.jsonl", 1, 0.0, 100, 10)]
+    with pytest.raises(InputError) as caught:
+        run_import(tmp_path, "a/t.jsonl", "b/t.jsonl")
+    assert str(caught.value) == (
+        "two inputs are named t.jsonl (a/t.jsonl, b/t.jsonl): provenance names a file by its "
+        "name; give each input once, under its own name"
+    )
 
 
 # --- errors ----------------------------------------------------------------------------------

@@ -80,6 +80,9 @@ class TrajectoryBlocks:
     inexact: int = 0  # JSON blocks whose wrapper could not reach their size
     previous: tuple[int, int] | None = None  # (residual, manifest overhead) of the last request
     framing: BlockFraming | None = None  # None: blocks sent as written (no correction)
+    # Seeds of plain blocks this trajectory sent, kept across resets: their text depends on
+    # the seed alone, so a server may still hold them when a reset sends them again.
+    sent: set[int] = field(default_factory=set)
 
     def reset(self) -> None:
         """A compaction: forget every seed and the last reply."""

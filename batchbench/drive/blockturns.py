@@ -123,13 +123,15 @@ class BlockRun:
 
     def shared_sent_tokens(self, state: TrajectoryBlocks, request: int) -> int:
         """Tokens perfect caching could serve to a fresh block request: its blocks that
-        other trajectories sent before (shared seeds)."""
+        other trajectories sent before (shared seeds), or that this trajectory sent before
+        a reset (plain blocks, whose text is their seed's)."""
         plan = state.plan
         sent = self.sent_shared
+        own = state.sent
         total = 0
         for row in plan.of(request):
             seed = int(plan.seed[row])
-            if plan.shared[seed] and seed in sent:
+            if (plan.shared[seed] and seed in sent) or (seed in own and not plan.live[row]):
                 total += int(plan.tokens[row])
         return total
 
@@ -164,20 +166,27 @@ class BlockRequests:
         assert overheads is not None  # a workload with blocks has them
         self._overhead = int(overheads[request])
         fresh = turn == 0 or bool(run.workload.reset_before[request])
-        # Counted before the request goes out: others may send the same seeds meanwhile.
+        # What requests that went out earlier sent: a server prefills in arrival order, so
+        # they may be cached by the time this one is (served or still decoding).
         self._explain = self._blocks.shared_sent_tokens(state, request) if fresh else 0
+        self._mark_sent(request)
         return head + b"," + fields
 
-    def served(self, turn: int, request: int, reply: Reply) -> int:
-        """Mark the request's shared seeds sent; teach the framing what the server
-        counted beyond the blocks."""
+    def _mark_sent(self, request: int) -> None:
         state = self._state
         plan = state.plan
         sent = self._blocks.sent_shared
+        own = state.sent
         for row in plan.of(request):
             seed = int(plan.seed[row])
             if plan.shared[seed]:
                 sent.add(seed)
+            if not plan.live[row]:
+                own.add(seed)
+
+    def served(self, turn: int, request: int, reply: Reply) -> int:
+        """Teach the framing what the server counted beyond the blocks."""
+        state = self._state
         overhead = self._overhead
         residual = reply.prompt_tokens - state.content_tokens(request)
         framing = state.framing

@@ -407,7 +407,11 @@ def build_plans(
     )
     split = options.split_idle_ms / 1000 if options.split_idle_ms is not None else None
     lineage = build_trajectories(records, parents, counts, split, ends)
+    # Units over the prompts written from their ids, and over the first requests of
+    # branches and splits: those repeat their parent's blocks, so the ids they share with
+    # it must end a unit there (or the parent's tail would take them in).
     content = built_from_content(lineage, records, chains, options.min_new_tokens)
+    content += [t.requests[0] for t in lineage.trajectories if t.context != NO_PARENT]
     builder = _block_builder(
         [records[i] for i in content],
         [chains[i] for i in content],
