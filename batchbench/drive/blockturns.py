@@ -28,6 +28,8 @@ from batchbench.drive.wire import Reply, normalized_assistant, reasoning_of, wit
 from batchbench.errors import BatchbenchError
 from batchbench.text.blocks import JSON_ROLES, BlockTexts
 from batchbench.text.framing import trimmed
+from batchbench.text.promptcount import SegmentCounter
+from batchbench.text.standins import stand_ins_add_up
 
 # Blocks up to this many tokens are made on the loop (plain text, fast method); tool blocks
 # (several encodes) and longer texts go to the worker pool.
@@ -45,12 +47,23 @@ class BlockPrepared:
 class BlockRun:
     """What the block trajectories of a run share: their texts and the shared seeds sent."""
 
-    __slots__ = ("run", "sent_shared", "texts")
+    __slots__ = ("run", "sent_shared", "stand_ins", "texts")
 
     def __init__(self, run: AgentRun) -> None:
         self.run = run
         self.texts = BlockTexts(run.factory.synth)
         self.sent_shared: set[int] = set()  # shared seeds some trajectory has sent
+        self.stand_ins: bool | None = None  # texts counted through stand-ins; None: not known
+
+    def _stand_ins(self) -> bool:
+        """Whether block texts can be counted through stand-ins in the server's template,
+        checked once (a few encodes of a sample request)."""
+        if self.stand_ins is None:
+            counter = self.run.fidelity.prompt_counter
+            self.stand_ins = isinstance(counter, SegmentCounter) and stand_ins_add_up(
+                counter, self.texts.synth
+            )
+        return self.stand_ins
 
     def _inline(self, state: TrajectoryBlocks, request: int) -> bool:
         """True when every block still to make is cheap enough to make on the loop."""
@@ -104,7 +117,10 @@ class BlockRun:
     async def prepare(self, agent: int) -> BlockPrepared:
         """The trajectory's state with its first request's blocks made."""
         fidelity = self.run.fidelity
-        framing = BlockFraming(fidelity.prompt_counter) if fidelity.correct else None
+        framing = None
+        if fidelity.correct:
+            stand_ins = fidelity.prompt_counter is not None and self._stand_ins()
+            framing = BlockFraming(fidelity.prompt_counter, stand_ins)
         workload = self.run.workload
         assert workload.blocks is not None  # a block trajectory's workload has them
         state = TrajectoryBlocks(workload.blocks, framing=framing)
