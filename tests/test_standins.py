@@ -17,10 +17,11 @@ from tokenizers import Tokenizer
 from batchbench.drive.blocks import BlockFraming, TrajectoryBlocks, build_messages, prepare_blocks
 from batchbench.plan.manifest import parse_manifest
 from batchbench.plan.workload import compile_manifest
-from batchbench.text.blocks import BlockTexts
+from batchbench.text.blocks import ROLE_TOOL_CALL, ROLE_TOOL_DEFINITION, BlockTexts
 from batchbench.text.chat_templates import BUILTIN_TEMPLATES, load_chat_template
 from batchbench.text.promptcount import SegmentCounter, template_counter
-from batchbench.text.standins import StandIns, counted, stand_in, stand_ins_add_up
+from batchbench.text.standincheck import stand_ins_add_up
+from batchbench.text.standins import StandIns, counted, stand_in
 from batchbench.text.synth import Synthesizer
 from batchbench.text.tokenizer import LoadedTokenizer
 
@@ -201,6 +202,19 @@ def test_built_in_templates_on_packaged_tokenizers(packaged, short):
         assert stand_ins_add_up(counter, synth) == (synth.method == "fast")
         for fast, whole, _ in replay(counter, synth):
             assert fast == whole, name
+
+
+@pytest.mark.parametrize("short", ["deepseek", "qwen3", "llama3.1", "glm4", "minimax", "jiutian"])
+def test_tool_blocks_sized_through_stand_ins_are_the_ones_sized_whole(deepseek, packaged, short):
+    """A tool block's JSON counted around its text's stand-in: the same sizes are tried
+    and the same text kept as when every candidate is encoded whole."""
+    synth = Synthesizer.prepare(deepseek if short == "deepseek" else packaged(short))
+    fast, whole = BlockTexts(synth), BlockTexts(synth, stand_ins=False)
+    assert fast.stand_ins == (synth.method == "fast") and not whole.stand_ins
+    for role in (ROLE_TOOL_DEFINITION, ROLE_TOOL_CALL):
+        for tokens in (5, 12, 40, 250, 600):
+            seed = f"tools/{short}/{tokens}"
+            assert fast.make(seed, tokens, role) == whole.make(seed, tokens, role)
 
 
 # ---------------------------------------------------------------------------------------

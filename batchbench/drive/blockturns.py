@@ -29,7 +29,7 @@ from batchbench.errors import BatchbenchError
 from batchbench.text.blocks import JSON_ROLES, BlockTexts
 from batchbench.text.framing import trimmed
 from batchbench.text.promptcount import SegmentCounter
-from batchbench.text.standins import stand_ins_add_up
+from batchbench.text.standincheck import stand_ins_add_up
 
 # Blocks up to this many tokens are made on the loop (plain text, fast method); tool blocks
 # (several encodes) and longer texts go to the worker pool.

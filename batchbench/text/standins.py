@@ -13,8 +13,10 @@ tokens are counted as they are in the full prompt; only the short stand-ins are 
 The count is trusted only where the template prints each stand-in verbatim exactly once
 per block that holds it (``hidden_tokens``); a text it drops, repeats or rewrites is
 counted in full instead. Whether counts add up this way for a tokenizer and template is
-also checked once on a sample request (``stand_ins_add_up``): a tokenizer for which they
-do not (a normalizer that rewrites across the pieces, say) is counted in full throughout.
+also checked once on sample requests (``batchbench.text.standincheck``): a tokenizer for
+which they do not (a normalizer that rewrites across the pieces, say) is counted in full
+throughout. Tool blocks are sized the same way (``BlockTexts``): their JSON wrapper is
+encoded around the stand-in.
 """
 
 from __future__ import annotations
@@ -22,12 +24,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-
-from batchbench.text.blocks import call_arguments, tool_call, tool_entry
-from batchbench.text.synth import Synthesizer
-
-# Texts of fewer pieces than this have nothing to leave out (head, first and last piece).
-MIN_PIECES = 4
 
 
 def stand_in(text: str) -> tuple[str, str, int]:
@@ -128,77 +124,3 @@ def counted(counter: RenderingCounter, build: Build, enabled: bool) -> int:
             excluded = excluded.union(untrusted)
     messages, tools = build(None)
     return counter(messages, tools)
-
-
-def stand_ins_add_up(counter: RenderingCounter, synth: Synthesizer) -> bool:
-    """True when the synthesizer's texts are fast-method ones and, on requests of every
-    block role and a few sizes, counting through stand-ins gives exactly the whole
-    prompt's encode (checked once per run, like ``SegmentCounter.segments_add_up``)."""
-    if synth.method != "fast":
-        return False
-    for messages, tools in _samples(synth):
-
-        def build(stand_ins: StandIns | None, messages=messages, tools=tools):
-            return _shortened(messages, tools, stand_ins)
-
-        whole = len(counter.encode_ids(messages, True, tools))
-        try:
-            if counted(counter, build, True) != whole:
-                return False
-        except Exception:  # a template that cannot render the sample: count in full
-            return False
-    return True
-
-
-def _samples(synth: Synthesizer) -> list[tuple[list[dict], list[dict]]]:
-    """Requests of every block role (a tool, system, user, an assistant text with a tool
-    call, its result) at a few sizes, made of fast-method texts."""
-    requests = []
-    for index, tokens in enumerate((4, 9, 33, 120)):
-        stream = 0x5A4D_0000 + index * 16
-        seed = f"stand-in sample {index}"
-        call = tool_call(seed, call_arguments(synth.text(tokens, stream + 1)))
-        messages: list[dict] = [
-            {"role": "system", "content": synth.text(tokens + 3, stream + 2)},
-            {"role": "user", "content": synth.text(tokens + 1, stream + 3)},
-            {
-                "role": "assistant",
-                "content": synth.text(tokens + 2, stream + 4),
-                "tool_calls": [call],
-            },
-            {"role": "tool", "tool_call_id": call["id"], "content": synth.text(tokens, stream)},
-            {"role": "user", "content": synth.text(tokens + 5, stream + 5)},
-        ]
-        tools = [tool_entry(seed, synth.text(tokens + 7, stream + 6))]
-        requests.append((messages, tools))
-    return requests
-
-
-def _shortened(
-    messages: list[dict], tools: list[dict], stand_ins: StandIns | None
-) -> tuple[list[dict], list[dict]]:
-    """A sample request with its texts shortened (as it is, for None)."""
-    if stand_ins is None:
-        return messages, tools
-    shorten = stand_ins.shorten
-    out = []
-    for message in messages:
-        copy = {**message, "content": shorten(message["content"])}
-        if "tool_calls" in message:
-            copy["tool_calls"] = [
-                _with_arguments(call, shorten(call["function"]["arguments"]))
-                for call in message["tool_calls"]
-            ]
-        out.append(copy)
-    entries = []
-    for tool in tools:
-        function = tool["function"]
-        entries.append(
-            {**tool, "function": {**function, "description": shorten(function["description"])}}
-        )
-    return out, entries
-
-
-def _with_arguments(call: dict, arguments: str) -> dict:
-    """A copy of a tool call with other arguments."""
-    return {**call, "function": {**call["function"], "arguments": arguments}}
