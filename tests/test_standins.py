@@ -14,7 +14,13 @@ import pytest
 from test_promptcount import bytelevel
 from tokenizers import Tokenizer
 
-from batchbench.drive.blocks import BlockFraming, TrajectoryBlocks, build_messages, prepare_blocks
+from batchbench.drive.blocks import (
+    BlockFraming,
+    TrajectoryBlocks,
+    assemble,
+    build_messages,
+    prepare_blocks,
+)
 from batchbench.plan.manifest import parse_manifest
 from batchbench.plan.workload import compile_manifest
 from batchbench.text.blocks import ROLE_TOOL_CALL, ROLE_TOOL_DEFINITION, BlockTexts
@@ -215,6 +221,32 @@ def test_tool_blocks_sized_through_stand_ins_are_the_ones_sized_whole(deepseek, 
         for tokens in (5, 12, 40, 250, 600):
             seed = f"tools/{short}/{tokens}"
             assert fast.make(seed, tokens, role) == whole.make(seed, tokens, role)
+
+
+def sized(counter: SegmentCounter, synth: Synthesizer, reply_tokens: int) -> list[tuple]:
+    """Each request's correction, note and body, the replies kept as ``reply_tokens``."""
+    work = workload()
+    texts = BlockTexts(synth)
+    state = TrajectoryBlocks(work.blocks, framing=BlockFraming(counter, stand_ins=True))
+    out = []
+    for request in work.turns(0):
+        target = int(work.target_prompt_tokens[request])
+        assert state.framing is not None
+        sizing = prepare_blocks(state, request, texts, target, 30, state.framing)
+        predicted = state.content_tokens(request) + (sizing.rendered or 0)
+        out.append((sizing.correction, sizing.note, predicted, assemble(state, request, "m")))
+        state.keep_reply({"role": "assistant", "content": REPLY}, reply_tokens)
+    return out
+
+
+def test_a_replys_own_count_cancels_out_when_the_template_is_known(deepseek):
+    """Sized from the whole rendering, a request does not depend on the count kept with
+    the reply it holds (so the client skips counting replies unless it reports them)."""
+    synth = Synthesizer.prepare(deepseek)
+    counter = template_counter(deepseek, load_chat_template("chatml", deepseek))
+    counted_replies = sized(counter, synth, 17)
+    assert sized(counter, synth, 0) == counted_replies
+    assert [correction for correction, *_ in counted_replies] == [-2, -43, -9]
 
 
 # ---------------------------------------------------------------------------------------

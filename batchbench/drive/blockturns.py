@@ -206,7 +206,13 @@ class BlockRequests:
         return self._explain + max(overhead, 0)
 
     def replied(self, turn: int, request: int, reply: Reply) -> int | None:
-        """Keep the reply for the next live block; its rendered size when correcting."""
+        """Keep the reply for the next live block; its rendered size when correcting and
+        it is used.
+
+        With the chat template known, a request is sized from its whole rendering, in which
+        the reply's own count cancels out (``prepare_blocks`` and ``served`` take the
+        content's tokens from the rendering and add them back): the reply is then counted
+        only for ``--request-events-jsonl``, which reports it."""
         fidelity = self._blocks.run.fidelity
         message = reply.message if fidelity.keep_reasoning else without_reasoning(reply.message)
         content = message.get("content")
@@ -215,7 +221,10 @@ class BlockRequests:
         if fidelity.correct:
             assert fidelity.replies is not None  # what correct means
             content, reasoning = trimmed(content), trimmed(reasoning)
-            rendered = fidelity.replies.count(content, reasoning)
+            framing = self._state.framing
+            rendered_whole = framing is not None and framing.counter is not None
+            if not rendered_whole or self._blocks.run.recorder.request_events is not None:
+                rendered = fidelity.replies.count(content, reasoning)
         self._state.keep_reply(normalized_assistant(message, content, reasoning), rendered or 0)
         return rendered
 

@@ -20,9 +20,8 @@ def stand_ins_add_up(counter: RenderingCounter, synth: Synthesizer) -> bool:
         def build(stand_ins: StandIns | None, messages=messages, tools=tools):
             return _shortened(messages, tools, stand_ins)
 
-        whole = len(counter.encode_ids(messages, True, tools))
         try:
-            if counted(counter, build, True) != whole:
+            if counted(counter, build, True) != len(counter.encode_ids(messages, True, tools)):
                 return False
         except Exception:  # a template that cannot render the sample: count in full
             return False

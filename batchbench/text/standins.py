@@ -12,7 +12,9 @@ tokens are counted as they are in the full prompt; only the short stand-ins are 
 
 The count is trusted only where the template prints each stand-in verbatim exactly once
 per block that holds it (``hidden_tokens``); a text it drops, repeats or rewrites is
-counted in full instead. Whether counts add up this way for a tokenizer and template is
+counted in full instead. What this assumes of a template is that one printing a stand-in
+verbatim prints a text verbatim in its place (templates copy contents; none cuts them to
+a length). Whether counts add up this way for a tokenizer and template is
 also checked once on sample requests (``batchbench.text.standincheck``): a tokenizer for
 which they do not (a normalizer that rewrites across the pieces, say) is counted in full
 throughout. Tool blocks are sized the same way (``BlockTexts``): their JSON wrapper is
