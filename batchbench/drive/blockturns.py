@@ -22,7 +22,7 @@ from batchbench.drive.blocks import (
     resize_absorbing,
     tokenize_body,
 )
-from batchbench.drive.context import AgentRun
+from batchbench.drive.context import INLINE_COUNT_CHARACTERS, AgentRun
 from batchbench.drive.oracle import ORACLE_ROUNDS
 from batchbench.drive.wire import Reply, normalized_assistant, reasoning_of, without_reasoning
 from batchbench.errors import BatchbenchError
@@ -31,9 +31,19 @@ from batchbench.text.framing import trimmed
 from batchbench.text.promptcount import SegmentCounter
 from batchbench.text.standincheck import stand_ins_add_up
 
-# Blocks up to this many tokens are made on the loop (plain text, fast method); tool blocks
-# (several encodes) and longer texts go to the worker pool.
+# Blocks up to this many tokens are made on the loop (fast method; tool blocks when sized
+# around stand-ins, else their several encodes go to the worker pool, as longer texts do).
 INLINE_BLOCK_TOKENS = 4096
+
+
+def _short_reply(state: TrajectoryBlocks) -> bool:
+    """True when the reply the next live block takes (if any: its content and reasoning)
+    is short to encode."""
+    reply = state.reply
+    if reply is None:
+        return True
+    size = sum(len(value) for value in reply.values() if isinstance(value, str))
+    return size <= INLINE_COUNT_CHARACTERS
 
 
 @dataclass(slots=True)
@@ -66,13 +76,22 @@ class BlockRun:
         return self.stand_ins
 
     def _inline(self, state: TrajectoryBlocks, request: int) -> bool:
-        """True when every block still to make is cheap enough to make on the loop."""
+        """True when every block still to make, and the request's count in the chat
+        template, are cheap enough for the loop: counted through stand-ins, only the kept
+        reply is new text to encode, and tool blocks are sized around stand-ins too."""
         fidelity = self.run.fidelity
-        if not self.run.inline or (fidelity.correct and fidelity.prompt_counter):
-            return False  # rendering the request in the chat template is not cheap
+        if not self.run.inline:
+            return False
+        if fidelity.correct and fidelity.prompt_counter:
+            framing = state.framing
+            if framing is None or not framing.stand_ins or not _short_reply(state):
+                return False
         plan = state.plan
+        wrapped_cheap = self.texts.stand_ins
         for row in state.missing(request):
-            if int(plan.role[row]) in JSON_ROLES or int(plan.tokens[row]) > INLINE_BLOCK_TOKENS:
+            if int(plan.tokens[row]) > INLINE_BLOCK_TOKENS:
+                return False
+            if int(plan.role[row]) in JSON_ROLES and not wrapped_cheap:
                 return False
         return True
 

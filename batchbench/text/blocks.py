@@ -119,6 +119,7 @@ class BlockTexts:
         self._shared: dict[tuple[str, int, int], BlockText] = {}
         self._lock = threading.Lock()
         self._stand_ins: bool | None = None if stand_ins and synth.method == "fast" else False
+        self._call_scaffold: int | None = None
 
     @property
     def stand_ins(self) -> bool:
@@ -159,6 +160,15 @@ class BlockTexts:
                     return False
         return True
 
+    def _scaffold(self, seed: str, role: int) -> int:
+        """The tokens of a tool block's JSON around an empty text; a call's is the same
+        for every seed, so it is counted once."""
+        if role == ROLE_TOOL_CALL:
+            if self._call_scaffold is None:
+                self._call_scaffold = self._count(call_arguments(""))
+            return self._call_scaffold
+        return self._count(self._wrapper(seed, role)(""))
+
     def _count(self, text: str) -> int:
         return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
@@ -183,7 +193,7 @@ class BlockTexts:
         wrap = self._wrapper(seed, role)
         count = self._count_short if self.stand_ins else lambda wrap, text: self._count(wrap(text))
         stream = seed_value(seed)
-        size = max(tokens - self._count(wrap("")), 1)
+        size = max(tokens - self._scaffold(seed, role), 1)
         tried: set[int] = set()
         best: tuple[int, str, int] | None = None  # (|difference|, text, count)
         while size not in tried and len(tried) < WRAPPED_TRIES:
