@@ -23,6 +23,7 @@ from batchbench.drive.blocks import (
 )
 from batchbench.plan.manifest import parse_manifest
 from batchbench.plan.workload import compile_manifest
+from batchbench.text import standins
 from batchbench.text.blocks import ROLE_TOOL_CALL, ROLE_TOOL_DEFINITION, BlockTexts
 from batchbench.text.chat_templates import BUILTIN_TEMPLATES, load_chat_template
 from batchbench.text.promptcount import SegmentCounter, template_counter
@@ -87,13 +88,15 @@ def workload():
 
 
 class Spy:
-    """A counter that remembers the longest text it was asked to count through stand-ins."""
+    """A counter that remembers the longest text it was asked to count."""
 
     def __init__(self, counter: SegmentCounter) -> None:
         self.counter = counter
         self.longest = 0
 
-    def __call__(self, messages, tools=None):
+    def __call__(self, messages, tools=None):  # counting in full: all of it encoded
+        rendered = self.counter.render(messages, True, tools or None)
+        self.longest = max(self.longest, len(rendered))
         return self.counter(messages, tools)
 
     def count_rendered(self, messages, tools):
@@ -304,6 +307,18 @@ def test_without_fast_pieces_requests_are_counted_whole():
     assert synth.method == "repair"
     counter = template_counter(loaded, load_chat_template("chatml", loaded))
     assert not stand_ins_add_up(counter, synth)
+
+
+def test_requests_too_long_to_search_are_counted_whole(deepseek, monkeypatch):
+    """Each stand-in is looked for in the whole rendering: beyond a budget of characters
+    searched the request is counted in full instead."""
+    synth = Synthesizer.prepare(deepseek)
+    counter = template_counter(deepseek, load_chat_template("chatml", deepseek))
+    assert [saved > 0 for _, _, saved in replay(counter, synth)] == [True, True, True]
+    monkeypatch.setattr(standins, "SEARCH_BUDGET", 0)
+    results = replay(counter, synth)
+    assert [fast == whole for fast, whole, _ in results] == [True, True, True]
+    assert [saved for _, _, saved in results] == [0, 0, 0]
 
 
 def test_counted_falls_back_to_whole_texts_when_stand_ins_are_ambiguous(deepseek):

@@ -27,6 +27,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+# Characters searched for stand-ins in one rendering, at most (stand-ins times the
+# rendering's length: each is looked for in all of it). Beyond (a few hundred blocks),
+# finding them costs milliseconds a request, about what counting the request in full
+# does, and it is counted in full.
+SEARCH_BUDGET = 1 << 22
+
 
 def stand_in(text: str) -> tuple[str, str, int]:
     """``text`` without the pieces between its first and last one; the stand-in itself
@@ -111,7 +117,8 @@ def counted(counter: RenderingCounter, build: Build, enabled: bool) -> int:
     messages and tools, its texts shortened through the ``StandIns`` it is handed (whole
     for None). With stand-ins ``enabled``, a text whose stand-in the template does not
     print once per block is put back whole and the request rendered again; texts that
-    share a stand-in, or a second failure, count the request in full."""
+    share a stand-in, a second failure, or a request whose stand-ins would take more than
+    ``SEARCH_BUDGET`` characters to look for, count the request in full."""
     if enabled:
         excluded: frozenset[str] = frozenset()
         for _ in range(2):
@@ -120,6 +127,8 @@ def counted(counter: RenderingCounter, build: Build, enabled: bool) -> int:
             if stand_ins.ambiguous:
                 break
             count, rendered = counter.count_rendered(messages, tools)
+            if len(stand_ins.hidden) * len(rendered) > SEARCH_BUDGET:
+                break
             hidden, untrusted = hidden_tokens(rendered, stand_ins)
             if not untrusted:
                 return count + hidden
