@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import orjson
 
@@ -36,6 +37,7 @@ from batchbench.text.blocks import (
     tool_call,
     tool_entry,
 )
+from batchbench.text.standins import RenderingCounter, StandIns, counted, stand_in
 
 _DUMPS = orjson.dumps
 
@@ -83,10 +85,14 @@ class TrajectoryBlocks:
     # Seeds of plain blocks this trajectory sent, kept across resets: their text depends on
     # the seed alone, so a server may still hold them when a reset sends them again.
     sent: set[int] = field(default_factory=set)
+    # The stand-in of each cached text (stand_in's result), by seed: texts are counted in
+    # every later request of the trajectory, shortened alike each time.
+    stand_in_of: dict[int, tuple[BlockText, str, str, int]] = field(default_factory=dict)
 
     def reset(self) -> None:
         """A compaction: forget every seed and the last reply."""
         self.cache.clear()
+        self.stand_in_of.clear()
         self.reply = None
         self.reply_tokens = 0
         self.previous = None
@@ -174,14 +180,31 @@ class BlockFraming:
     counts only, so equal runs estimate alike.
     """
 
-    def __init__(self, counter: Callable[[list, list], int] | None = None) -> None:
+    def __init__(
+        self, counter: Callable[[list, list], int] | None = None, stand_ins: bool = False
+    ) -> None:
         self.counter = counter
+        # True: the counter renders texts through stand-ins (batchbench.text.standins),
+        # which BlockRun found to add up for its tokenizer and template.
+        self.stand_ins = stand_ins
         self._by_shape: dict[tuple[int, ...], Counter[int]] = {}
         self._estimate: dict[tuple[int, ...], int] = {}
         self._errors: Counter[int] = Counter()
         self._error = 0
         self._biases: Counter[int] = Counter()
         self.bias = 0  # server count minus the rendered count, most frequent
+
+    def rendered(self, state: TrajectoryBlocks, request: int) -> int:
+        """The request's tokens in the known chat template (``counter`` set)."""
+        counter = self.counter
+        assert counter is not None  # called when the template is known
+        if not self.stand_ins:
+            return counter(*build_messages(state, request))
+
+        def build(stand_ins: StandIns | None) -> tuple[list[dict], list[dict]]:
+            return build_messages(state, request, stand_ins)
+
+        return counted(cast(RenderingCounter, counter), build, True)  # see stand_ins
 
     def observe_rendered(self, difference: int) -> None:
         """The server counted ``difference`` tokens more than the rendering predicted."""
@@ -238,8 +261,7 @@ def prepare_blocks(
         return sizing
     content = state.content_tokens(request)  # every block at its planned size
     if framing.counter is not None:
-        messages, tools = build_messages(state, request)
-        sizing.rendered = framing.counter(messages, tools) - content
+        sizing.rendered = framing.rendered(state, request) - content
         predicted = content + sizing.rendered + framing.bias
     else:
         predicted = content + framing.estimate(state.shape(request), overhead, state.previous)
@@ -311,9 +333,12 @@ def assemble(state: TrajectoryBlocks, request: int, model: str) -> tuple[bytes, 
     return _DUMPS(head)[:-1], len(messages)
 
 
-def build_messages(state: TrajectoryBlocks, request: int) -> tuple[list[dict], list[dict]]:
+def build_messages(
+    state: TrajectoryBlocks, request: int, stand_ins: StandIns | None = None
+) -> tuple[list[dict], list[dict]]:
     """The request's messages and tools, in block order. Attaching tool calls never changes
-    a cached message: live replies are copied."""
+    a cached message: live replies are copied. With ``stand_ins`` (to count the request,
+    never to send it) every generated text is shortened to its stand-in."""
     plan = state.plan
     messages: list[dict] = []
     tools: list[dict] = []
@@ -328,10 +353,15 @@ def build_messages(state: TrajectoryBlocks, request: int) -> tuple[list[dict], l
                 f"{BLOCK_ROLES[role]} block with seed {_DUMPS(seed).decode()} has no prepared "
                 "content"
             )
+        text = (
+            _text_of(filled)
+            if stand_ins is None
+            else _shortened(state, seed_index, filled, stand_ins)
+        )
         if role == ROLE_TOOL_DEFINITION:
-            tools.append(tool_entry(seed, _text_of(filled)))
+            tools.append(tool_entry(seed, text))
         elif role == ROLE_TOOL_CALL:
-            call = tool_call(seed, _text_of(filled))
+            call = tool_call(seed, text)
             last = messages[-1] if messages else None
             if last is not None and last.get("role") == "assistant":
                 last["tool_calls"] = [*last.get("tool_calls", ()), call]
@@ -340,11 +370,11 @@ def build_messages(state: TrajectoryBlocks, request: int) -> tuple[list[dict], l
             pending.append(call["id"])
         elif role == ROLE_TOOL:
             answered = pending.popleft() if pending else call_id(seed)
-            messages.append({"role": "tool", "tool_call_id": answered, "content": _text_of(filled)})
+            messages.append({"role": "tool", "tool_call_id": answered, "content": text})
         elif isinstance(filled, LiveFill) and role == ROLE_ASSISTANT:
             messages.append(dict(filled.message))
         else:
-            messages.append({"role": BLOCK_ROLES[role], "content": _text_of(filled)})
+            messages.append({"role": BLOCK_ROLES[role], "content": text})
     return messages, tools
 
 
@@ -355,3 +385,16 @@ def _text_of(filled: Filled) -> str:
         content = filled.message.get("content")
         return content if isinstance(content, str) else ""
     return filled.text
+
+
+def _shortened(
+    state: TrajectoryBlocks, seed_index: int, filled: Filled, stand_ins: StandIns
+) -> str:
+    """A generated text shortened to its stand-in (a live reply's text kept)."""
+    if isinstance(filled, LiveFill):
+        return _text_of(filled)
+    known = state.stand_in_of.get(seed_index)
+    if known is None or known[0] is not filled:
+        known = (filled, *stand_in(filled.text))
+        state.stand_in_of[seed_index] = known
+    return stand_ins.use(filled.text, *known[1:])

@@ -22,16 +22,28 @@ from batchbench.drive.blocks import (
     resize_absorbing,
     tokenize_body,
 )
-from batchbench.drive.context import AgentRun
+from batchbench.drive.context import INLINE_COUNT_CHARACTERS, AgentRun
 from batchbench.drive.oracle import ORACLE_ROUNDS
 from batchbench.drive.wire import Reply, normalized_assistant, reasoning_of, without_reasoning
 from batchbench.errors import BatchbenchError
 from batchbench.text.blocks import JSON_ROLES, BlockTexts
 from batchbench.text.framing import trimmed
+from batchbench.text.promptcount import SegmentCounter
+from batchbench.text.standincheck import stand_ins_add_up
 
-# Blocks up to this many tokens are made on the loop (plain text, fast method); tool blocks
-# (several encodes) and longer texts go to the worker pool.
+# Blocks up to this many tokens are made on the loop (fast method; tool blocks when sized
+# around stand-ins, else their several encodes go to the worker pool, as longer texts do).
 INLINE_BLOCK_TOKENS = 4096
+
+
+def _short_reply(state: TrajectoryBlocks) -> bool:
+    """True when the reply the next live block takes (if any: its content and reasoning)
+    is short to encode."""
+    reply = state.reply
+    if reply is None:
+        return True
+    size = sum(len(value) for value in reply.values() if isinstance(value, str))
+    return size <= INLINE_COUNT_CHARACTERS
 
 
 @dataclass(slots=True)
@@ -45,21 +57,41 @@ class BlockPrepared:
 class BlockRun:
     """What the block trajectories of a run share: their texts and the shared seeds sent."""
 
-    __slots__ = ("run", "sent_shared", "texts")
+    __slots__ = ("run", "sent_shared", "stand_ins", "texts")
 
     def __init__(self, run: AgentRun) -> None:
         self.run = run
         self.texts = BlockTexts(run.factory.synth)
         self.sent_shared: set[int] = set()  # shared seeds some trajectory has sent
+        self.stand_ins: bool | None = None  # texts counted through stand-ins; None: not known
+
+    def _stand_ins(self) -> bool:
+        """Whether block texts can be counted through stand-ins in the server's template,
+        checked once (a few encodes of a sample request)."""
+        if self.stand_ins is None:
+            counter = self.run.fidelity.prompt_counter
+            self.stand_ins = isinstance(counter, SegmentCounter) and stand_ins_add_up(
+                counter, self.texts.synth
+            )
+        return self.stand_ins
 
     def _inline(self, state: TrajectoryBlocks, request: int) -> bool:
-        """True when every block still to make is cheap enough to make on the loop."""
+        """True when every block still to make, and the request's count in the chat
+        template, are cheap enough for the loop: counted through stand-ins, only the kept
+        reply is new text to encode, and tool blocks are sized around stand-ins too."""
         fidelity = self.run.fidelity
-        if not self.run.inline or (fidelity.correct and fidelity.prompt_counter):
-            return False  # rendering the request in the chat template is not cheap
+        if not self.run.inline:
+            return False
+        if fidelity.correct and fidelity.prompt_counter:
+            framing = state.framing
+            if framing is None or not framing.stand_ins or not _short_reply(state):
+                return False
         plan = state.plan
+        wrapped_cheap = self.texts.stand_ins
         for row in state.missing(request):
-            if int(plan.role[row]) in JSON_ROLES or int(plan.tokens[row]) > INLINE_BLOCK_TOKENS:
+            if int(plan.tokens[row]) > INLINE_BLOCK_TOKENS:
+                return False
+            if int(plan.role[row]) in JSON_ROLES and not wrapped_cheap:
                 return False
         return True
 
@@ -104,7 +136,10 @@ class BlockRun:
     async def prepare(self, agent: int) -> BlockPrepared:
         """The trajectory's state with its first request's blocks made."""
         fidelity = self.run.fidelity
-        framing = BlockFraming(fidelity.prompt_counter) if fidelity.correct else None
+        framing = None
+        if fidelity.correct:
+            stand_ins = fidelity.prompt_counter is not None and self._stand_ins()
+            framing = BlockFraming(fidelity.prompt_counter, stand_ins)
         workload = self.run.workload
         assert workload.blocks is not None  # a block trajectory's workload has them
         state = TrajectoryBlocks(workload.blocks, framing=framing)
@@ -199,7 +234,13 @@ class BlockRequests:
         return self._explain + max(overhead, 0)
 
     def replied(self, turn: int, request: int, reply: Reply) -> int | None:
-        """Keep the reply for the next live block; its rendered size when correcting."""
+        """Keep the reply for the next live block; its rendered size when correcting and
+        it is used.
+
+        With the chat template known, a request is sized from its whole rendering, in which
+        the reply's own count cancels out (``prepare_blocks`` and ``served`` take the
+        content's tokens from the rendering and add them back): the reply is then counted
+        only for ``--request-events-jsonl``, which reports it."""
         fidelity = self._blocks.run.fidelity
         message = reply.message if fidelity.keep_reasoning else without_reasoning(reply.message)
         content = message.get("content")
@@ -208,7 +249,10 @@ class BlockRequests:
         if fidelity.correct:
             assert fidelity.replies is not None  # what correct means
             content, reasoning = trimmed(content), trimmed(reasoning)
-            rendered = fidelity.replies.count(content, reasoning)
+            framing = self._state.framing
+            rendered_whole = framing is not None and framing.counter is not None
+            if not rendered_whole or self._blocks.run.recorder.request_events is not None:
+                rendered = fidelity.replies.count(content, reasoning)
         self._state.keep_reply(normalized_assistant(message, content, reasoning), rendered or 0)
         return rendered
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -23,6 +24,7 @@ import orjson
 
 from batchbench.errors import SynthesisError
 from batchbench.plan.manifest import BLOCK_ROLES
+from batchbench.text.standins import stand_in
 from batchbench.text.synth import Synthesizer
 
 ROLE_TOOL_DEFINITION = BLOCK_ROLES.index("tool_definition")
@@ -35,6 +37,8 @@ JSON_ROLES = frozenset({ROLE_TOOL_DEFINITION, ROLE_TOOL_CALL})
 
 # Distinct text sizes tried for a JSON-wrapped block before the closest is kept.
 WRAPPED_TRIES = 8
+# Text sizes on which wrapped counts through stand-ins are checked against whole encodes.
+STAND_IN_SAMPLE_SIZES = (4, 9, 33, 120, 400)
 
 
 @lru_cache(maxsize=65536)
@@ -102,13 +106,27 @@ class BlockTexts:
 
     Shared seeds (used by more than one trajectory) are made once per run and kept; the
     others are kept by their trajectory only, so memory follows what is in flight.
+
+    A tool block's JSON is counted around the stand-in of its text (``batchbench.text
+    .standins``) when the synthesizer's texts are fast-method ones and, on sample texts,
+    that gives the whole wrapper's count (``stand_ins``, checked once); else it is
+    encoded whole.
     """
 
-    def __init__(self, synth: Synthesizer) -> None:
+    def __init__(self, synth: Synthesizer, stand_ins: bool = True) -> None:
         self.synth = synth
         self._tokenizer = synth.loaded.tokenizer
         self._shared: dict[tuple[str, int, int], BlockText] = {}
         self._lock = threading.Lock()
+        self._stand_ins: bool | None = None if stand_ins and synth.method == "fast" else False
+        self._call_scaffold: int | None = None
+
+    @property
+    def stand_ins(self) -> bool:
+        """Whether tool blocks are counted through stand-ins (checked on first use)."""
+        if self._stand_ins is None:
+            self._stand_ins = self._stand_ins_add_up()
+        return self._stand_ins
 
     def make(self, seed: str, tokens: int, role: int, shared: bool = False) -> BlockText:
         """The content of a block of ``tokens`` planned tokens."""
@@ -133,29 +151,55 @@ class BlockTexts:
                 f"({tokens} tokens)"
             ) from None
 
+    def _stand_ins_add_up(self) -> bool:
+        for role in (ROLE_TOOL_DEFINITION, ROLE_TOOL_CALL):
+            wrap = self._wrapper("stand-in sample", role)
+            for size in STAND_IN_SAMPLE_SIZES:
+                text = self.synth.text(size, size)
+                if self._count(wrap(text)) != self._count_short(wrap, text):
+                    return False
+        return True
+
+    def _scaffold(self, seed: str, role: int) -> int:
+        """The tokens of a tool block's JSON around an empty text; a call's is the same
+        for every seed, so it is counted once."""
+        if role == ROLE_TOOL_CALL:
+            if self._call_scaffold is None:
+                self._call_scaffold = self._count(call_arguments(""))
+            return self._call_scaffold
+        return self._count(self._wrapper(seed, role)(""))
+
     def _count(self, text: str) -> int:
         return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def _count_short(self, wrap: Callable[[str], str], text: str) -> int:
+        """The count of ``wrap(text)`` from the wrapper around the text's stand-in."""
+        short, _, left_out = stand_in(text)
+        return self._count(wrap(short)) + left_out
+
+    @staticmethod
+    def _wrapper(seed: str, role: int) -> Callable[[str], str]:
+        """The JSON a tool block's text is sent in: the whole ``tools`` entry of a
+        definition, the arguments string of a call."""
+        if role == ROLE_TOOL_DEFINITION:
+            return lambda text: orjson.dumps(tool_entry(seed, text)).decode()
+        return call_arguments
 
     def _wrapped(self, seed: str, tokens: int, role: int) -> BlockText:
         """Search the text size whose wrapped JSON has ``tokens`` tokens; never fails.
 
         The text of a tool definition is its description (the entry is measured whole); the
         text of a tool call becomes its arguments string."""
-        if role == ROLE_TOOL_DEFINITION:
-
-            def wrap(text: str) -> str:
-                return orjson.dumps(tool_entry(seed, text)).decode()
-
-        else:
-            wrap = call_arguments
+        wrap = self._wrapper(seed, role)
+        count = self._count_short if self.stand_ins else lambda wrap, text: self._count(wrap(text))
         stream = seed_value(seed)
-        size = max(tokens - self._count(wrap("")), 1)
+        size = max(tokens - self._scaffold(seed, role), 1)
         tried: set[int] = set()
         best: tuple[int, str, int] | None = None  # (|difference|, text, count)
         while size not in tried and len(tried) < WRAPPED_TRIES:
             tried.add(size)
             text = self.synth.text(size, stream)
-            counted = self._count(wrap(text))
+            counted = count(wrap, text)
             if best is None or abs(counted - tokens) < best[0]:
                 best = (abs(counted - tokens), text, counted)
             if counted == tokens:

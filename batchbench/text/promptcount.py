@@ -330,6 +330,18 @@ class SegmentCounter:
         segments = self.segments(messages, True, tools)
         return self._outside() + sum(tokens for tokens, _ in self._segment_entries(segments))
 
+    def count_rendered(self, messages: list[dict], tools: list[dict]) -> tuple[int, str]:
+        """What calling the counter gives, and the text it counted (a built-in template's
+        prefix and generation prompt left out): the stand-ins of
+        ``batchbench.text.standins`` are looked for in it."""
+        tools_or_none = tools or None
+        if not self.segments_add_up():
+            text = self.render(messages, True, tools_or_none)
+            return len(self._encode(text)), text
+        segments = self.segments(messages, True, tools_or_none)
+        entries = self._segment_entries(segments)
+        return self._outside() + sum(tokens for tokens, _ in entries), "".join(segments)
+
     def segments_add_up(self) -> bool:
         """True when counting segment by segment equals encoding the whole prompt, checked
         once on a sample conversation (a tokenizer whose marker strips the whitespace
