@@ -73,8 +73,10 @@ def full_block_count(record: Record, n_ids: int) -> int:
 
 
 def shared_prefix_ids(chains: Sequence[tuple[str, ...] | None], min_followers: int) -> set[str]:
-    """Ids at the start of chains that at least ``min_followers`` distinct ids follow,
-    and the ids before them: the prefix every conversation shares (a system prompt)."""
+    """Ids that at least ``min_followers`` distinct ids follow, and in each chain the ids
+    before them: the prefix every conversation shares (a system prompt). A wide id deep in
+    a chain (a document many conversations paste) makes its whole chain prefix shared for
+    that chain, which only keeps such requests from linking through it."""
     followers: dict[str, set[str]] = {}
     for chain in chains:
         if not chain:
