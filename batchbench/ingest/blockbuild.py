@@ -112,17 +112,15 @@ class BlockBuilder:
         if room < self.min_new_tokens:
             self.counts.not_grown += 1
             return None
-        blocks = list(previous) if live else [_branch_copy(block, uid) for block in previous]
+        if not live:
+            return self._branch_start(previous, record, uid)
+        blocks = list(previous)
         new = room - before.output_tokens
         # A replayed reply re-encodes to a few more tokens than it was generated with (about
         # one in a hundred on long replies): the new content must absorb that too.
         if new >= self.min_new_tokens + before.output_tokens // 32:
-            if live:
-                self.counts.grown += 1
-            else:
-                self.counts.branch_grown += 1
-            reply = f"r{before_uid}" if live else f"r{before_uid}@{uid}"
-            blocks.append(Block(reply, before.output_tokens, "assistant", live))
+            self.counts.grown += 1
+            blocks.append(Block(f"r{before_uid}", before.output_tokens, "assistant", live=True))
             blocks.extend(self._own_tail(self._new_content(record, new, uid), uid))
         else:
             self.counts.folded += 1
@@ -140,6 +138,21 @@ class BlockBuilder:
         if left > 0:
             parts.append(Block(f"n{uid}", left, "user"))
         return parts
+
+    def _branch_start(self, previous: Sequence[Block], record: Record, uid: int) -> list[Block]:
+        """A branch's first request: the blocks its parent's prompt shares with the trace
+        (hash units, keyed segments, up to the first other block), then the rest of the
+        parent's prompt, its reply and the new content as one block of the branch's own.
+        The parent's own blocks cannot be shared (its trajectory resizes them to absorb
+        its template's framing, and a live reply's text exists only there), and as one
+        block their framing is one message's, which the block absorbs."""
+        kept = 0
+        while kept < len(previous) and previous[kept].seed.startswith(("h", "s:")):
+            kept += 1
+        prefix = list(previous[:kept])
+        own = record.input_tokens - sum(block.tokens for block in prefix)
+        self.counts.branch_grown += 1
+        return [*prefix, Block(f"n{uid}", own, "user")]
 
     def _own_tail(self, blocks: list[Block], uid: int) -> list[Block]:
         """The blocks, ending in a block of this request's own of at least min_new_tokens
@@ -204,18 +217,6 @@ class BlockBuilder:
         merged = self.counts.tails_merged > merged_before  # the tail holds ids too
         self.counts.units += sum(block.seed.startswith("h") for block in named) + merged
         return named
-
-
-def _branch_copy(block: Block, uid: int) -> Block:
-    """A block of the parent's prompt as a branch starting at record ``uid`` repeats it.
-    Hash units keep their seeds (the prefix the trace says they share). A trajectory's
-    own content (new messages, replies) gets a seed of the branch: the parent's
-    trajectory may resize that block to absorb its template's framing, which a block
-    another trajectory also sends could not be, and a live reply's text exists only
-    there."""
-    if block.seed.startswith("h") or block.seed.startswith("s:"):
-        return block
-    return Block(f"{block.seed}@{uid}", block.tokens, block.role)
 
 
 def id_roles(
