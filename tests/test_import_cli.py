@@ -226,9 +226,9 @@ def check_replayable(path: Path, trajectories: int, requests: int) -> None:
 
 
 def test_an_imported_hash_trace_is_valid_for_the_other_commands(tmp_path, toy) -> None:
-    """Branches, splits, folded requests, branch copies of seeds, and (a hash link always
-    holds its parent's prompt, so from a session that shrinks) a reset request: every line
-    passes the manifest parser a run uses."""
+    """Branches and splits (their parent's hash units, then one block of their own),
+    folded requests, and (a hash link always holds its parent's prompt, so from a session
+    that shrinks) a reset request: every line passes the manifest parser a run uses."""
     toy[MC] = mooncake_records()
     toy["s.jsonl"] = [
         record("s.jsonl", 1, 0.0, 300, 20, session="s"),

@@ -7,8 +7,9 @@ Seeds in brief (docs/import.md, "Blocks"): ``h<id>`` a hash unit (``h<file>.<id>
 the ids are file-scoped), ``s:<key>`` a keyed segment, ``n<uid>`` a request's own content
 and ``n<uid>.<k>`` its k-th labelled part, ``r<uid>`` the reply of request ``uid``
 (``live`` within a trajectory), ``r<uid>.<next>`` a reply folded with the next request's
-new content, ``<seed>@<uid>`` a branch's copy; ``uid`` numbers the kept requests in
-arrival order from 0."""
+new content; a branch's first request keeps its parent's leading hash units and keyed
+segments, then holds the rest of the parent's prompt, its reply and the new content in
+one ``n<uid>``; ``uid`` numbers the kept requests in arrival order from 0."""
 
 from __future__ import annotations
 
@@ -113,13 +114,10 @@ MOONCAKE_GROWTH = [
         request(1100, 300, 2000, B1, delay=6000),
         request(1800, 120, 8000, [*B1, block("r1", 300, "assistant", live=True), block("n2", 400)]),
     ], "mooncake", "session_growth.jsonl", [2, 3]),
-    # Row 6 is row 2's second child: a branch that keeps the hash blocks and copies the
-    # parent's own content and reply under seeds of its own.
+    # Row 6 is row 2's second child: a branch that keeps the hash blocks; row 2's own 76
+    # tokens, its 300-token reply and 250 new are one block of the branch's own: 1650 - 1024.
     plan("session_growth.jsonl:6", 20000, [
-        request(1650, 80, 20000, [
-            SYSTEM, block("h10", 512), block("n1@5", 76), block("r1@5", 300, "assistant"),
-            block("n5", 250),
-        ]),
+        request(1650, 80, 20000, [SYSTEM, block("h10", 512), block("n5", 626)]),
     ], "mooncake", "session_growth.jsonl", [6], branch_of_row=2),
     # Rows 7 and 8 share ids 20, 21 (always together: one unit of 1024) but row 7's full
     # blocks reach past them: two sessions, no link.
@@ -219,12 +217,10 @@ BAILIAN_GROWTH = [
     plan("conversations.jsonl:2", 10000, [
         request(500, 100, 10000, [block("h0.1", 64), block("n1", 436)]),
     ], "bailian", "conversations.jsonl", [2]),
-    # Chat 4 is chat 1's second child (a regenerated reply).
+    # Chat 4 is chat 1's second child (a regenerated reply): the shared system prompt, then
+    # chat 1's 86 own tokens, its 60-token reply and 50 new as one block: 260 - 64.
     plan("conversations.jsonl:5", 40000, [
-        request(260, 25, 40000, [
-            block("h0.1", 64), block("n0@4", 86), block("r0@4", 60, "assistant"),
-            block("n4", 50),
-        ]),
+        request(260, 25, 40000, [block("h0.1", 64), block("n4", 196)]),
     ], "bailian", "conversations.jsonl", [5], branch_of_row=1),
 ]  # fmt: skip
 
@@ -257,10 +253,7 @@ def conversations(file: int, uid: list[int], inputs: int = 1) -> list[Plan]:
             request(500, 100, 10000, [block(f"h{file}.1", 64), block(f"n{uid[1]}", 436)]),
         ], "bailian", "conversations.jsonl", [2]),
         plan(f"conversations.jsonl:5{repeat}", 40000, [
-            request(260, 25, 40000, [
-                block(f"h{file}.1", 64), block(f"n{uid[0]}@{uid[4]}", 86),
-                block(f"r{uid[0]}@{uid[4]}", 60, "assistant"), block(f"n{uid[4]}", 50),
-            ]),
+            request(260, 25, 40000, [block(f"h{file}.1", 64), block(f"n{uid[4]}", 196)]),
         ], "bailian", "conversations.jsonl", [5], branch_of_row=1, **branch_file),
     ]  # fmt: skip
 

@@ -125,8 +125,9 @@ MOONCAKE_PLANS: list[Plan] = [
         "metadata": source("mc.jsonl", [2, 4]),
     },
     {
-        # The regenerated reply: B1's prompt, B1's reply as plain text, the new content.
-        # The hash unit keeps its seed; B1's own block and reply are the branch's copies.
+        # The regenerated reply: the hash units of B1's prompt keep their seeds; the rest
+        # of B1's prompt (50), B1's reply (20) and the new content (70) are one block of
+        # the branch's own: 340 - 200 = 140 tokens.
         "schema_version": 2,
         "trajectory_id": "mc.jsonl:6",
         "start_after_ms": 25000,
@@ -135,13 +136,7 @@ MOONCAKE_PLANS: list[Plan] = [
                 "prompt_tokens": 340,
                 "output_tokens": 10,
                 "recorded_start_after_ms": 25000,
-                "blocks": [
-                    h1(),
-                    block("h20", 100),
-                    block("n1@5", 50),
-                    block("r1@5", 20, "assistant"),
-                    block("n5", 70),
-                ],
+                "blocks": [h1(), block("h20", 100), block("n5", 140)],
             },
         ],
         "metadata": source("mc.jsonl", [6], branch_of_row=2),
@@ -155,13 +150,8 @@ MOONCAKE_PLANS: list[Plan] = [
                 "prompt_tokens": 450,
                 "output_tokens": 10,
                 "recorded_start_after_ms": 28000,
-                "blocks": [
-                    h1(),
-                    block("h10", 200),
-                    block("n0@6", 50),
-                    block("r0@6", 50, "assistant"),
-                    block("n6", 50),
-                ],
+                # A1's 50-token block, its 50-token reply and 50 new: 450 - 300.
+                "blocks": [h1(), block("h10", 200), block("n6", 150)],
             },
         ],
         "metadata": source("mc.jsonl", [7], branch_of_row=1),
@@ -286,13 +276,8 @@ MOONCAKE_PLANS: list[Plan] = [
                 "prompt_tokens": 300,
                 "output_tokens": 10,
                 "recorded_start_after_ms": 130000,
-                "blocks": [
-                    h1(),
-                    block("h70", 100),
-                    block("n14@15", 50),
-                    block("r14@15", 10, "assistant"),
-                    block("n15", 40),
-                ],
+                # F1's 50-token block, its 10-token reply and 40 new: 300 - 200.
+                "blocks": [h1(), block("h70", 100), block("n15", 100)],
             },
         ],
         "metadata": source("mc.jsonl", [16], split_of_row=15),
@@ -372,8 +357,8 @@ def test_mooncake_sessions_are_rebuilt_from_hash_prefix_chains(tmp_path, toy) ->
     }
     counts = stats.blocks
     # Three requests grow their predecessor with its live reply, one folds it (H2); the two
-    # branches and the split start from their parent's prompt and a plain copy of its
-    # reply. A hash link holds its parent's prompt and a message: none is too short to grow.
+    # branches and the split start from their parent's hash units and one block of their
+    # own. A hash link holds its parent's prompt and a message: none is too short to grow.
     assert (counts.grown, counts.branch_grown, counts.folded, counts.not_grown) == (3, 3, 1, 0)
     assert (counts.resized_seeds, counts.dropped_ids) == (0, 0)
     # The 13 roots are written from their ids: 38 ids in 30 units, counting each merged
@@ -530,11 +515,9 @@ def test_a_retry_of_a_second_turn_branches_from_the_first(tmp_path, toy) -> None
                     "prompt_tokens": 250,
                     "output_tokens": 20,
                     "recorded_start_after_ms": 10000,
-                    "blocks": [
-                        block("n0@2", 150),
-                        block("r0@2", 20, "assistant"),
-                        block("n2", 80),
-                    ],
+                    # Row 1 shares no hash unit: its 150 tokens, its 20-token reply and
+                    # 80 new are one block of the branch's own.
+                    "blocks": [block("n2", 250)],
                 }
             ],
             "metadata": source("retry.jsonl", [3], branch_of_row=1),
@@ -799,8 +782,9 @@ def test_explicit_sessions_grow_with_new_segment_roles_and_split(tmp_path, toy) 
             "metadata": source("sess.jsonl", [2, 5]),
         },
         {
-            # The split keeps the context: s1's prompt, its replies as plain text, all
-            # of it s1's own content, so copied under the split's seeds (@ its first uid).
+            # The split keeps the context: s1's prompt (245), its last reply (10) and the
+            # new content (145), none of it a hash unit, so all one block of the split's
+            # own: 400 tokens.
             "schema_version": 2,
             "trajectory_id": "s1#1",
             "start_after_ms": 100000,
@@ -809,15 +793,7 @@ def test_explicit_sessions_grow_with_new_segment_roles_and_split(tmp_path, toy) 
                     "prompt_tokens": 400,
                     "output_tokens": 10,
                     "recorded_start_after_ms": 100000,
-                    "blocks": [
-                        block("n0@5", 100),
-                        block("r0@5", 20, "assistant"),
-                        block("n2@5", 80),
-                        block("r2@5", 10, "assistant"),
-                        block("n3@5", 35),
-                        block("r3@5", 10, "assistant"),
-                        block("n5", 145),
-                    ],
+                    "blocks": [block("n5", 400)],
                 }
             ],
             "metadata": source("sess.jsonl", [6], origins=["sub"], split_of_row=4),
@@ -984,11 +960,8 @@ def test_parent_keys_link_branch_and_count_missing_parents(tmp_path, toy) -> Non
                     "prompt_tokens": 180,
                     "output_tokens": 10,
                     "recorded_start_after_ms": 3000,
-                    "blocks": [
-                        block("n0@3", 100),
-                        block("r0@3", 10, "assistant"),
-                        block("n3", 70),
-                    ],
+                    # a's 100 tokens, its 10-token reply and 70 new: one block.
+                    "blocks": [block("n3", 180)],
                 }
             ],
             "metadata": source("bl.jsonl", [4], branch_of_row=1),
@@ -1016,6 +989,49 @@ def test_parent_keys_link_branch_and_count_missing_parents(tmp_path, toy) -> Non
         "shared-prefix ids": 0,
     }
     assert (stats.links, stats.branches) == (1, 1)
+
+
+def test_a_branch_keeps_the_shared_blocks_only_up_to_its_parents_first_own_block(
+    tmp_path, toy
+) -> None:
+    """Row 3 branches from row 1, whose prompt is a keyed system prompt, 50 tokens of its
+    own, a keyed tool result, 40 more of its own. The branch keeps the system prompt; the
+    keyed tool result comes after a block of row 1's own, so it joins the rest of row 1's
+    prompt (150), its reply (10) and the new content (60) in one block: 320 - 100."""
+    segments = (
+        Segment("system", 100, "sys"),
+        Segment("user", 50),
+        Segment("tool", 60, "doc"),
+        Segment("user", 40),
+    )
+    toy["kb.jsonl"] = [
+        record("kb.jsonl", 1, 0.0, 250, 10, key="a", segments=segments),
+        record("kb.jsonl", 2, 1.0, 300, 10, key="b", parent="a"),
+        record("kb.jsonl", 3, 2.0, 320, 10, key="c", parent="a"),
+    ]
+    stats, plans = run_import(tmp_path, "kb.jsonl")
+    assert plans[0]["requests"][0]["blocks"] == [
+        block("s:sys", 100, "system"),
+        block("n0.1", 50),
+        block("s:doc", 60, "tool"),
+        block("n0.3", 40),
+    ]
+    assert plans[1] == {
+        "schema_version": 2,
+        "trajectory_id": "kb.jsonl:3",
+        "start_after_ms": 2000,
+        "requests": [
+            {
+                "prompt_tokens": 320,
+                "output_tokens": 10,
+                "recorded_start_after_ms": 2000,
+                "blocks": [block("s:sys", 100, "system"), block("n2", 220)],
+            }
+        ],
+        "metadata": source("kb.jsonl", [3], branch_of_row=1),
+    }
+    assert (len(plans), stats.branches) == (2, 1)
+    assert (stats.blocks.grown, stats.blocks.branch_grown, stats.blocks.folded) == (1, 1, 0)
 
 
 SEG = "traces/seg.jsonl"
@@ -1180,13 +1196,8 @@ def test_the_idle_split_measures_the_recorded_idle_gap(tmp_path, toy) -> None:
                     "prompt_tokens": 300,
                     "output_tokens": 10,
                     "recorded_start_after_ms": 70000,
-                    "blocks": [
-                        block("n0@2", 100),
-                        block("r0@2", 10, "assistant"),
-                        block("n1@2", 90),
-                        block("r1@2", 10, "assistant"),
-                        block("n2", 90),
-                    ],
+                    # Row 2's 200 tokens, its 10-token reply and 90 new: one block.
+                    "blocks": [block("n2", 300)],
                 }
             ],
             "metadata": source("i.jsonl", [3], split_of_row=2),
@@ -1613,8 +1624,8 @@ def test_shared_prompt_tokens_count_the_blocks_other_trajectories_also_send(tmp_
     stats, _plans = run_import(tmp_path, MC, **MOONCAKE_OPTIONS)
     # h1 in all 20 requests, h10 in A's 3 and its branch, h20 in B's 2 and its branch, h70
     # in F1 and its split, h60 in E1 and E2, h33 in K1 and K2. Replies and new content
-    # are one trajectory's each: live ones in theirs, branch and split copies (r0@6,
-    # n14@15) under seeds of their own.
+    # are one trajectory's each: live ones in theirs; a branch or split holds its
+    # parent's other blocks and reply in one block of its own (n5, n6, n15).
     assert stats.shared_prompt_tokens == 2000 + 800 + 300 + 200 + 400 + 200
 
 
