@@ -43,7 +43,7 @@ class BlockCounts:
     )
     resized_seeds: int = 0  # a seed met again with another size or role: given its own name
     grown: int = 0  # requests written as growth of their predecessor, with its live reply
-    branch_grown: int = 0  # a branch's first request: its parent's prompt and plain reply
+    branch_grown: int = 0  # a branch's first request: its parent's shared units, then one own block
     folded: int = 0  # growth whose reply and new content are one plain assistant block
     not_grown: int = 0  # requests too short to hold their predecessor's prompt
 
