@@ -995,26 +995,27 @@ def test_a_branch_keeps_the_shared_blocks_only_up_to_its_parents_first_own_block
     tmp_path, toy
 ) -> None:
     """Row 3 branches from row 1, whose prompt is a keyed system prompt, 50 tokens of its
-    own, a keyed tool result, 40 more of its own. The branch keeps the system prompt; the
-    keyed tool result comes after a block of row 1's own, so it joins the rest of row 1's
-    prompt (150), its reply (10) and the new content (60) in one block: 320 - 100."""
+    own, a keyed tool result, 70 more of its own (a tail of four messages needs 32 + 3 x 8
+    = 56). The branch keeps the system prompt; the keyed tool result comes after a block of
+    row 1's own, so it joins the rest of row 1's prompt (180), its reply (10) and the new
+    content (60) in one block: 350 - 100."""
     segments = (
         Segment("system", 100, "sys"),
         Segment("user", 50),
         Segment("tool", 60, "doc"),
-        Segment("user", 40),
+        Segment("user", 70),
     )
     toy["kb.jsonl"] = [
-        record("kb.jsonl", 1, 0.0, 250, 10, key="a", segments=segments),
-        record("kb.jsonl", 2, 1.0, 300, 10, key="b", parent="a"),
-        record("kb.jsonl", 3, 2.0, 320, 10, key="c", parent="a"),
+        record("kb.jsonl", 1, 0.0, 280, 10, key="a", segments=segments),
+        record("kb.jsonl", 2, 1.0, 330, 10, key="b", parent="a"),
+        record("kb.jsonl", 3, 2.0, 350, 10, key="c", parent="a"),
     ]
     stats, plans = run_import(tmp_path, "kb.jsonl")
     assert plans[0]["requests"][0]["blocks"] == [
         block("s:sys", 100, "system"),
         block("n0.1", 50),
         block("s:doc", 60, "tool"),
-        block("n0.3", 40),
+        block("n0.3", 70),
     ]
     assert plans[1] == {
         "schema_version": 2,
@@ -1022,10 +1023,10 @@ def test_a_branch_keeps_the_shared_blocks_only_up_to_its_parents_first_own_block
         "start_after_ms": 2000,
         "requests": [
             {
-                "prompt_tokens": 320,
+                "prompt_tokens": 350,
                 "output_tokens": 10,
                 "recorded_start_after_ms": 2000,
-                "blocks": [block("s:sys", 100, "system"), block("n2", 220)],
+                "blocks": [block("s:sys", 100, "system"), block("n2", 250)],
             }
         ],
         "metadata": source("kb.jsonl", [3], branch_of_row=1),
@@ -1043,18 +1044,19 @@ def test_whole_prompt_segments_never_reset_and_share_keyed_seeds(tmp_path, toy) 
             SEG, 1, 0.0, 160, 10, session="u",
             segments=(Segment("system", 100, "sys"), Segment("user", 60)),
         ),
-        # Each prompt ends in 40 tokens of its own (the absorber of the template's
-        # framing), so the keyed question before it stays shared.
+        # Each prompt ends in 60 tokens of its own (the absorber of the template's
+        # framing: 32, plus 8 for each of the two messages before it), so the keyed
+        # question before it stays shared.
         record(
-            SEG, 2, 1.0, 240, 10, session="u",
+            SEG, 2, 1.0, 260, 10, session="u",
             segments=(
                 Segment("system", 100, "sys"), Segment("assistant", 0), Segment("user", 100, "q"),
-                Segment("user", 40),
+                Segment("user", 60),
             ),
         ),
         record(
-            SEG, 3, 2.0, 220, 10, session="v",
-            segments=(Segment("system", 80, "sys"), Segment("user", 100, "q"), Segment("user", 40)),
+            SEG, 3, 2.0, 240, 10, session="v",
+            segments=(Segment("system", 80, "sys"), Segment("user", 100, "q"), Segment("user", 60)),
         ),
     ]  # fmt: skip
     stats, plans = run_import(tmp_path, SEG)
@@ -1072,10 +1074,10 @@ def test_whole_prompt_segments_never_reset_and_share_keyed_seeds(tmp_path, toy) 
                     "blocks": [block("s:sys", 100, "system"), block("n0.1", 60)],
                 },
                 {
-                    "prompt_tokens": 240,
+                    "prompt_tokens": 260,
                     "output_tokens": 10,
                     "recorded_start_after_ms": 1000,
-                    "blocks": [block("s:sys", 100, "system"), block("s:q", 100), block("n1.3", 40)],
+                    "blocks": [block("s:sys", 100, "system"), block("s:q", 100), block("n1.3", 60)],
                 },
             ],
             "metadata": source("seg.jsonl", [1, 2]),
@@ -1086,13 +1088,13 @@ def test_whole_prompt_segments_never_reset_and_share_keyed_seeds(tmp_path, toy) 
             "start_after_ms": 2000,
             "requests": [
                 {
-                    "prompt_tokens": 220,
+                    "prompt_tokens": 240,
                     "output_tokens": 10,
                     "recorded_start_after_ms": 2000,
                     "blocks": [
                         block("s:sys~80:system", 80, "system"),
                         block("s:q", 100),
-                        block("n2.2", 40),
+                        block("n2.2", 60),
                     ],
                 }
             ],
@@ -1593,9 +1595,9 @@ def test_a_key_met_with_three_roles_gets_three_seeds(tmp_path, toy) -> None:
         Segment("user", 50, "k"),
         Segment("tool", 50, "k"),
         Segment("tool_call", 50, "k"),
-        Segment("user", 40),  # the prompt's own tail: the keyed blocks before it stay
+        Segment("user", 60),  # the prompt's own tail (32 + 3 x 8): the keyed blocks stay
     )
-    toy["k.jsonl"] = [record("k.jsonl", 1, 0.0, 190, 10, segments=segments)]
+    toy["k.jsonl"] = [record("k.jsonl", 1, 0.0, 210, 10, segments=segments)]
     _stats, plans = run_import(tmp_path, "k.jsonl")
     blocks = plans[0]["requests"][0]["blocks"]
     assert [(b["seed"], b["role"]) for b in blocks] == [

@@ -48,6 +48,11 @@ class BlockCounts:
     not_grown: int = 0  # requests too short to hold their predecessor's prompt
 
 
+# What a chat template adds around one message, at most, in common templates (ChatML,
+# Llama 3, Gemma: 4 to 6 tokens), with room to spare.
+FRAMING_PER_MESSAGE = 8
+
+
 class Seeds:
     """Seed names that keep one (tokens, role) each: a base met again with another size or
     role gets a variant name of its own."""
@@ -88,7 +93,10 @@ class BlockBuilder:
         if chain:
             return self._hashed(record, chain, uid)
         if record.segments is not None:
-            return self._own_tail(self._segments(record.segments, uid), uid)
+            blocks = self._segments(record.segments, uid)
+            # Each segment is a message of its own, framed by the template: the tail
+            # absorbs that framing for all of them.
+            return self._own_tail(blocks, uid, FRAMING_PER_MESSAGE * (len(blocks) - 1))
         return [Block(f"n{uid}", record.input_tokens, "user")]
 
     def grown(
@@ -154,18 +162,20 @@ class BlockBuilder:
         self.counts.branch_grown += 1
         return [*prefix, Block(f"n{uid}", own, "user")]
 
-    def _own_tail(self, blocks: list[Block], uid: int) -> list[Block]:
+    def _own_tail(self, blocks: list[Block], uid: int, framing: int = 0) -> list[Block]:
         """The blocks, ending in a block of this request's own of at least min_new_tokens
         (the run's prompt correction resizes only such a block, to absorb the template's
-        framing): trailing blocks join into one ``n<uid>`` until it is that large, with
-        their role when they share one, else ``user``."""
+        framing, plus ``framing`` more for a prompt of many messages): trailing blocks join
+        into one ``n<uid>`` until it is that large, with their role when they share one,
+        else ``user``."""
+        need = self.min_new_tokens + framing if self.min_new_tokens else 0
         last = blocks[-1] if blocks else None
-        if last is None or (last.seed.startswith(f"n{uid}") and last.tokens >= self.min_new_tokens):
+        if last is None or (last.seed.startswith(f"n{uid}") and last.tokens >= need):
             return blocks
         tokens = 0
         roles = set()
         kept = len(blocks)
-        while kept and tokens < self.min_new_tokens:
+        while kept and tokens < need:
             kept -= 1
             tokens += blocks[kept].tokens
             roles.add(blocks[kept].role)
