@@ -10,7 +10,7 @@ from batchbench.errors import InputError
 from batchbench.ingest.describe import WorkloadDescription, describe
 from batchbench.ingest.plans import Plan, PlanBuilder
 from batchbench.ingest.rows import Row, read_rows
-from batchbench.ingest.sampling import check_fraction, sample
+from batchbench.ingest.sampling import check_fraction, sample_plans
 from batchbench.ingest.sessions import reconstruct
 from batchbench.ingest.window import Window
 from batchbench.ingest.write import encode, write_manifest
@@ -106,15 +106,7 @@ def build_plans(
     stats.trajectories = len(plans)
     stats.normalized_block_tokens = builder.counters.normalized_block_tokens
     stats.prewindow_sessions = builder.counters.prewindow_sessions
-    kept = sample(
-        plans,
-        options.sample,
-        options.seed,
-        ident=lambda plan: plan["trajectory_id"],
-        length=lambda plan: len(plan["requests"]),
-        stratify=options.stratify_by_session_length,
-    )
-    kept.sort(key=lambda plan: (plan["start_after_ms"], plan["trajectory_id"]))
+    kept = sample_plans(plans, options.sample, options.seed, options.stratify_by_session_length)
     stats.sampled = len(kept)
     return kept
 

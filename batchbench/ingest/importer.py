@@ -30,7 +30,7 @@ from batchbench.ingest.lineage import (
     shared_prefix_ids,
 )
 from batchbench.ingest.record import FormatOptions, Record
-from batchbench.ingest.sampling import check_fraction, sample
+from batchbench.ingest.sampling import check_fraction, sample_plans
 from batchbench.ingest.timing import LatencyModel, TraceWindow, end_time, gap_seconds
 from batchbench.ingest.units import Units
 from batchbench.ingest.write import encode, write_manifest
@@ -435,15 +435,9 @@ def build_plans(
         plans.append(plan)
         counted[id(plan)] = moved
     _count_lineage(stats, lineage)
-    kept_plans = sample(
-        plans,
-        options.sample,
-        options.seed,
-        ident=lambda plan: plan["trajectory_id"],
-        length=lambda plan: len(plan["requests"]),
-        stratify=options.stratify_by_session_length,
+    kept_plans = sample_plans(
+        plans, options.sample, options.seed, options.stratify_by_session_length
     )
-    kept_plans.sort(key=lambda plan: (plan["start_after_ms"], plan["trajectory_id"]))
     if len(kept_plans) != len(plans):  # the counters say what was written
         _untally(stats, sum((counted[id(plan)] for plan in kept_plans), Counter()))
     _count_written(stats, kept_plans, options.min_new_tokens)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from batchbench.errors import InputError
 
@@ -56,4 +56,21 @@ def sample(
     for bucket in sorted(buckets):
         members = buckets[bucket]
         kept.extend(_smallest_keys(members, ident, seed, math.ceil(fraction * len(members))))
+    return kept
+
+
+def sample_plans(
+    plans: Sequence[dict[str, Any]], fraction: float | None, seed: int, stratify: bool
+) -> list[dict[str, Any]]:
+    """The kept plans, by trajectory id and request count, sorted for output by
+    (start_after_ms, trajectory_id)."""
+    kept = sample(
+        plans,
+        fraction,
+        seed,
+        ident=lambda plan: plan["trajectory_id"],
+        length=lambda plan: len(plan["requests"]),
+        stratify=stratify,
+    )
+    kept.sort(key=lambda plan: (plan["start_after_ms"], plan["trajectory_id"]))
     return kept
