@@ -110,12 +110,13 @@ class BlockBuilder:
     ) -> list[Block] | None:
         """``previous`` (the prompt of ``before``), its reply, then this record's new
         content; None when the record's prompt cannot hold the previous prompt and room
-        for one message. The reply is ``live`` within a trajectory (a plain assistant
-        block when a branch starts), and only when at least ``min_new_tokens`` (plus one
-        per 32 reply tokens) follow it: the new messages' template framing, and what the
-        reply gains when it is re-encoded, must fit in the new content for the prompt to
-        come out exact. Otherwise reply and new content become one plain assistant block
-        (``folded``), which still repeats the predecessor's prompt byte for byte."""
+        for one message. A branch (``live`` false) starts as ``_branch_start`` says.
+        Within a trajectory the reply is a ``live`` block, but only when at least
+        ``min_new_tokens`` (plus one per 32 reply tokens) follow it: the new messages'
+        template framing, and what the reply gains when it is re-encoded, must fit in the
+        new content for the prompt to come out exact. Otherwise reply and new content
+        become one plain assistant block (``folded``), which still repeats the
+        predecessor's prompt byte for byte."""
         room = record.input_tokens - before.input_tokens  # a prompt sums to its input
         if room < self.min_new_tokens:
             self.counts.not_grown += 1

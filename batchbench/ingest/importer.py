@@ -430,7 +430,7 @@ def build_plans(
         plan = writer.plan(trajectory)
         moved = _tally(stats)
         moved.subtract(before)
-        moved[trajectory.kind + "s"] += 1
+        moved[trajectory.kind] += 1  # root, branch or split
         moved["links"] += len(trajectory.requests) - 1
         plans.append(plan)
         counted[id(plan)] = moved
@@ -461,7 +461,7 @@ def _untally(stats: ImportStats, counts: Counter[str]) -> None:
         setattr(stats, name, counts[name])
     for name in _BLOCK_COUNTS:
         setattr(stats.blocks, name, counts[f"blocks.{name}"])
-    stats.roots, stats.branches, stats.splits = counts["roots"], counts["branchs"], counts["splits"]
+    stats.roots, stats.branches, stats.splits = counts["root"], counts["branch"], counts["split"]
     stats.links = counts["links"]
 
 
