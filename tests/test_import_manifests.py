@@ -196,8 +196,9 @@ BAILIAN_SMALL = [
         # 40 tokens: every unit joins the tail (at least 32 tokens of its own).
         request(40, 13, 0, [block("n0", 40)], delay=14136),
         # Row 3 continues chat 159 but adds only 30 tokens, too few for the new message's
-        # framing: written from its own content, with a reset.
-        request(70, 9, 14136, [block("h0.1089", 32), block("n2", 38)], reset=True),
+        # framing: written from its own content, with a reset; its tail keeps room for
+        # the framing of the block before it (32 + 8), so it takes the whole prompt.
+        request(70, 9, 14136, [block("n2", 70)], reset=True),
     ], "bailian", "qwen_chat_blksz_16.jsonl", [1, 3]),
     plan("qwen_chat_blksz_16.jsonl:2", 386, [request(16, 4, 386, [block("n1", 16)])],
          "bailian", "qwen_chat_blksz_16.jsonl", [2]),
@@ -284,16 +285,17 @@ def test_bailian_first_turns_are_roots_whatever_their_ids(tmp_path, capsys) -> N
 
 # --- weka -------------------------------------------------------------------------------
 
-W0 = [block("h0.1", 128, "tool_definition"), block("n0", 72)]  # id 3 (system) joins the tail
+# Prompts this small cannot keep their tool definitions apart: a prompt's own tail keeps
+# room for the tool section (128 tokens) and the framing (trace_short_growth keeps them).
+W0 = [block("n0", 200)]
 WEKA = [
     plan("trace_small", 0, [
         request(200, 30, 0, W0, delay=18500, stream=False),
         request(300, 20, 21000, [
             *W0, block("r0", 30, "assistant", live=True), block("n3", 70),
         ], delay=38000, stream=True),
-        # A compaction (120 < 300 tokens): its own content, its id 7 a tool definition.
-        request(120, 5, 60000, [block("h0.7", 64, "tool_definition"), block("n4", 56)],
-                reset=True, stream=False),
+        # A compaction (120 < 300 tokens): its own content.
+        request(120, 5, 60000, [block("n4", 120)], reset=True, stream=False),
     ], "weka", "trace_small.json", [1, 4, 5],
        origins=["requests[0]", "requests[2]", "requests[3]"]),
     # The sub-agent starts at 10.5 - 8 s; its second prompt adds 20 tokens: a reset.
@@ -314,11 +316,13 @@ def test_weka_growth_within_one_hash_block(tmp_path, capsys) -> None:
     """A session's request that adds 50 tokens within its last hash block (the same full
     ids) continues its predecessor: the session key says so."""
     plans, _ = imported(tmp_path, capsys, "weka", "trace_short_growth.json")
-    first = [block("h0.1", 128, "tool_definition"), block("h0.3", 64, "system"), block("n0", 68)]
+    # Ids 1-2 are the tool definitions, id 3 the system prompt; id 4 joins the prompt's own
+    # tail, which keeps room for the framing of two blocks and the tool section (176).
+    first = [block("h0.1", 128, "tool_definition"), block("h0.3", 64, "system"), block("n0", 228)]
     assert plans == [
         plan("trace_short_growth", 0, [
-            request(260, 12, 0, first, delay=1000, stream=False),
-            request(310, 20, 3000, [
+            request(420, 12, 0, first, delay=1000, stream=False),
+            request(470, 20, 3000, [
                 *first, block("r0", 12, "assistant", live=True), block("n1", 38),
             ], stream=False),
         ], "weka", "trace_short_growth.json", [1, 2], origins=["requests[0]", "requests[1]"]),

@@ -805,13 +805,15 @@ def test_explicit_sessions_grow_with_new_segment_roles_and_split(tmp_path, toy) 
 
 def test_hashed_sessions_grow_when_their_ids_extend_and_reset_when_not(tmp_path, toy) -> None:
     """WEKA's shape: an explicit session, file-scoped ids, tool definitions and a system
-    prompt first. The third request drops the conversation (a compaction)."""
+    prompt first. The third request drops the conversation (a compaction). Each prompt
+    ends in enough tokens of its own for the framing of its messages and the tool
+    section (32 + 8 per block before it + 128)."""
     roles = (("tool_definition", 100), ("system", 100))
     fields: dict[str, Any] = {"session": "w", "hash_scope": "file", "prefix_roles": roles}
     toy["w.json"] = [
-        hashed("w.json", 1, 0.0, (1, 2, 3), 300, 20, **fields),
-        hashed("w.json", 2, 1.0, (1, 2, 3, 4), 400, 20, **fields),
-        hashed("w.json", 3, 2.0, (1, 2), 250, 10, **fields),
+        hashed("w.json", 1, 0.0, (1, 2, 3), 380, 20, **fields),
+        hashed("w.json", 2, 1.0, (1, 2, 3, 4), 480, 20, **fields),
+        hashed("w.json", 3, 2.0, (1, 2), 380, 10, **fields),
     ]
     stats, plans = run_import(tmp_path, "w.json")
     prefix = [block("h0.1", 100, "tool_definition"), block("h0.2", 100, "system")]
@@ -822,30 +824,30 @@ def test_hashed_sessions_grow_when_their_ids_extend_and_reset_when_not(tmp_path,
             "start_after_ms": 0,
             "requests": [
                 {
-                    "prompt_tokens": 300,
+                    "prompt_tokens": 380,
                     "output_tokens": 20,
                     "delay_after_ms": 1000,
                     "recorded_start_after_ms": 0,
-                    "blocks": [*prefix, block("n0", 100)],
+                    "blocks": [*prefix, block("n0", 180)],
                 },
                 {
-                    "prompt_tokens": 400,
+                    "prompt_tokens": 480,
                     "output_tokens": 20,
                     "delay_after_ms": 1000,
                     "recorded_start_after_ms": 1000,
                     "blocks": [
                         *prefix,
-                        block("n0", 100),
+                        block("n0", 180),
                         block("r0", 20, "assistant", live=True),
                         block("n1", 80),
                     ],
                 },
                 {
-                    "prompt_tokens": 250,
+                    "prompt_tokens": 380,
                     "output_tokens": 10,
                     "reset_before": True,
                     "recorded_start_after_ms": 2000,
-                    "blocks": [*prefix, block("n2", 50)],
+                    "blocks": [*prefix, block("n2", 180)],
                 },
             ],
             "metadata": source("w.json", [1, 2, 3]),
@@ -1107,10 +1109,11 @@ def test_whole_prompt_segments_never_reset_and_share_keyed_seeds(tmp_path, toy) 
 
 def test_prefix_roles_label_blocks_and_units_stop_at_a_role_boundary(tmp_path, toy) -> None:
     """Ids 1-4 always come together; the tool definitions span 150 tokens, the system
-    prompt the next 100: a block takes the role of its first token. The 50 tokens past
-    the ids are the prompt's own tail, so id 4's unit is written too."""
+    prompt the next 100: a block takes the role of its first token. The 200 tokens past
+    the ids are the prompt's own tail, room enough for the framing of three messages and
+    the tool section (32 + 3 x 8 + 128), so id 4's unit is written too."""
     roles = (("tool_definition", 150), ("system", 100))
-    toy["w.json"] = [hashed("w.json", 1, 0.0, (1, 2, 3, 4), 450, 10, prefix_roles=roles)]
+    toy["w.json"] = [hashed("w.json", 1, 0.0, (1, 2, 3, 4), 600, 10, prefix_roles=roles)]
     _stats, plans = run_import(tmp_path, "w.json")
     assert plans == [
         {
@@ -1119,14 +1122,14 @@ def test_prefix_roles_label_blocks_and_units_stop_at_a_role_boundary(tmp_path, t
             "start_after_ms": 0,
             "requests": [
                 {
-                    "prompt_tokens": 450,
+                    "prompt_tokens": 600,
                     "output_tokens": 10,
                     "recorded_start_after_ms": 0,
                     "blocks": [
                         block("h1", 200, "tool_definition"),
                         block("h3", 100, "system"),
                         block("h4", 100),
-                        block("n0", 50),
+                        block("n0", 200),
                     ],
                 }
             ],

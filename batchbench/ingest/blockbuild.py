@@ -51,6 +51,17 @@ class BlockCounts:
 # What a chat template adds around one message, at most, in common templates (ChatML,
 # Llama 3, Gemma: 4 to 6 tokens), with room to spare.
 FRAMING_PER_MESSAGE = 8
+# What a template adds once when a request carries tools: the section that lists them,
+# with its header and instructions (about 15 tokens in ChatML, about 100 in Qwen-style
+# templates), with room to spare.
+FRAMING_TOOLS = 128
+
+
+def framing_reserve(blocks: Sequence[Block]) -> int:
+    """Tokens a prompt's own tail keeps for the template's framing of ``blocks``: one
+    message's framing per block, and the tool section once when there are tools."""
+    tools = any(block.role == "tool_definition" for block in blocks)
+    return FRAMING_PER_MESSAGE * len(blocks) + (FRAMING_TOOLS if tools else 0)
 
 
 class Seeds:
@@ -96,7 +107,7 @@ class BlockBuilder:
             blocks = self._segments(record.segments, uid)
             # Each segment is a message of its own, framed by the template: the tail
             # absorbs that framing for all of them.
-            return self._own_tail(blocks, uid, FRAMING_PER_MESSAGE * (len(blocks) - 1))
+            return self._own_tail(blocks, uid, framed=True)
         return [Block(f"n{uid}", record.input_tokens, "user")]
 
     def grown(
@@ -163,26 +174,33 @@ class BlockBuilder:
         self.counts.branch_grown += 1
         return [*prefix, Block(f"n{uid}", own, "user")]
 
-    def _own_tail(self, blocks: list[Block], uid: int, framing: int = 0) -> list[Block]:
+    def _own_tail(self, blocks: list[Block], uid: int, framed: bool = False) -> list[Block]:
         """The blocks, ending in a block of this request's own of at least min_new_tokens
         (the run's prompt correction resizes only such a block, to absorb the template's
-        framing, plus ``framing`` more for a prompt of many messages): trailing blocks join
-        into one ``n<uid>`` until it is that large, with their role when they share one,
-        else ``user``."""
-        need = self.min_new_tokens + framing if self.min_new_tokens else 0
-        last = blocks[-1] if blocks else None
-        if last is None or (last.seed.startswith(f"n{uid}") and last.tokens >= need):
+        framing), plus, when ``framed`` (a whole prompt of many messages), the
+        ``framing_reserve`` of the blocks before it: trailing blocks join into one
+        ``n<uid>`` until it is that large, with their role when they share one, else
+        ``user``."""
+
+        if not self.min_new_tokens or not blocks:
+            return blocks
+
+        def need(kept: int) -> int:
+            return self.min_new_tokens + (framing_reserve(blocks[:kept]) if framed else 0)
+
+        last = blocks[-1]
+        if last.seed.startswith(f"n{uid}") and last.tokens >= need(len(blocks) - 1):
             return blocks
         tokens = 0
         roles = set()
         kept = len(blocks)
-        while kept and tokens < need:
+        while kept:
             kept -= 1
             tokens += blocks[kept].tokens
             roles.add(blocks[kept].role)
             self.counts.tails_merged += not blocks[kept].seed.startswith(f"n{uid}")
-        if kept == len(blocks):  # min_new_tokens 0: nothing to join
-            return blocks
+            if tokens >= need(kept):
+                break
         role = roles.pop() if len(roles) == 1 else "user"
         return [*blocks[:kept], Block(f"n{uid}", tokens, role)]
 
@@ -218,7 +236,7 @@ class BlockBuilder:
         if rest > 0:
             blocks.append(Block(f"n{uid}", rest, "user"))
         merged_before = self.counts.tails_merged
-        blocks = self._own_tail(blocks, uid)
+        blocks = self._own_tail(blocks, uid, framed=True)
         named = [
             block._replace(seed=self.seeds.name(block.seed, block.tokens, block.role))
             if block.seed.startswith("h")
