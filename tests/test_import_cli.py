@@ -19,7 +19,7 @@ from batchbench.cli.agent import main as agent_main
 from batchbench.cli.import_trace import run
 from batchbench.errors import InputError
 from batchbench.ingest.importer import FORMATS, ImportOptions, import_trace
-from batchbench.ingest.record import FormatOptions, Record
+from batchbench.ingest.record import FormatOptions, Record, Segment
 
 ROOT = Path(__file__).resolve().parents[1]
 WEKA = ROOT / "tests" / "fixtures" / "traces" / "weka" / "trace_small.json"
@@ -95,6 +95,41 @@ def test_the_summary_of_a_sample(tmp_path, toy, capsys) -> None:
         "  delays          uncapped (latency model none)",
         "workload: 2 requests in 2 trajectories (0 with more than one request)",
     ]
+
+
+def test_prompts_under_the_floor_are_raised_and_counted(tmp_path, toy, capsys) -> None:
+    """A 5-token prompt and a 12-token one of two segments become 16 tokens of their own
+    (a chat template's framing alone would exceed them); a 16-token prompt stays."""
+    parts = (Segment("system", 4, key="sys"), Segment("user", 8))
+    toy["p.jsonl"] = [
+        record("p.jsonl", 1, 0.0, 5, 10),
+        record("p.jsonl", 2, 1.0, 12, 10, segments=parts),
+        record("p.jsonl", 3, 2.0, 16, 10),
+    ]
+    out = tmp_path / "m.jsonl"
+    assert run(["toy", "p.jsonl", "-o", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[5:7] == [
+        "  tokens          prompt 48 (0.0% in blocks other trajectories share), output 30; "
+        "equal to the input's, plus the 15 tokens of raised prompts",
+        "  small prompts   2 kept prompts under 16 tokens raised to 16 (+15 tokens): a chat "
+        "template's framing alone would exceed them (--min-prompt-tokens 0 keeps them)",
+    ]
+    written = [json.loads(line)["requests"][0] for line in out.read_text().splitlines()]
+    assert [(r["prompt_tokens"], r["blocks"]) for r in written] == [
+        (16, [{"seed": "n0", "role": "user", "tokens": 16}]),
+        (16, [{"seed": "n1", "role": "user", "tokens": 16}]),
+        (16, [{"seed": "n2", "role": "user", "tokens": 16}]),
+    ]
+    assert run(["toy", "p.jsonl", "-o", str(out), "--min-prompt-tokens", "0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[5] == (
+        "  tokens          prompt 33 (0.0% in blocks other trajectories share), output 30; "
+        "equal to the input's"
+    )
+    assert "small prompts" not in "\n".join(lines)
+    prompts = [json.loads(line)["requests"][0] for line in out.read_text().splitlines()]
+    assert [r["prompt_tokens"] for r in prompts] == [5, 12, 16]
 
 
 def test_options_reach_the_import(tmp_path, toy, capsys) -> None:

@@ -1550,6 +1550,7 @@ BAD_OPTIONS = [
     ),
     ({"block_size": 0}, "--block-size must be a positive number of tokens"),
     ({"min_new_tokens": -1}, "--min-new-tokens must not be negative"),
+    ({"min_prompt_tokens": -1}, "--min-prompt-tokens must not be negative"),
     ({"shared_prefix_followers": 1}, "--shared-prefix-followers must be at least 2"),
     *(({"sample": x}, "sample fraction must be between 0 and 1") for x in (-0.1, 1.5, math.nan)),
 ]  # fmt: skip

@@ -11,7 +11,7 @@ import pytest
 from realtraces import traces_folder
 
 from batchbench.cli.validate import check_file
-from batchbench.ingest.importer import ImportOptions, import_trace
+from batchbench.ingest.importer import MIN_PROMPT_TOKENS, ImportOptions, import_trace
 
 SAMPLES = {
     "mooncake": ("mooncake", ["conversation_trace.jsonl", "synthetic_trace.jsonl"]),
@@ -40,7 +40,8 @@ def test_a_public_trace_imports_whole(fmt: str, tmp_path: Path) -> None:
         )
         assert stats.rows == stats.requests + sum(stats.dropped.values())
         assert set(stats.dropped) <= {"no output tokens", "no input tokens"}
-        assert (stats.prompt_tokens, stats.output_tokens) == (
+        # Prompts under --min-prompt-tokens are raised, and counted apart.
+        assert (stats.prompt_tokens - stats.raised_tokens, stats.output_tokens) == (
             stats.kept_prompt_tokens,
             stats.kept_output_tokens,
         )
@@ -52,5 +53,7 @@ def test_a_public_trace_imports_whole(fmt: str, tmp_path: Path) -> None:
         prompt = sum(r["prompt_tokens"] for plan in written for r in plan["requests"])
         blocks = sum(b["tokens"] for plan in written for r in plan["requests"] for b in r["blocks"])
         assert prompt == blocks == stats.prompt_tokens  # every prompt is its blocks, exactly
+        smallest = min(r["prompt_tokens"] for plan in written for r in plan["requests"])
+        assert smallest >= MIN_PROMPT_TOKENS
         report = check_file(str(output))
         assert report["valid"] and not report["warnings"], report["errors"] or report["warnings"]

@@ -10,7 +10,13 @@ from typing import Any
 from batchbench.cli.exits import exit_status, parsed_or_status
 from batchbench.cli.workload import add_describe_html, check_describe_html, show_workload
 from batchbench.ingest.describe import describe
-from batchbench.ingest.importer import FORMATS, ImportOptions, ImportStats, import_trace
+from batchbench.ingest.importer import (
+    FORMATS,
+    MIN_PROMPT_TOKENS,
+    ImportOptions,
+    ImportStats,
+    import_trace,
+)
 from batchbench.options.parser import CommandParser
 from batchbench.options.values import number
 from batchbench.results.progress import progress_wanted
@@ -110,6 +116,15 @@ def build_parser(prog: str) -> CommandParser:
         "assistant block (default: 32)",
     )
     sessions.add_argument(
+        "--min-prompt-tokens",
+        type=int,
+        default=MIN_PROMPT_TOKENS,
+        metavar="N",
+        help="raise a prompt under N tokens to N (counted and printed): a chat template's "
+        "framing of one message alone costs 7-10 tokens, so a smaller prompt cannot be "
+        f"replayed exactly; 0 keeps every prompt as recorded (default: {MIN_PROMPT_TOKENS})",
+    )
+    sessions.add_argument(
         "--split-idle-ms",
         type=number,
         metavar="MS",
@@ -156,6 +171,7 @@ def run(argv: Sequence[str], prog: str = "batchbench import") -> int:
         link_window_hours=args.link_window_hours,
         shared_prefix_followers=args.shared_prefix_followers,
         min_new_tokens=args.min_new_tokens,
+        min_prompt_tokens=args.min_prompt_tokens,
         latency_model=args.latency_model,
         max_delay_ms=args.max_delay_ms,
         split_idle_ms=args.split_idle_ms,
@@ -208,7 +224,12 @@ def summary(options: ImportOptions, stats: ImportStats) -> str:
         else ""
     )
     share = stats.shared_prompt_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0
-    if (stats.prompt_tokens, stats.output_tokens) != (
+    raised = (
+        f", plus the {_n(stats.raised_tokens)} tokens of raised prompts"
+        if stats.raised_tokens
+        else ""
+    )
+    if (stats.prompt_tokens - stats.raised_tokens, stats.output_tokens) != (
         stats.kept_prompt_tokens,
         stats.kept_output_tokens,
     ):
@@ -218,12 +239,12 @@ def summary(options: ImportOptions, stats: ImportStats) -> str:
         )
     elif stats.dropped:
         totals = (
-            f"equal to the rows kept; the dropped rows held "
+            f"equal to the rows kept{raised}; the dropped rows held "
             f"{_n(stats.input_prompt_tokens - stats.kept_prompt_tokens)} prompt and "
             f"{_n(stats.input_output_tokens - stats.kept_output_tokens)} output tokens"
         )
     else:
-        totals = "equal to the input's"
+        totals = f"equal to the input's{raised}"
     lineage = ", ".join(f"{name} {_n(n)}" for name, n in stats.lineage.items() if n)
     blocks = stats.blocks
     lines = [
@@ -250,10 +271,12 @@ def summary(options: ImportOptions, stats: ImportStats) -> str:
         f"  tokens          prompt {_n(stats.prompt_tokens)} ({share:.1%} in blocks other "
         f"trajectories share), output {_n(stats.output_tokens)}; {totals}",
     ]
-    if stats.tiny_prompts:
+    if stats.raised_prompts:
         lines.append(
-            f"  small prompts   {_n(stats.tiny_prompts)} under {options.min_new_tokens} tokens: "
-            "a chat template's framing alone may exceed them, so their replay may not be exact"
+            f"  small prompts   {_n(stats.raised_prompts)} kept prompts under "
+            f"{options.min_prompt_tokens} tokens raised to {options.min_prompt_tokens} "
+            f"(+{_n(stats.raised_tokens)} tokens): a chat template's framing alone would "
+            "exceed them (--min-prompt-tokens 0 keeps them)"
         )
     if options.max_delay_ms is not None:
         lines.append(f"  delays          {_n(stats.capped_delays)} capped at --max-delay-ms")

@@ -13,7 +13,7 @@ import math
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from batchbench.errors import InputError
@@ -58,6 +58,12 @@ def format_reader(name: str) -> Callable[[str, FormatOptions], Iterator[Record]]
     return reader
 
 
+# The smallest prompt a chat request replays exactly in common templates: one user
+# message's framing with the generation prompt costs 7 to 10 tokens (ChatML, Qwen, Gemma,
+# Llama 3), and the message needs a few tokens of its own.
+MIN_PROMPT_TOKENS = 16
+
+
 @dataclass(frozen=True)
 class ImportOptions:
     format: str
@@ -71,6 +77,7 @@ class ImportOptions:
     link_window_hours: float = 24.0
     shared_prefix_followers: int = 16
     min_new_tokens: int = 32
+    min_prompt_tokens: int = MIN_PROMPT_TOKENS
     latency_model: str = "none"
     max_delay_ms: float | None = None
     split_idle_ms: float | None = None
@@ -100,7 +107,8 @@ class ImportStats:
     splits: int = 0
     resets: int = 0  # requests that follow a predecessor they do not extend (reset_before)
     capped_delays: int = 0
-    tiny_prompts: int = 0  # written prompts under --min-new-tokens: framing may exceed them
+    raised_prompts: int = 0  # kept rows whose prompt was raised to --min-prompt-tokens
+    raised_tokens: int = 0  # the tokens that added
     prompt_tokens: int = 0  # written
     output_tokens: int = 0
     shared_prompt_tokens: int = 0  # written prompt tokens in blocks other trajectories also use
@@ -136,6 +144,8 @@ def check_options(options: ImportOptions) -> tuple[TraceWindow, LatencyModel]:
         raise InputError("--block-size must be a positive number of tokens")
     if options.min_new_tokens < 0:
         raise InputError("--min-new-tokens must not be negative")
+    if options.min_prompt_tokens < 0:
+        raise InputError("--min-prompt-tokens must not be negative")
     if options.shared_prefix_followers < 2:
         raise InputError("--shared-prefix-followers must be at least 2")
     check_fraction(options.sample)
@@ -186,7 +196,19 @@ def read_records(
                 stats.kept_output_tokens -= late.output_tokens
         kept = inside
     kept.sort(key=lambda item: item[:3])
-    return _Kept([item[3] for item in kept], [item[1] for item in kept])
+    records = [_raised(item[3], options.min_prompt_tokens, stats) for item in kept]
+    return _Kept(records, [item[1] for item in kept])
+
+
+def _raised(record: Record, floor: int, stats: ImportStats) -> Record:
+    """The record, its prompt raised to ``floor`` tokens of its own content when smaller:
+    a chat template's framing alone would exceed it, and it could not be replayed
+    exactly. The kept rows' totals stay the input's; the raise is counted apart."""
+    if record.input_tokens >= floor:
+        return record
+    stats.raised_prompts += 1
+    stats.raised_tokens += floor - record.input_tokens
+    return replace(record, input_tokens=floor, segments=None, new_segments=None)
 
 
 LARGEST = 2**53  # counts and milliseconds a manifest holds exactly (JSON numbers in most readers)
@@ -440,7 +462,7 @@ def build_plans(
     )
     if len(kept_plans) != len(plans):  # the counters say what was written
         _untally(stats, sum((counted[id(plan)] for plan in kept_plans), Counter()))
-    _count_written(stats, kept_plans, options.min_new_tokens)
+    _count_written(stats, kept_plans)
     return kept_plans
 
 
@@ -501,7 +523,7 @@ def _count_lineage(stats: ImportStats, lineage: Lineage) -> None:
     }
 
 
-def _count_written(stats: ImportStats, plans: Sequence[Plan], min_new_tokens: int) -> None:
+def _count_written(stats: ImportStats, plans: Sequence[Plan]) -> None:
     users: dict[str, set[str]] = {}
     for plan in plans:
         for request in plan["requests"]:
@@ -512,7 +534,6 @@ def _count_written(stats: ImportStats, plans: Sequence[Plan], min_new_tokens: in
         stats.multi_request += len(plan["requests"]) > 1
         for request in plan["requests"]:
             stats.requests += 1
-            stats.tiny_prompts += request["prompt_tokens"] < min_new_tokens
             stats.prompt_tokens += request["prompt_tokens"]
             stats.output_tokens += request["output_tokens"]
             stats.shared_prompt_tokens += sum(
