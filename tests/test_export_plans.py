@@ -23,6 +23,9 @@ from batchbench.ingest.window import parse_timestamp
 from batchbench.ingest.write import encode, validate_lines
 from batchbench.plan.manifest import load_manifest
 
+# Pure Python that no compiled module serves: the pure-twin pass would repeat it as is.
+pytestmark = pytest.mark.native_pass_only
+
 ROOT = Path(__file__).resolve().parents[1]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 START = "2026-01-01T00:00:00Z"

@@ -18,6 +18,9 @@ from batchbench.errors import InputError
 from batchbench.ingest.formats import claude_code, ragpulse, tracelab, weka
 from batchbench.ingest.record import FormatOptions, Record, Segment
 
+# Pure Python that no compiled module serves: the pure-twin pass would repeat it as is.
+pytestmark = pytest.mark.native_pass_only
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "traces"
 OPTIONS = FormatOptions()
 

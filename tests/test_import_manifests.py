@@ -21,6 +21,9 @@ import pytest
 
 from batchbench.cli.import_trace import run
 
+# Pure Python that no compiled module serves: the pure-twin pass would repeat it as is.
+pytestmark = pytest.mark.native_pass_only
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "traces"
 
 Plan = dict[str, Any]

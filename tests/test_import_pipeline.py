@@ -23,6 +23,9 @@ from batchbench.ingest.importer import (
 )
 from batchbench.ingest.record import FormatOptions, Segment
 
+# Pure Python that no compiled module serves: the pure-twin pass would repeat it as is.
+pytestmark = pytest.mark.native_pass_only
+
 Plan = dict[str, Any]
 
 
