@@ -7,6 +7,7 @@ its client, with automatic decompression off, hands over the upstream's bytes as
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -108,8 +109,8 @@ def _read_body(raw: bytes, chat: bool) -> _Request:
 def _unreachable(exc: BaseException) -> web.Response:
     reason = type(exc).__name__
     os_error = getattr(exc, "os_error", None)
-    if isinstance(os_error, OSError) and os_error.strerror:
-        reason = os_error.strerror
+    if isinstance(os_error, OSError) and os_error.errno:
+        reason = os.strerror(os_error.errno)
     message = f"batchbench record: the upstream server cannot be reached ({reason})"
     body = {"error": {"message": message, "type": "bad_gateway", "code": 502}}
     return web.Response(status=502, body=orjson.dumps(body), content_type="application/json")
