@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 from collections.abc import Sequence
 from urllib.parse import urlsplit
@@ -157,7 +158,8 @@ async def serve(proxy: RecordingProxy, host: str, port: int) -> None:
         try:
             await site.start()
         except OSError as exc:
-            raise BatchbenchError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise BatchbenchError(f"cannot listen on {host}:{port}: {reason}") from None
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):  # before anyone learns where we listen
