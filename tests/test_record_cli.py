@@ -9,6 +9,8 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -196,3 +198,23 @@ def test_records_against_the_simulator_then_resumes_with_the_same_key(tmp_path):
     [given] = (orjson.loads(line) for line in other.read_bytes().splitlines())
     assert given["chain"] != one["chain"] and given["principal_id"] != one["principal_id"]
     assert not (tmp_path / "other.jsonl.key").exists()
+
+
+def test_a_stop_lets_the_request_in_flight_finish_and_record(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    slow = "--speed 1 --decode-step-ms 100 --decode-step-ms-per-seq 0 --decode-step-ms-per-ktoken 0"
+    with SimProcess(sim_command("deepseek-v3", None, slow)) as sim:
+        proxy = Proxy("--upstream", sim.url, "--listen", "127.0.0.1:0", "--rows-jsonl", str(rows))
+        replies: list[dict] = []
+        body = {**BODY, "max_tokens": 8, "ignore_eos": True}
+        client = threading.Thread(target=lambda: replies.append(chat(proxy.url, body)))
+        started = time.monotonic()
+        client.start()
+        time.sleep(0.3)
+        assert proxy.stop() == (0, f"recorded 1 requests to {rows}\n", "")
+        client.join(10)
+    assert time.monotonic() - started >= 0.7  # the reply took its eight decode steps
+    assert replies[0]["usage"]["completion_tokens"] == 8
+    [row] = (orjson.loads(line) for line in rows.read_bytes().splitlines())
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (11, 8)
+    assert row["duration_ms"] >= 700

@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 from aiohttp import web
 
 from batchbench.record.blocks import chat_blocks, completion_blocks
@@ -56,6 +57,7 @@ class Upstream:
 
     bodies: list[bytes] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
+    cancelled: list[bool] = field(default_factory=list)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -77,6 +79,17 @@ class Upstream:
             return web.Response(body=JSON_REPLY, content_type="application/json")
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        if messages[-1]["content"] in ("cut", "slow"):
+            await response.write(EVENTS[0])
+            if messages[-1]["content"] == "cut":  # the upstream dies mid-reply
+                assert request.transport is not None
+                request.transport.close()
+                return response
+            try:
+                await asyncio.sleep(5)  # until the proxy hangs up on behalf of its client
+            except asyncio.CancelledError:
+                self.cancelled.append(True)
+                raise
         for event in EVENTS:
             await response.write(event)
         if (body.get("stream_options") or {}).get("include_usage"):
@@ -100,7 +113,7 @@ async def serve(app_or_runner: web.Application | web.AppRunner) -> tuple[web.App
     runner = (
         app_or_runner
         if isinstance(app_or_runner, web.AppRunner)
-        else web.AppRunner(app_or_runner, access_log=None)
+        else web.AppRunner(app_or_runner, access_log=None, handler_cancellation=True)
     )
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -374,3 +387,52 @@ def test_principal_from_header_key_hash_or_anonymous_and_ids_in_arrival_order(tm
         ("000000000003", "anonymous"),
     ]
     assert len({tuple(r["chain"]) for r in rows}) == 1
+
+
+def test_upstream_cut_mid_stream_cuts_the_client_and_leaves_a_row(tmp_path, deepseek):
+    body = {"model": "m", "messages": [{"role": "user", "content": "cut"}], "stream": True}
+
+    async def main():
+        async with recording(tmp_path, deepseek) as rec, aiohttp.ClientSession() as session:
+            url = rec.url + "/v1/chat/completions"
+            async with session.post(url, data=orjson.dumps(body)) as response:
+                assert response.status == 200
+                assert await response.content.readany() == EVENTS[0]
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await response.read()
+        [row] = rec.rows()
+        assert timeless(row, 0, time.time() * 1e6, 60_000) == {
+            **expected_row(body, [1]),
+            "correlation_id": "000000000000",
+            "prompt_tokens": None,
+            "completion_tokens": None,
+        }
+
+    run(main())
+
+
+def test_a_client_that_leaves_mid_stream_ends_the_upstream_request(tmp_path, deepseek):
+    body = {"model": "m", "messages": [{"role": "user", "content": "slow"}], "stream": True}
+
+    async def main():
+        async with recording(tmp_path, deepseek) as rec:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(rec.url + "/v1/chat/completions", data=orjson.dumps(body)) as response,
+            ):
+                assert await response.content.readany() == EVENTS[0]
+                response.close()  # hang up
+            for _ in range(100):
+                if rec.sink.written and rec.upstream.cancelled:
+                    break
+                await asyncio.sleep(0.02)
+            assert rec.upstream.cancelled == [True]
+        [row] = rec.rows()
+        assert timeless(row, 0, time.time() * 1e6, 5_000) == {
+            **expected_row(body, [1]),
+            "correlation_id": "000000000000",
+            "prompt_tokens": None,
+            "completion_tokens": None,
+        }
+
+    run(main())

@@ -29,10 +29,29 @@ class BlockCounter:
     async def counts(self, blocks: Sequence[Block]) -> list[int]:
         """Each block's count. New texts are encoded in one batch, on a worker thread
         when they are large (the tokenizer releases the GIL) so other streams go on."""
+        digests, known, missing = self._lookup(blocks)
+        texts = list(missing.values())
+        if sum(map(len, texts)) > OFF_LOOP_CHARS:
+            loop = asyncio.get_running_loop()
+            counted = await loop.run_in_executor(None, self._encode, texts)
+        else:
+            counted = self._encode(texts)
+        return self._settle(digests, known, missing, counted)
+
+    def counts_now(self, blocks: Sequence[Block]) -> list[int]:
+        """Each block's count, encoded here whatever the size (a cancelled request's row
+        is written before its handler ends)."""
+        digests, known, missing = self._lookup(blocks)
+        return self._settle(digests, known, missing, self._encode(list(missing.values())))
+
+    def _lookup(
+        self, blocks: Sequence[Block]
+    ) -> tuple[list[bytes], dict[bytes, int], dict[bytes, str]]:
+        """Each block's text digest, the counts the cache knows, the texts it does not."""
         digests = [
             hashlib.blake2b(block.text.encode("utf-8"), digest_size=16).digest() for block in blocks
         ]
-        found: dict[bytes, int] = {}
+        known: dict[bytes, int] = {}
         missing: dict[bytes, str] = {}
         for digest, block in zip(digests, blocks, strict=True):
             count = self.cache.get(digest)
@@ -40,21 +59,25 @@ class BlockCounter:
                 missing[digest] = block.text
             else:
                 self.cache.move_to_end(digest)
-                found[digest] = count
-        if missing:
-            texts = list(missing.values())
-            if sum(map(len, texts)) > OFF_LOOP_CHARS:
-                loop = asyncio.get_running_loop()
-                counted = await loop.run_in_executor(None, self._encode, texts)
-            else:
-                counted = self._encode(texts)
-            self.encoded += len(texts)
-            for digest, count in zip(missing, counted, strict=True):
-                found[digest] = count
-                self._remember(digest, count)
-        return [found[digest] for digest in digests]
+                known[digest] = count
+        return digests, known, missing
+
+    def _settle(
+        self,
+        digests: list[bytes],
+        known: dict[bytes, int],
+        missing: dict[bytes, str],
+        counted: list[int],
+    ) -> list[int]:
+        self.encoded += len(counted)
+        for digest, count in zip(missing, counted, strict=True):
+            known[digest] = count
+            self._remember(digest, count)
+        return [known[digest] for digest in digests]
 
     def _encode(self, texts: list[str]) -> list[int]:
+        if not texts:
+            return []
         encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
         return [len(encoding.ids) for encoding in encodings]
 

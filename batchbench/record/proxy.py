@@ -133,7 +133,13 @@ class RecordingProxy:
     def runner(self, grace_s: float) -> web.AppRunner:
         """Stopping waits up to ``grace_s`` for requests in flight, then cancels them."""
         return web.AppRunner(
-            self.app(), access_log=None, handle_signals=False, shutdown_timeout=grace_s
+            self.app(),
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=grace_s,
+            # A client that hangs up cancels its handler, which closes the upstream request
+            # at once (a model would otherwise go on generating for no one).
+            handler_cancellation=True,
         )
 
     async def _session(self, app: web.Application) -> AsyncIterator[None]:
@@ -206,8 +212,23 @@ class RecordingProxy:
                 )
         except aiohttp.ClientError as exc:  # before any reply: nothing reached the client
             response = _unreachable(exc)
+        except asyncio.CancelledError:
+            # The client hung up, or a stop's grace ran out: the request still gets its row
+            # (without usage), written before the handler ends.
+            duration_ms = round((time.perf_counter() - started) * 1000.0, 3)
+            blocks = parsed.blocks
+            hashes = chain(self.config.key, blocks)
+            row = _row(ts_us, who, correlation, parsed, None, duration_ms)
+            self._write(row, hashes, self.counter.counts_now(blocks))
+            raise
         duration_ms = round((time.perf_counter() - started) * 1000.0, 3)
-        await self._write_row(ts_us, who, correlation, parsed, usage, duration_ms)
+        row = _row(ts_us, who, correlation, parsed, usage, duration_ms)
+        if sum(len(block.canonical) for block in parsed.blocks) > OFF_LOOP_CHARS:
+            loop = asyncio.get_running_loop()
+            hashes = await loop.run_in_executor(None, chain, self.config.key, parsed.blocks)
+        else:
+            hashes = chain(self.config.key, parsed.blocks)
+        self._write(row, hashes, await self.counter.counts(parsed.blocks))
         return response
 
     async def _relay(
@@ -255,38 +276,35 @@ class RecordingProxy:
             return response, watcher.usage
         return response, json_usage(b"".join(copy))
 
-    async def _write_row(
-        self,
-        ts_us: int,
-        who: str,
-        correlation: str,
-        parsed: _Request,
-        usage: dict[str, Any] | None,
-        duration_ms: float,
-    ) -> None:
-        """Hash and count the blocks once the reply is out (no latency added to it)."""
-        blocks = parsed.blocks
-        if sum(len(block.canonical) for block in blocks) > OFF_LOOP_CHARS:
-            loop = asyncio.get_running_loop()
-            hashes = await loop.run_in_executor(None, chain, self.config.key, blocks)
-        else:
-            hashes = chain(self.config.key, blocks)
-        counts = await self.counter.counts(blocks)
-        prompt = usage.get("prompt_tokens") if usage else None
-        completion = usage.get("completion_tokens") if usage else None
-        self.sink.write(
-            Row(
-                ts_us=ts_us,
-                principal_id=who,
-                correlation_id=correlation,
-                model=parsed.model,
-                chain=hashes,
-                block_roles=[block.role for block in blocks],
-                block_tokens=counts,
-                prompt_tokens=prompt if type(prompt) is int else None,
-                completion_tokens=completion if type(completion) is int else None,
-                stream=parsed.stream,
-                max_tokens=parsed.max_tokens,
-                duration_ms=duration_ms,
-            )
-        )
+    def _write(self, row: Row, hashes: list[str], counts: list[int]) -> None:
+        row.chain = hashes
+        row.block_tokens = counts
+        self.sink.write(row)
+
+
+def _row(
+    ts_us: int,
+    who: str,
+    correlation: str,
+    parsed: _Request,
+    usage: dict[str, Any] | None,
+    duration_ms: float,
+) -> Row:
+    """A finished request's row, chain and counts still to fill (hashing and counting
+    wait until the reply is out: no latency added to it)."""
+    prompt = usage.get("prompt_tokens") if usage else None
+    completion = usage.get("completion_tokens") if usage else None
+    return Row(
+        ts_us=ts_us,
+        principal_id=who,
+        correlation_id=correlation,
+        model=parsed.model,
+        chain=[],
+        block_roles=[block.role for block in parsed.blocks],
+        block_tokens=[],
+        prompt_tokens=prompt if type(prompt) is int else None,
+        completion_tokens=completion if type(completion) is int else None,
+        stream=parsed.stream,
+        max_tokens=parsed.max_tokens,
+        duration_ms=duration_ms,
+    )
