@@ -231,6 +231,9 @@ def test_count_cache_is_bounded_and_large_texts_count_off_the_loop(deepseek):
     assert len(counter.cache) == 2
     assert asyncio.run(counter.counts([a])) == [1]  # evicted, so encoded again
     assert counter.encoded == 4
-    big = "word " * (OFF_LOOP_CHARS // 5 + 1)  # 16,385 characters: past the threshold
-    assert asyncio.run(counter.counts([Block("tool", big.encode(), big)])) == [3278]
+    assert counter.worker is None  # small work stays on the loop
+    big = "word " * (OFF_LOOP_CHARS // 5 + 1)  # 2,050 characters: past the threshold
+    assert asyncio.run(counter.counts([Block("tool", big.encode(), big)])) == [411]
+    assert counter.worker is not None
+    counter.close()
     assert counter.encoded == 5

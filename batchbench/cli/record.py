@@ -178,10 +178,14 @@ def _record(args: argparse.Namespace) -> int:
     try:
         key = args.hash_key if args.hash_key is not None else recording_key(args.rows_jsonl)
         config = ProxyConfig(args.upstream, key, args.principal_header)
-        proxy = RecordingProxy(config, BlockCounter(tokenizer), sink)
+        counter = BlockCounter(tokenizer)
+        proxy = RecordingProxy(config, counter, sink)
         host, port = args.listen
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(serve(proxy, host, port))
+        try:
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                runner.run(serve(proxy, host, port))
+        finally:
+            counter.close()
     finally:
         sink.close()
     print(f"recorded {sink.written} requests to {args.rows_jsonl}", flush=True)

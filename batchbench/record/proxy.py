@@ -20,7 +20,7 @@ from multidict import CIMultiDict
 
 from batchbench.record.blocks import Block, chat_blocks, completion_blocks
 from batchbench.record.chain import chain, principal
-from batchbench.record.counts import OFF_LOOP_CHARS, BlockCounter
+from batchbench.record.counts import BlockCounter
 from batchbench.record.sink import Row, RowSink
 from batchbench.record.usage import StreamUsage, json_usage
 
@@ -223,11 +223,8 @@ class RecordingProxy:
             raise
         duration_ms = round((time.perf_counter() - started) * 1000.0, 3)
         row = _row(ts_us, who, correlation, parsed, usage, duration_ms)
-        if sum(len(block.canonical) for block in parsed.blocks) > OFF_LOOP_CHARS:
-            loop = asyncio.get_running_loop()
-            hashes = await loop.run_in_executor(None, chain, self.config.key, parsed.blocks)
-        else:
-            hashes = chain(self.config.key, parsed.blocks)
+        size = sum(len(block.canonical) for block in parsed.blocks)
+        hashes = await self.counter.off_loop(size, chain, self.config.key, parsed.blocks)
         self._write(row, hashes, await self.counter.counts(parsed.blocks))
         return response
 
