@@ -47,6 +47,9 @@ class BlockCounter:
         otherwise here at once."""
         if size <= OFF_LOOP_CHARS:
             return job(*args)
+        return await self.on_worker(job, *args)
+
+    async def on_worker(self, job: Callable[..., T], *args: object) -> T:
         if self.worker is None:
             self.worker = ThreadPoolExecutor(1, thread_name_prefix="batchbench-record")
         return await asyncio.get_running_loop().run_in_executor(self.worker, job, *args)
@@ -57,7 +60,10 @@ class BlockCounter:
         digests = await self.off_loop(size, text_digests, blocks)
         known, missing = self._lookup(digests, blocks)
         texts = list(missing.values())
-        counted = await self.off_loop(sum(map(len, texts)), self._encode, texts)
+        if sum(map(len, texts)) > OFF_LOOP_CHARS:
+            counted = await self.on_worker(self._encode_batch, texts)
+        else:
+            counted = self._encode(texts)
         return self._settle(digests, known, missing, counted)
 
     def counts_now(self, blocks: Sequence[Block]) -> list[int]:
@@ -100,8 +106,12 @@ class BlockCounter:
         return [known[digest] for digest in digests]
 
     def _encode(self, texts: list[str]) -> list[int]:
-        if not texts:
-            return []
+        """On the loop: one text after another (a batch hands off to the tokenizer's
+        threads and waits for the GIL to come back, slower for small texts)."""
+        return [len(self.tokenizer.encode(text, add_special_tokens=False).ids) for text in texts]
+
+    def _encode_batch(self, texts: list[str]) -> list[int]:
+        """On the worker: one batch, encoded without the GIL."""
         encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
         return [len(encoding.ids) for encoding in encodings]
 

@@ -77,19 +77,25 @@ class StreamUsage:
         return rest if self.strip else b""
 
     def _events(self) -> bytes:
-        """Take every complete event from ``pending``; the ones to forward, joined."""
+        """Take every complete event from ``pending``; the bytes to forward. Only the
+        events around a usage mark are parsed; the others are kept as they are."""
         kept = bytearray()
-        start = 0
-        while True:
-            ends = [at + len(end) for end in _ENDS if (at := self.pending.find(end, start)) >= 0]
+        start = 0  # pending[:start] is done with
+        while (mark := self.pending.find(_MARK, start)) >= 0:
+            ends = [at + len(e) for e in _ENDS if (at := self.pending.find(e, mark)) >= 0]
             if not ends:
-                break
-            end = min(ends)
-            event = bytes(self.pending[start:end])
+                break  # the marked event is not complete yet
+            begins = [at + len(e) for e in _ENDS if (at := self.pending.rfind(e, start, mark)) >= 0]
+            begin, end = max(begins, default=start), min(ends)
+            kept += self.pending[start:begin]
+            event = bytes(self.pending[begin:end])
             if not self._usage_only(event):
                 kept += event
             start = end
-        del self.pending[:start]
+        tail = [at + len(e) for e in _ENDS if (at := self.pending.rfind(e, start)) >= 0]
+        end = max(tail, default=start)
+        kept += self.pending[start:end]
+        del self.pending[:end]
         return bytes(kept)
 
     def _usage_only(self, event: bytes) -> bool:
