@@ -188,7 +188,7 @@ def _record(args: argparse.Namespace) -> int:
             counter.close()
     finally:
         sink.close()
-    print(f"recorded {sink.written} requests to {args.rows_jsonl}", flush=True)
+    print(sink.summary(), flush=True)
     return 0
 
 
