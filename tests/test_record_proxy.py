@@ -71,7 +71,10 @@ class Upstream:
         raw = await request.read()
         self.bodies.append(raw)
         self.headers.append(dict(request.headers))
-        body = orjson.loads(raw)
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return web.Response(status=400, body=b'{"error":"not JSON"}')
         messages = body.get("messages") or [{"content": body.get("prompt")}]
         if messages[-1]["content"] == "fail":
             return web.Response(status=500, body=ERROR_REPLY, content_type="application/json")
@@ -433,6 +436,29 @@ def test_a_client_that_leaves_mid_stream_ends_the_upstream_request(tmp_path, dee
             "correlation_id": "000000000000",
             "prompt_tokens": None,
             "completion_tokens": None,
+        }
+
+    run(main())
+
+
+def test_a_body_that_is_not_json_is_forwarded_as_is_with_an_empty_row(tmp_path, deepseek):
+    async def main():
+        async with recording(tmp_path, deepseek) as rec, aiohttp.ClientSession() as session:
+            async with session.post(rec.url + "/v1/chat/completions", data=b"{oops") as response:
+                assert (response.status, await response.read()) == (400, b'{"error":"not JSON"}')
+            assert rec.upstream.bodies == [b"{oops"]
+        [row] = rec.rows()
+        assert timeless(row, 0, time.time() * 1e6, 60_000) == {
+            "principal_id": "anonymous",
+            "correlation_id": "000000000000",
+            "model": None,
+            "chain": [],
+            "block_roles": [],
+            "block_tokens": [],
+            "prompt_tokens": None,
+            "completion_tokens": None,
+            "stream": None,
+            "max_tokens": None,
         }
 
     run(main())
