@@ -59,18 +59,23 @@ SIGINT or SIGTERM stops it: requests in flight get 10 s to finish, then it print
 
 
 def upstream_url(text: str) -> str:
-    """--upstream: http(s)://host[:port][/prefix]; the client's path follows the prefix."""
+    """--upstream: http(s)://host[:port][/prefix]; the client's path follows the prefix.
+    Errors do not repeat the URL: it may hold credentials (user:password@host)."""
     try:
         parts = urlsplit(text)
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a URL: {exc}") from None
+        raise argparse.ArgumentTypeError(f"not a URL ({exc})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise argparse.ArgumentTypeError(
-            f"{text!r} must be an http:// or https:// URL with a host (e.g. http://127.0.0.1:8000)"
+            "must be an http:// or https:// URL with a host (e.g. http://127.0.0.1:8000)"
         )
     if parts.query or parts.fragment:
-        raise argparse.ArgumentTypeError(f"{text!r} must not have a query or a fragment")
+        raise argparse.ArgumentTypeError("must not have a query or a fragment")
+    if parts.username is not None or parts.password is not None:
+        raise argparse.ArgumentTypeError(
+            "must not hold credentials: the clients' own Authorization headers are forwarded"
+        )
     return text.rstrip("/")
 
 
