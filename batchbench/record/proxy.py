@@ -183,15 +183,17 @@ class RecordingProxy:
         return response
 
     async def _record(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        ts_us = time.time_ns() // 1000
-        started = time.perf_counter()
-        correlation = self.sink.correlation_id()
         named = (
             request.headers.get(self.config.principal_header)
             if self.config.principal_header
             else None
         )
-        who = principal(self.config.key, request.headers.get("Authorization"), named)
+        arrival = _Arrival(
+            ts_us=time.time_ns() // 1000,
+            started=time.perf_counter(),
+            principal_id=principal(self.config.key, request.headers.get("Authorization"), named),
+            correlation_id=self.sink.correlation_id(),
+        )
         parsed = _read_body(await request.read(), chat)
         headers = _forwarded(request.headers)
         # The reply is read for usage: ask for it as sent, not compressed.
@@ -215,18 +217,25 @@ class RecordingProxy:
         except asyncio.CancelledError:
             # The client hung up, or a stop's grace ran out: the request still gets its row
             # (without usage), written before the handler ends.
-            duration_ms = round((time.perf_counter() - started) * 1000.0, 3)
-            blocks = parsed.blocks
-            hashes = chain(self.config.key, blocks)
-            row = _row(ts_us, who, correlation, parsed, None, duration_ms)
-            self._write(row, hashes, self.counter.counts_now(blocks))
+            duration_ms = arrival.elapsed_ms()
+            hashes = chain(self.config.key, parsed.blocks)
+            counts = self.counter.counts_now(parsed.blocks)
+            self.sink.write(_row(arrival, parsed, None, hashes, counts, duration_ms))
             raise
-        duration_ms = round((time.perf_counter() - started) * 1000.0, 3)
-        row = _row(ts_us, who, correlation, parsed, usage, duration_ms)
+        # A client that hangs up now (the reply is out) must not cancel the row's work.
+        await asyncio.shield(self._finish(arrival, parsed, usage))
+        return response
+
+    async def _finish(
+        self, arrival: _Arrival, parsed: _Request, usage: dict[str, Any] | None
+    ) -> None:
+        """Hash and count the blocks once the reply is out (no latency added to it), then
+        write the row; its duration ends with the reply."""
+        duration_ms = arrival.elapsed_ms()
         size = sum(len(block.canonical) for block in parsed.blocks)
         hashes = await self.counter.off_loop(size, chain, self.config.key, parsed.blocks)
-        self._write(row, hashes, await self.counter.counts(parsed.blocks))
-        return response
+        counts = await self.counter.counts(parsed.blocks)
+        self.sink.write(_row(arrival, parsed, usage, hashes, counts, duration_ms))
 
     async def _relay(
         self,
@@ -273,32 +282,38 @@ class RecordingProxy:
             return response, watcher.usage
         return response, json_usage(b"".join(copy))
 
-    def _write(self, row: Row, hashes: list[str], counts: list[int]) -> None:
-        row.chain = hashes
-        row.block_tokens = counts
-        self.sink.write(row)
+
+@dataclass(frozen=True, slots=True)
+class _Arrival:
+    """When a recorded request came, from whom, and its place in the recording."""
+
+    ts_us: int
+    started: float  # time.perf_counter() then
+    principal_id: str
+    correlation_id: str
+
+    def elapsed_ms(self) -> float:
+        return round((time.perf_counter() - self.started) * 1000.0, 3)
 
 
 def _row(
-    ts_us: int,
-    who: str,
-    correlation: str,
+    arrival: _Arrival,
     parsed: _Request,
     usage: dict[str, Any] | None,
+    hashes: list[str],
+    counts: list[int],
     duration_ms: float,
 ) -> Row:
-    """A finished request's row, chain and counts still to fill (hashing and counting
-    wait until the reply is out: no latency added to it)."""
     prompt = usage.get("prompt_tokens") if usage else None
     completion = usage.get("completion_tokens") if usage else None
     return Row(
-        ts_us=ts_us,
-        principal_id=who,
-        correlation_id=correlation,
+        ts_us=arrival.ts_us,
+        principal_id=arrival.principal_id,
+        correlation_id=arrival.correlation_id,
         model=parsed.model,
-        chain=[],
+        chain=hashes,
         block_roles=[block.role for block in parsed.blocks],
-        block_tokens=[],
+        block_tokens=counts,
         prompt_tokens=prompt if type(prompt) is int else None,
         completion_tokens=completion if type(completion) is int else None,
         stream=parsed.stream,
