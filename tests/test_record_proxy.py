@@ -462,3 +462,35 @@ def test_a_body_that_is_not_json_is_forwarded_as_is_with_an_empty_row(tmp_path, 
         }
 
     run(main())
+
+
+def test_a_client_that_hangs_up_right_after_its_reply_still_gets_its_row(tmp_path, deepseek):
+    """A long history is hashed and counted on the worker thread after the reply; the
+    client closing its connection meanwhile must not cancel that."""
+    long = {"role": "user", "content": "lorem ipsum dolor " * 400}  # 7,200 characters
+    body = {"model": "m", "messages": [SYSTEM, long]}
+
+    async def main():
+        async with recording(tmp_path, deepseek) as rec:
+            for _ in range(3):
+                async with (
+                    aiohttp.ClientSession() as session,
+                    session.post(
+                        rec.url + "/v1/chat/completions", data=orjson.dumps(body)
+                    ) as response,
+                ):
+                    assert await response.read() == JSON_REPLY
+                    # the session closes its connection here, while the proxy still works
+            for _ in range(100):
+                if rec.sink.written == 3:
+                    break
+                await asyncio.sleep(0.02)
+        rows = rec.rows()
+        assert [r["correlation_id"] for r in rows] == [
+            "000000000000",
+            "000000000001",
+            "000000000002",
+        ]
+        assert [r["block_tokens"] for r in rows] == [[5, 1601]] * 3
+
+    run(main())
