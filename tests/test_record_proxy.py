@@ -480,7 +480,7 @@ def test_a_client_that_hangs_up_right_after_its_reply_still_gets_its_row(tmp_pat
                     ) as response,
                 ):
                     assert await response.read() == JSON_REPLY
-                    # the session closes its connection here, while the proxy still works
+                    # leaving the block closes the connection while the proxy still works
             for _ in range(100):
                 if rec.sink.written == 3:
                     break

@@ -49,13 +49,17 @@ resumes): keep it private, as hashes of short texts could be checked against gue
 whoever holds it.
 
 On streams the proxy asks for usage (stream_options.include_usage) when the client did
-not, and then removes that usage-only chunk from what the client sees. An unreachable
-upstream gets the client a 502 and a row without usage; upstream errors pass through.
+not, and then removes that usage-only chunk from what the client sees. Recorded requests
+ask the upstream for an uncompressed reply (Accept-Encoding: identity), so their usage can
+be read; other paths pass through compressed or not. An unreachable upstream gets the
+client a 502 and a row without usage; upstream errors pass through, rows without usage.
+A client that hangs up mid-reply ends the upstream request; its row has no usage.
 
 Once listening it prints one line, "batchbench record listening on http://HOST:PORT";
 SIGINT or SIGTERM stops it: requests in flight get 10 s to finish, then it prints
-"recorded N requests to PATH". Exit status: 0 when stopped, 1 when it cannot start
-(tokenizer, rows file, key, address in use), 2 on misuse."""
+"recorded N requests to PATH" (followed by how many rows could not be written, if any:
+a full disk). Exit status: 0 when stopped, 1 when it cannot start (tokenizer, rows file,
+key, address in use), 2 on misuse."""
 
 
 def upstream_url(text: str) -> str:
