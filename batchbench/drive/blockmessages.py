@@ -98,7 +98,7 @@ class Built:
     tools_hidden: int = 0
 
 
-def text_of(filled: Filled) -> str:
+def _text_of(filled: Filled) -> str:
     """A block's text; a seed first filled by a live reply and reused in another role (a
     redefined seed) gives the reply's content."""
     if isinstance(filled, LiveFill):
@@ -131,7 +131,7 @@ def build(
                 "prepared content"
             )
         if shorten is None or isinstance(content, LiveFill):
-            text, left_out = text_of(content), 0
+            text, left_out = _text_of(content), 0
         else:
             text, left_out = shorten(seed_index, content)
         if role == ROLE_TOOL_DEFINITION:

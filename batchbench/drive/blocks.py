@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from batchbench.drive.blockmessages import (
-    AssemblyError,
     Filled,
     LiveFill,
     Rows,
@@ -34,19 +33,6 @@ from batchbench.plan.workload import BlockPlan
 from batchbench.text.blocks import JSON_ROLES, ROLE_ASSISTANT, BlockText, BlockTexts
 from batchbench.text.promptcount import SegmentCounter
 from batchbench.text.standins import RenderingCounter, StandIns, counted, stand_in
-
-__all__ = [
-    "AssemblyError",
-    "BlockFraming",
-    "BlockSizing",
-    "LiveFill",
-    "TrajectoryBlocks",
-    "assemble",
-    "build_messages",
-    "prepare_blocks",
-    "resize_absorbing",
-    "tokenize_body",
-]
 
 
 @dataclass(slots=True)

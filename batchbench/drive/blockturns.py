@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from batchbench.drive.blockmessages import AssemblyError
 from batchbench.drive.blocks import (
-    AssemblyError,
     BlockFraming,
     BlockSizing,
     TrajectoryBlocks,
