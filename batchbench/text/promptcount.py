@@ -241,8 +241,8 @@ class SegmentCounter:
         return self.prefix_tokens + self.generation_prompt_tokens
 
     def per_message(self) -> bool:
-        """True when a prompt counts as ``outside_tokens`` plus its tools' and each
-        message's segments, every message's rendered on its own (``tool_segments``,
+        """True when a prompt counts as ``outside_tokens`` plus its tools' segments and
+        one segment per message, each message rendered on its own (``tool_segments``,
         ``message_segment``): a built-in template that renders messages alone, with a
         tokenizer whose segment counts add up."""
         return self._per_message is not None and self.segments_add_up()
@@ -278,8 +278,8 @@ class SegmentCounter:
 
         A batch of several texts is spread over the tokenizer's thread pool, whose workers
         wake for it and spin before they sleep again: for the few short segments a request
-        adds, that costs more CPU than encoding them (a third more on a busy two-core
-        client, measured with ``benchmarks.bench_blocks``)."""
+        adds, that costs more CPU than the encodes (a fifth more for a block request's three
+        new segments with DeepSeek-V3)."""
         texts = list(missing.values())
         encode = self._encode_batch
         if len(texts) > 1 and sum(map(len, texts)) < OFFLOAD_CHARACTERS:
