@@ -12,8 +12,9 @@ zero-latency mode (``--sim --sim-args "--speed 0"``), and the agent-clock CPU
 (``client_health.cpu_seconds`` of ``--results-json``) per 1000 requests is compared:
 
 * ``v1 growth``: the growth model (one serialized prefix per conversation);
-* ``v2 blocks``: every request rebuilt from its blocks, and, since ``--sim`` tells the
-  client the chat template, rendered in it to size the absorbing block;
+* ``v2 blocks``: every request built from its blocks, and, since ``--sim`` tells the
+  client the chat template, counted in it to size the absorbing block (ChatML renders
+  each message on its own: only the messages a request adds are built and counted);
 * ``v2 blocks, no correction``: blocks sent as written (``--no-prompt-correction``), the
   cost of assembly alone.
 

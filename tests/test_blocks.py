@@ -186,6 +186,20 @@ def test_tool_call_text_is_the_arguments_json_with_the_planned_count(deepseek, t
     assert count(deepseek, made.text) == tokens
 
 
+def test_a_tool_calls_first_size_tried_is_exact(deepseek, texts, monkeypatch):
+    """The call's JSON scaffold is measured around texts (4 tokens on DeepSeek-V3, where
+    the empty arguments `{"input":""}` take 5), so sizing a call encodes its JSON once."""
+    texts.make("warm-up", 20, ROLE_TOOL_CALL)  # the one-time checks and the scaffold
+    assert texts._call_scaffold == 4 and count(deepseek, call_arguments("")) == 5
+    encoded: list[str] = []
+    counter = texts._count
+    monkeypatch.setattr(texts, "_count", lambda text: encoded.append(text) or counter(text))
+    for index, tokens in enumerate((6, 12, 30, 250)):
+        made = texts.make(f"session-b/call-{index}", tokens, ROLE_TOOL_CALL)
+        assert (made.tokens, made.exact) == (tokens, True)
+    assert len(encoded) == 4
+
+
 @pytest.mark.parametrize("tokens", [40, 200, 600])
 def test_tool_definition_counts_the_whole_compact_tools_entry(deepseek, texts, tokens):
     seed = "tools/editor-shell-v1"

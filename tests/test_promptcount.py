@@ -198,3 +198,28 @@ def test_a_marker_that_strips_text_before_it_counts_whole_prompts():
     messages = conversation("tool output", turns=2)
     assert counter(messages, TOOLS) == len(counter.encode_ids(messages, True, TOOLS))
     assert counter.cache.stored == 0
+
+
+def test_short_new_segments_are_encoded_one_per_call_long_ones_in_one_batch(deepseek):
+    """A few short segments skip the tokenizer's thread pool (one text per call); a long
+    batch goes to it whole. The counts are the whole prompt's either way."""
+    counter = template_counter(deepseek, load_chat_template("chatml", deepseek))
+    batches: list[int] = []
+    encode = counter._encode_batch
+
+    def spy(texts, add_special_tokens):
+        batches.append(len(texts))
+        return encode(texts, add_special_tokens=add_special_tokens)
+
+    counter._encode_batch = spy
+    short = conversation("tool output")
+    assert counter(short, TOOLS) == len(counter.encode_ids(short, True, TOOLS))
+    assert batches == [1, 1, 1, 1, 1]  # tools, system, user, assistant, tool: 5 segments
+    batches.clear()
+    long = conversation("word " * 5_000)
+    assert counter(long, TOOLS) == len(counter.encode_ids(long, True, TOOLS))
+    assert batches == [1]  # the long tool result alone is new
+    batches.clear()
+    both = conversation("word " * 5_000, turns=2)
+    assert counter(both, TOOLS) == len(counter.encode_ids(both, True, TOOLS))
+    assert batches == [2]  # turn 1: its assistant message and long result, one batch

@@ -1,10 +1,9 @@
 """Block requests (schema v2): each request rebuilt from its blocks, in block order.
 
 Nothing is carried from one request to the next but the trajectory's seed cache (a seed
-sent once is resent byte for byte, a live reply included) and the last reply, which the
-next uncached live block takes. Tool definitions become the body's ``tools``; a tool call
-hangs on the preceding assistant message (or on a new one with ``content: null``) and its
-id waits in a FIFO until a ``tool`` block answers it.
+sent once is resent byte for byte, a live reply included), the last reply, which the
+next uncached live block takes, and what counting the last request learned. The messages
+are built by ``batchbench.drive.blockmessages``.
 
 Prompt correction: a real server frames messages, tools and calls in its own chat template,
 so a request made of the planned blocks rarely costs exactly its ``prompt_tokens``. The
@@ -16,45 +15,24 @@ what the server reported for earlier requests of the same shape (``BlockFraming`
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
-import orjson
-
-from batchbench.plan.manifest import BLOCK_ROLES
-from batchbench.plan.workload import BlockPlan
-from batchbench.text.blocks import (
-    JSON_ROLES,
-    ROLE_ASSISTANT,
-    ROLE_TOOL,
-    ROLE_TOOL_CALL,
-    ROLE_TOOL_DEFINITION,
-    BlockText,
-    BlockTexts,
-    call_id,
-    tool_call,
-    tool_entry,
+from batchbench.drive.blockmessages import (
+    Filled,
+    LiveFill,
+    Rows,
+    SentMessages,
+    Shorten,
+    build,
 )
+from batchbench.drive.messagecount import MessageCounts, Shortener
+from batchbench.plan.workload import BlockPlan
+from batchbench.text.blocks import JSON_ROLES, ROLE_ASSISTANT, BlockText, BlockTexts
+from batchbench.text.promptcount import SegmentCounter
 from batchbench.text.standins import RenderingCounter, StandIns, counted, stand_in
-
-_DUMPS = orjson.dumps
-
-
-class AssemblyError(Exception):
-    """A block has no prepared content when its request is assembled (a bug upstream)."""
-
-
-@dataclass(slots=True)
-class LiveFill:
-    """A live block filled by the previous reply: the normalized reply message itself."""
-
-    message: dict
-    tokens: int  # the reply as the next prompt renders it (0 when not counted)
-
-
-Filled = BlockText | LiveFill
 
 
 @dataclass(slots=True)
@@ -88,14 +66,31 @@ class TrajectoryBlocks:
     # The stand-in of each cached text (stand_in's result), by seed: texts are counted in
     # every later request of the trajectory, shortened alike each time.
     stand_in_of: dict[int, tuple[BlockText, str, str, int]] = field(default_factory=dict)
+    counts: MessageCounts = field(default_factory=MessageCounts)  # the last request counted
+    sent_messages: SentMessages = field(default_factory=SentMessages)  # the last one sent
+    # The blocks of the request last asked about.
+    _rows: Rows | None = field(default=None, init=False, repr=False)
 
     def reset(self) -> None:
         """A compaction: forget every seed and the last reply."""
         self.cache.clear()
         self.stand_in_of.clear()
+        self.counts.clear()
+        self.sent_messages.clear()
         self.reply = None
         self.reply_tokens = 0
         self.previous = None
+
+    def rows(self, request: int) -> Rows:
+        """The request's blocks as lists (kept while the trajectory is at this request)."""
+        rows = self._rows
+        if rows is None or rows.request != request:
+            rows = self._rows = Rows.of(self.plan, request)
+        return rows
+
+    def filled(self, request: int) -> list[Filled | None]:
+        """Each block's content (None: not made yet)."""
+        return list(map(self.cache.get, self.rows(request).seed))
 
     def keep_reply(self, message: dict, tokens: int) -> None:
         self.reply = message
@@ -105,43 +100,44 @@ class TrajectoryBlocks:
         """Give each uncached live block the kept reply (once); the others fall back to text
         generated from their seed. ``resolve=False`` (dry-run) generates them all, uncounted."""
         plan = self.plan
-        for row in plan.of(request):
-            if not plan.live[row]:
-                continue
-            seed = int(plan.seed[row])
-            if seed in self.cache:
+        rows = self.rows(request)
+        cache = self.cache
+        for seed, live, tokens in zip(rows.seed, rows.live, rows.tokens, strict=True):
+            if not live or seed in cache:
                 continue
             if resolve and self.reply is not None:
-                self.cache[seed] = LiveFill(self.reply, self.reply_tokens)
+                cache[seed] = LiveFill(self.reply, self.reply_tokens)
                 self.reply = None
                 continue
-            self.cache[seed] = texts.make(
-                plan.seeds[seed], int(plan.tokens[row]), ROLE_ASSISTANT, bool(plan.shared[seed])
+            cache[seed] = texts.make(
+                plan.seeds[seed], tokens, ROLE_ASSISTANT, bool(plan.shared[seed])
             )
             if resolve:
                 self.fallbacks += 1
 
     def missing(self, request: int) -> list[int]:
         """Rows of the request whose seed has no content yet (first occurrence of each)."""
-        plan = self.plan
+        rows = self.rows(request)
+        cache = self.cache
         seen = set()
-        rows = []
-        for row in plan.of(request):
-            seed = int(plan.seed[row])
-            if seed in self.cache or seed in seen:
+        missing = []
+        for position, seed in enumerate(rows.seed):
+            if seed in cache or seed in seen:
                 continue
             seen.add(seed)
-            rows.append(row)
-        return rows
+            missing.append(rows.first + position)
+        return missing
 
     def absorbing_row(self, request: int, missing: list[int]) -> int | None:
         """The block that takes the prompt correction: the last new, plain, unshared,
         not-live block of the request that occurs once in it."""
         plan = self.plan
-        seeds = Counter(int(plan.seed[row]) for row in plan.of(request))
+        rows = self.rows(request)
+        seeds = Counter(rows.seed)
         for row in reversed(missing):
-            seed = int(plan.seed[row])
-            if plan.shared[seed] or plan.live[row] or int(plan.role[row]) in JSON_ROLES:
+            position = row - rows.first
+            seed = rows.seed[position]
+            if plan.shared[seed] or rows.live[position] or rows.role[position] in JSON_ROLES:
                 continue
             if seeds[seed] == 1:
                 return row
@@ -150,19 +146,15 @@ class TrajectoryBlocks:
     def content_tokens(self, request: int) -> int:
         """The request's content as it will be sent: cached block counts, live replies as
         rendered."""
-        plan = self.plan
-        total = 0
-        for row in plan.of(request):
-            filled = self.cache.get(int(plan.seed[row]))
-            if filled is not None:
-                total += filled.tokens
-        return total
+        return sum(filled.tokens for filled in self.filled(request) if filled is not None)
 
     def shape(self, request: int) -> tuple[int, ...]:
         """The request's structure (roles, live ones marked): requests of one shape are
         framed alike by a chat template."""
-        plan = self.plan
-        return tuple(int(plan.role[row]) + (8 if plan.live[row] else 0) for row in plan.of(request))
+        rows = self.rows(request)
+        return tuple(
+            role + (8 if live else 0) for role, live in zip(rows.role, rows.live, strict=True)
+        )
 
 
 class BlockFraming:
@@ -187,6 +179,9 @@ class BlockFraming:
         # True: the counter renders texts through stand-ins (batchbench.text.standins),
         # which BlockRun found to add up for its tokenizer and template.
         self.stand_ins = stand_ins
+        # A template that renders each message on its own: requests are counted by the
+        # messages they add (batchbench.drive.messagecount).
+        self.per_message = isinstance(counter, SegmentCounter) and counter.per_message()
         self._by_shape: dict[tuple[int, ...], Counter[int]] = {}
         self._estimate: dict[tuple[int, ...], int] = {}
         self._errors: Counter[int] = Counter()
@@ -198,6 +193,15 @@ class BlockFraming:
         """The request's tokens in the known chat template (``counter`` set)."""
         counter = self.counter
         assert counter is not None  # called when the template is known
+        if self.per_message:
+            shortener = _shortener(state) if self.stand_ins else None
+            return state.counts.count(
+                cast(SegmentCounter, counter),
+                state.plan.seeds,
+                state.rows(request),
+                state.filled(request),
+                shortener,
+            )
         if not self.stand_ins:
             return counter(*build_messages(state, request))
 
@@ -247,7 +251,7 @@ def prepare_blocks(
     plan = state.plan
     state.fill_live(request, texts, resolve_live)
     missing = state.missing(request)
-    planned = sum(int(plan.tokens[row]) for row in plan.of(request)) + overhead
+    planned = sum(state.rows(request).tokens) + overhead
     sizing = BlockSizing(target, planned)
     for row in missing:
         seed = int(plan.seed[row])
@@ -325,76 +329,38 @@ def tokenize_body(state: TrajectoryBlocks, request: int, model: str) -> bytes:
 
 
 def assemble(state: TrajectoryBlocks, request: int, model: str) -> tuple[bytes, int]:
-    """``{"model":…,"messages":[…],"tools":[…]`` (no closing brace) and the message count."""
-    messages, tools = build_messages(state, request)
-    head: dict = {"model": model, "messages": messages}
-    if tools:
-        head["tools"] = tools
-    return _DUMPS(head)[:-1], len(messages)
+    """``{"model":…,"messages":[…],"tools":[…]`` (no closing brace) and the message count;
+    the messages shared with the last request sent are not built again."""
+    return state.sent_messages.head(
+        model, state.plan.seeds, state.rows(request), state.filled(request)
+    )
 
 
 def build_messages(
     state: TrajectoryBlocks, request: int, stand_ins: StandIns | None = None
 ) -> tuple[list[dict], list[dict]]:
-    """The request's messages and tools, in block order. Attaching tool calls never changes
-    a cached message: live replies are copied. With ``stand_ins`` (to count the request,
-    never to send it) every generated text is shortened to its stand-in."""
-    plan = state.plan
-    messages: list[dict] = []
-    tools: list[dict] = []
-    pending: deque[str] = deque()
-    for row in plan.of(request):
-        seed_index = int(plan.seed[row])
-        seed = plan.seeds[seed_index]
-        role = int(plan.role[row])
-        filled = state.cache.get(seed_index)
-        if filled is None:
-            raise AssemblyError(
-                f"{BLOCK_ROLES[role]} block with seed {_DUMPS(seed).decode()} has no prepared "
-                "content"
-            )
-        text = (
-            _text_of(filled)
-            if stand_ins is None
-            else _shortened(state, seed_index, filled, stand_ins)
-        )
-        if role == ROLE_TOOL_DEFINITION:
-            tools.append(tool_entry(seed, text))
-        elif role == ROLE_TOOL_CALL:
-            call = tool_call(seed, text)
-            last = messages[-1] if messages else None
-            if last is not None and last.get("role") == "assistant":
-                last["tool_calls"] = [*last.get("tool_calls", ()), call]
-            else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-            pending.append(call["id"])
-        elif role == ROLE_TOOL:
-            answered = pending.popleft() if pending else call_id(seed)
-            messages.append({"role": "tool", "tool_call_id": answered, "content": text})
-        elif isinstance(filled, LiveFill) and role == ROLE_ASSISTANT:
-            messages.append(dict(filled.message))
-        else:
-            messages.append({"role": BLOCK_ROLES[role], "content": text})
-    return messages, tools
+    """The request's messages and tools, in block order. With ``stand_ins`` (to count the
+    request, never to send it) every generated text is shortened to its stand-in."""
+    shorten = None if stand_ins is None else _shortener(state)(stand_ins)
+    built = build(state.plan.seeds, state.rows(request), state.filled(request), shorten=shorten)
+    return built.messages, built.tools
 
 
-def _text_of(filled: Filled) -> str:
-    """A block's text; a seed first filled by a live reply and reused in another role (a
-    redefined seed) gives the reply's content."""
-    if isinstance(filled, LiveFill):
-        content = filled.message.get("content")
-        return content if isinstance(content, str) else ""
-    return filled.text
+def _shortener(state: TrajectoryBlocks) -> Shortener:
+    """Generated texts shortened to their stand-ins through a rendering's ``StandIns``
+    (each text's stand-in found once, kept by seed)."""
+    stand_in_of = state.stand_in_of
 
+    def shortener(stand_ins: StandIns) -> Shorten:
+        use = stand_ins.use
 
-def _shortened(
-    state: TrajectoryBlocks, seed_index: int, filled: Filled, stand_ins: StandIns
-) -> str:
-    """A generated text shortened to its stand-in (a live reply's text kept)."""
-    if isinstance(filled, LiveFill):
-        return _text_of(filled)
-    known = state.stand_in_of.get(seed_index)
-    if known is None or known[0] is not filled:
-        known = (filled, *stand_in(filled.text))
-        state.stand_in_of[seed_index] = known
-    return stand_ins.use(filled.text, *known[1:])
+        def shorten(seed_index: int, filled: BlockText) -> tuple[str, int]:
+            known = stand_in_of.get(seed_index)
+            if known is None or known[0] is not filled:
+                known = (filled, *stand_in(filled.text))
+                stand_in_of[seed_index] = known
+            return use(filled.text, known[1], known[2], known[3])
+
+        return shorten
+
+    return shortener

@@ -12,8 +12,10 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
+from batchbench.drive.blockmessages import AssemblyError
 from batchbench.drive.blocks import (
-    AssemblyError,
     BlockFraming,
     BlockSizing,
     TrajectoryBlocks,
@@ -57,11 +59,15 @@ class BlockPrepared:
 class BlockRun:
     """What the block trajectories of a run share: their texts and the shared seeds sent."""
 
-    __slots__ = ("run", "sent_shared", "stand_ins", "texts")
+    __slots__ = ("run", "sent_shared", "shared_seeds", "stand_ins", "texts")
 
     def __init__(self, run: AgentRun) -> None:
         self.run = run
         self.texts = BlockTexts(run.factory.synth)
+        plan = run.workload.blocks
+        assert plan is not None  # a run of block trajectories
+        # Seeds more than one trajectory uses (a set: looked up for every block sent).
+        self.shared_seeds = frozenset(np.flatnonzero(plan.shared).tolist())
         self.sent_shared: set[int] = set()  # shared seeds some trajectory has sent
         self.stand_ins: bool | None = None  # texts counted through stand-ins; None: not known
 
@@ -86,12 +92,13 @@ class BlockRun:
             framing = state.framing
             if framing is None or not framing.stand_ins or not _short_reply(state):
                 return False
-        plan = state.plan
+        rows = state.rows(request)
         wrapped_cheap = self.texts.stand_ins
         for row in state.missing(request):
-            if int(plan.tokens[row]) > INLINE_BLOCK_TOKENS:
+            position = row - rows.first
+            if rows.tokens[position] > INLINE_BLOCK_TOKENS:
                 return False
-            if int(plan.role[row]) in JSON_ROLES and not wrapped_cheap:
+            if rows.role[position] in JSON_ROLES and not wrapped_cheap:
                 return False
         return True
 
@@ -160,15 +167,14 @@ class BlockRun:
         """Tokens perfect caching could serve to a fresh block request: its blocks that
         other trajectories sent before (shared seeds), or that this trajectory sent before
         a reset (plain blocks, whose text is their seed's)."""
-        plan = state.plan
-        sent = self.sent_shared
+        rows = state.rows(request)
+        sent = self.sent_shared  # holds shared seeds only
         own = state.sent
-        total = 0
-        for row in plan.of(request):
-            seed = int(plan.seed[row])
-            if (plan.shared[seed] and seed in sent) or (seed in own and not plan.live[row]):
-                total += int(plan.tokens[row])
-        return total
+        return sum(
+            tokens
+            for seed, live, tokens in zip(rows.seed, rows.live, rows.tokens, strict=True)
+            if seed in sent or (seed in own and not live)
+        )
 
 
 class BlockRequests:
@@ -209,15 +215,10 @@ class BlockRequests:
 
     def _mark_sent(self, request: int) -> None:
         state = self._state
-        plan = state.plan
-        sent = self._blocks.sent_shared
-        own = state.sent
-        for row in plan.of(request):
-            seed = int(plan.seed[row])
-            if plan.shared[seed]:
-                sent.add(seed)
-            if not plan.live[row]:
-                own.add(seed)
+        rows = state.rows(request)
+        shared = self._blocks.shared_seeds
+        self._blocks.sent_shared.update(seed for seed in rows.seed if seed in shared)
+        state.sent.update(seed for seed, live in zip(rows.seed, rows.live, strict=True) if not live)
 
     def served(self, turn: int, request: int, reply: Reply) -> int:
         """Teach the framing what the server counted beyond the blocks."""

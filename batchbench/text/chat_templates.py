@@ -154,8 +154,20 @@ class BuiltinTemplate:
     generation = ""
     markers: frozenset[str] = frozenset()
     trims = False
+    # True when ``segments`` is ``tool_segments(tools)`` then ``message_segment(m)`` for
+    # each message: a message renders the same whatever surrounds it, so a conversation
+    # that grows can be counted by its new messages alone.
+    per_message = False
 
     def segments(self, messages: Sequence[Any], tools: Any = None) -> list[str]:
+        raise NotImplementedError
+
+    def tool_segments(self, tools: Any) -> list[str]:
+        """The segments the tools render in (``per_message`` templates)."""
+        raise NotImplementedError
+
+    def message_segment(self, message: Any) -> str:
+        """The one segment a message renders in (``per_message`` templates)."""
         raise NotImplementedError
 
     def render(
@@ -195,13 +207,19 @@ class ChatMLTemplate(BuiltinTemplate):
             text += f"\n<tool_call>\n{call_json}\n</tool_call>"
         return text
 
+    per_message = True
+
     def segments(self, messages: Sequence[Any], tools: Any = None) -> list[str]:
+        return [*self.tool_segments(tools), *map(self.message_segment, messages)]
+
+    def tool_segments(self, tools: Any) -> list[str]:
         lines = _tools_lines(tools)
-        out = []
-        if lines is not None:
-            out.append(f"{self.start}system\n# Tools\n\n<tools>\n{lines}\n</tools>{self.end}\n")
-        out.extend(f"{self.start}{self.body(m)}{self.end}\n" for m in messages)
-        return out
+        if lines is None:
+            return []
+        return [f"{self.start}system\n# Tools\n\n<tools>\n{lines}\n</tools>{self.end}\n"]
+
+    def message_segment(self, message: Any) -> str:
+        return f"{self.start}{self.body(message)}{self.end}\n"
 
 
 class GemmaTemplate(BuiltinTemplate):
@@ -244,28 +262,33 @@ class Llama3Template(BuiltinTemplate):
     def _segment(self, role: str, text: str) -> str:
         return f"<|start_header_id|>{role}<|end_header_id|>\n\n{text}<|eot_id|>"
 
+    per_message = True
+
     def segments(self, messages: Sequence[Any], tools: Any = None) -> list[str]:
-        out = []
+        return [*self.tool_segments(tools), *map(self.message_segment, messages)]
+
+    def tool_segments(self, tools: Any) -> list[str]:
         lines = _tools_lines(tools)
-        if lines is not None:
-            out.append(self._segment("system", f"Environment: ipython\nTools:\n{lines}"))
-        for message in messages:
-            role = _role(message)
-            text = self._content(message)
-            if role == "tool":
-                call_id = message.get("tool_call_id")
-                text = f"tool_call_id: {call_id if isinstance(call_id, str) else ''}\n{text}"
-                role = "ipython"
-            rendered = []
-            for call in _calls(message):
-                name, arguments = _function(call)
-                call_id = call.get("id") if isinstance(call.get("id"), str) else ""
-                payload = {"id": call_id, "name": name, "parameters": parsed_arguments(arguments)}
-                rendered.append(_dumps(payload))
-            if rendered:
-                text = "\n".join([text, *rendered]) if text else "\n".join(rendered)
-            out.append(self._segment(role, text))
-        return out
+        if lines is None:
+            return []
+        return [self._segment("system", f"Environment: ipython\nTools:\n{lines}")]
+
+    def message_segment(self, message: Any) -> str:
+        role = _role(message)
+        text = self._content(message)
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            text = f"tool_call_id: {call_id if isinstance(call_id, str) else ''}\n{text}"
+            role = "ipython"
+        rendered = []
+        for call in _calls(message):
+            name, arguments = _function(call)
+            call_id = call.get("id") if isinstance(call.get("id"), str) else ""
+            payload = {"id": call_id, "name": name, "parameters": parsed_arguments(arguments)}
+            rendered.append(_dumps(payload))
+        if rendered:
+            text = "\n".join([text, *rendered]) if text else "\n".join(rendered)
+        return self._segment(role, text)
 
 
 class Qwen3Template(BuiltinTemplate):

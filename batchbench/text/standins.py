@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 # Characters searched for stand-ins in one rendering, at most (stand-ins times the
 # rendering's length: each is looked for in all of it). Beyond (a few hundred blocks),
@@ -68,12 +68,13 @@ class StandIns:
     ambiguous: bool = False  # stand-ins alike that hide different counts: count in full
 
     def shorten(self, text: str) -> str:
-        return self.use(text, *stand_in(text))
+        return self.use(text, *stand_in(text))[0]
 
-    def use(self, text: str, short: str, key: str, left_out: int) -> str:
-        """``shorten`` given the text's ``stand_in`` (kept by callers that reuse texts)."""
+    def use(self, text: str, short: str, key: str, left_out: int) -> tuple[str, int]:
+        """``shorten`` given the text's ``stand_in`` (kept by callers that reuse texts),
+        with the tokens it leaves out (0 when the text is kept whole)."""
         if left_out == 0 or key in self.excluded:
-            return text
+            return text, 0
         known = self.hidden.get(key)
         if known is None:
             self.hidden[key] = (left_out, 1)
@@ -81,7 +82,7 @@ class StandIns:
             self.ambiguous = True
         else:
             self.hidden[key] = (left_out, known[1] + 1)
-        return short
+        return short, left_out
 
 
 def hidden_tokens(rendered: str, stand_ins: StandIns) -> tuple[int, list[str]]:
@@ -110,28 +111,42 @@ class RenderingCounter(Protocol):
 
 
 Build = Callable[[StandIns | None], tuple[list[dict], list[dict]]]
+T = TypeVar("T")
+
+
+def trusted(render: Callable[[StandIns], tuple[str, T]]) -> tuple[int, T] | None:
+    """The tokens the stand-ins of a rendering hide, and what ``render`` gave with that
+    rendering, when the template prints each stand-in once per block that holds it.
+    ``render`` shortens texts through the ``StandIns`` it is handed; a text whose stand-in
+    is not printed so is put back whole and everything rendered again. None (count in
+    full) for texts that share a stand-in, a second failure, or stand-ins that would take
+    more than ``SEARCH_BUDGET`` characters to look for."""
+    excluded: frozenset[str] = frozenset()
+    for _ in range(2):
+        stand_ins = StandIns(excluded)
+        rendered, result = render(stand_ins)
+        if stand_ins.ambiguous or len(stand_ins.hidden) * len(rendered) > SEARCH_BUDGET:
+            return None
+        hidden, untrusted = hidden_tokens(rendered, stand_ins)
+        if not untrusted:
+            return hidden, result
+        excluded = excluded.union(untrusted)
+    return None
 
 
 def counted(counter: RenderingCounter, build: Build, enabled: bool) -> int:
     """The prompt's tokens with its generation prompt. ``build`` gives the request's
     messages and tools, its texts shortened through the ``StandIns`` it is handed (whole
-    for None). With stand-ins ``enabled``, a text whose stand-in the template does not
-    print once per block is put back whole and the request rendered again; texts that
-    share a stand-in, a second failure, or a request whose stand-ins would take more than
-    ``SEARCH_BUDGET`` characters to look for, count the request in full."""
+    for None); with stand-ins ``enabled`` they are used where ``trusted``."""
     if enabled:
-        excluded: frozenset[str] = frozenset()
-        for _ in range(2):
-            stand_ins = StandIns(excluded)
-            messages, tools = build(stand_ins)
-            if stand_ins.ambiguous:
-                break
-            count, rendered = counter.count_rendered(messages, tools)
-            if len(stand_ins.hidden) * len(rendered) > SEARCH_BUDGET:
-                break
-            hidden, untrusted = hidden_tokens(rendered, stand_ins)
-            if not untrusted:
-                return count + hidden
-            excluded = excluded.union(untrusted)
+
+        def render(stand_ins: StandIns) -> tuple[str, int]:
+            count, rendered = counter.count_rendered(*build(stand_ins))
+            return rendered, count
+
+        found = trusted(render)
+        if found is not None:
+            hidden, count = found
+            return count + hidden
     messages, tools = build(None)
     return counter(messages, tools)
