@@ -32,7 +32,8 @@ records of a run       | batchbench.results.failures batchbench.results.lifecycl
                        | batchbench.results.promsummary batchbench.results.progress
                        | batchbench.results.formatting batchbench.results.documents
 html report            | batchbench.report
-client and simulator   | batchbench.drive batchbench.sim batchbench.results.scrape
+client and simulator   | batchbench.drive batchbench.sim batchbench.record
+                       | batchbench.results.scrape
 option declarations    | batchbench.options
 configuration          | batchbench.config
 results                | batchbench.results

@@ -22,6 +22,8 @@ commands:
   report       write a self-contained HTML report (charts) from results or capacity JSON
   import       turn a public trace (Mooncake, WEKA, TraceLab, Azure, ...) into a manifest
   export-plans rebuild sessions from request-log rows (JSONL) into a schema v2 manifest
+  record       a proxy that records your agents' requests as content-free rows for
+               export-plans (hashes and token counts, never text)
   merge        merge the results of a run split with --shard I/N into one run's outputs
   tokenizers   list the built-in tokenizer names usable with --tokenizer-model
 
@@ -72,6 +74,10 @@ def run(argv: Sequence[str]) -> int:
         from batchbench.cli.export_plans import run as run_export  # lazy: one command's modules
 
         return run_export(rest)
+    if command == "record":
+        from batchbench.cli.record import run as run_record  # lazy: one command's modules
+
+        return run_record(rest)
     if command == "import":
         from batchbench.cli.import_trace import run as run_import  # lazy: one command's modules
 
@@ -100,6 +106,7 @@ COMMANDS = (
     "merge",
     "import",
     "export-plans",
+    "record",
     "tokenizers",
 )
 

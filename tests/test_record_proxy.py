@@ -1,0 +1,376 @@
+"""``batchbench record``'s proxy between a real client and a real aiohttp upstream on
+loopback: replies pass through byte for byte, usage is read (and asked for on streams),
+one whole row per recorded request, other paths forwarded without rows, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import re
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from batchbench.record.blocks import chat_blocks, completion_blocks
+from batchbench.record.chain import chain
+from batchbench.record.counts import BlockCounter
+from batchbench.record.proxy import ProxyConfig, RecordingProxy
+from batchbench.record.sink import RowSink
+
+KEY = bytes(range(32))
+SYSTEM = {"role": "system", "content": "You are terse."}  # 5 tokens (deepseek-v3)
+ASK = {"role": "user", "content": "Say hello."}  # 3 tokens
+JSON_REPLY = (
+    b'{"id":"c0","object":"chat.completion","choices":[{"index":0,"message":{"role":'
+    b'"assistant","content":"Hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":17,'
+    b'"completion_tokens":1,"total_tokens":18}}'
+)
+EVENTS = [
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":'
+    b'{"role":"assistant","content":"Hel"}}]}\n\n',
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":'
+    b'{"content":"lo"},"finish_reason":"stop"}]}\n\n',
+]
+USAGE_EVENT = (
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[],"usage":'
+    b'{"prompt_tokens":17,"completion_tokens":2,"total_tokens":19}}\n\n'
+)
+DONE = b"data: [DONE]\n\n"
+ERROR_REPLY = b'{"error":{"message":"engine fell over","code":500}}'
+MODELS_REPLY = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
+TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
+
+
+@dataclass
+class Upstream:
+    """An OpenAI-like server whose answers the tests wrote; it keeps what it received."""
+
+    bodies: list[bytes] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.chat)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        return app
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        self.bodies.append(raw)
+        self.headers.append(dict(request.headers))
+        body = orjson.loads(raw)
+        messages = body.get("messages") or [{"content": body.get("prompt")}]
+        if messages[-1]["content"] == "fail":
+            return web.Response(status=500, body=ERROR_REPLY, content_type="application/json")
+        if not body.get("stream"):
+            return web.Response(body=JSON_REPLY, content_type="application/json")
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for event in EVENTS:
+            await response.write(event)
+        if (body.get("stream_options") or {}).get("include_usage"):
+            # The usage event in two writes: the proxy must find its end across them.
+            await response.write(USAGE_EVENT[:40])
+            await asyncio.sleep(0.01)
+            await response.write(USAGE_EVENT[40:])
+        await response.write(DONE)
+        await response.write_eof()
+        return response
+
+    async def models(self, request: web.Request) -> web.Response:
+        self.headers.append(dict(request.headers))
+        return web.Response(body=MODELS_REPLY, content_type="application/json")
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok", headers={"X-Upstream": "yes"})
+
+
+async def serve(app_or_runner: web.Application | web.AppRunner) -> tuple[web.AppRunner, str]:
+    runner = (
+        app_or_runner
+        if isinstance(app_or_runner, web.AppRunner)
+        else web.AppRunner(app_or_runner, access_log=None)
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+@dataclass
+class Recording:
+    url: str
+    upstream: Upstream
+    sink: RowSink
+    path: Any
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [orjson.loads(line) for line in self.path.read_bytes().splitlines()]
+
+
+@contextlib.asynccontextmanager
+async def recording(
+    tmp_path, tokenizer, upstream_url: str | None = None, principal_header: str | None = None
+) -> AsyncIterator[Recording]:
+    upstream = Upstream()
+    upstream_runner, url = await serve(upstream.app())
+    path = tmp_path / "rows.jsonl"
+    sink = RowSink(str(path))
+    proxy = RecordingProxy(
+        ProxyConfig(upstream_url or url, KEY, principal_header), BlockCounter(tokenizer), sink
+    )
+    proxy_runner, proxy_url = await serve(proxy.runner(5.0))
+    try:
+        yield Recording(proxy_url, upstream, sink, path)
+    finally:
+        await proxy_runner.cleanup()
+        await upstream_runner.cleanup()
+        sink.close()
+
+
+async def post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None):
+    async with (
+        aiohttp.ClientSession(auto_decompress=False) as session,
+        session.post(url, data=orjson.dumps(body), headers=headers or {}) as response,
+    ):
+        return response.status, await response.read(), response.headers
+
+
+def expected_row(body: dict[str, Any], tokens: list[int], **fields: Any) -> dict[str, Any]:
+    blocks = chat_blocks(body) if "messages" in body else completion_blocks(body)
+    return {
+        "principal_id": "anonymous",
+        "model": body.get("model"),
+        "chain": chain(KEY, blocks),
+        "block_roles": [block.role for block in blocks],
+        "block_tokens": tokens,
+        "stream": bool(body.get("stream")),
+        "max_tokens": body.get("max_tokens"),
+        **fields,
+    }
+
+
+def timeless(row: dict[str, Any], before_us: float, after_us: float, elapsed_ms: float):
+    """The row without ts and duration_ms, once those are checked for shape and range."""
+    row = dict(row)
+    ts = row.pop("ts")
+    duration = row.pop("duration_ms")
+    assert TS.match(ts), ts
+    moment = datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() * 1e6
+    assert before_us - 1 <= moment <= after_us + 1
+    assert isinstance(duration, float) and 0 < duration <= elapsed_ms
+    return row
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_json_reply_passes_through_and_the_row_is_whole(tmp_path, deepseek):
+    body = {"model": "m", "messages": [SYSTEM, ASK], "max_tokens": 8}
+
+    async def main():
+        async with recording(tmp_path, deepseek) as rec:
+            before = time.time() * 1e6
+            started = time.perf_counter()
+            status, reply, headers = await post(rec.url + "/v1/chat/completions", body)
+            elapsed = (time.perf_counter() - started) * 1000
+            after = time.time() * 1e6
+            assert (status, reply) == (200, JSON_REPLY)
+            assert headers["Content-Type"] == "application/json"
+            assert rec.upstream.bodies == [orjson.dumps(body)]
+            assert rec.upstream.headers[0]["Accept-Encoding"] == "identity"
+        [row] = rec.rows()
+        assert timeless(row, before, after, elapsed) == {
+            **expected_row(body, [5, 3]),
+            "correlation_id": "000000000000",
+            "prompt_tokens": 17,
+            "completion_tokens": 1,
+        }
+        assert list(row) == [
+            "ts", "principal_id", "correlation_id", "model", "chain", "block_roles",
+            "block_tokens", "prompt_tokens", "completion_tokens", "stream", "max_tokens",
+            "duration_ms",
+        ]  # fmt: skip
+
+    run(main())
+
+
+def test_stream_that_asked_for_usage_passes_through_unchanged(tmp_path, deepseek):
+    body = {
+        "model": "m",
+        "messages": [SYSTEM, ASK],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+    async def main():
+        async with recording(tmp_path, deepseek) as rec:
+            status, reply, headers = await post(rec.url + "/v1/chat/completions", body)
+            assert (status, reply) == (200, EVENTS[0] + EVENTS[1] + USAGE_EVENT + DONE)
+            assert headers["Content-Type"] == "text/event-stream"
+            assert rec.upstream.bodies == [orjson.dumps(body)]
+        [row] = rec.rows()
+        assert timeless(row, 0, time.time() * 1e6, 60_000) == {
+            **expected_row(body, [5, 3]),
+            "correlation_id": "000000000000",
+            "prompt_tokens": 17,
+            "completion_tokens": 2,
+        }
+
+    run(main())
+
+
+def test_stream_without_usage_is_asked_for_it_and_the_usage_chunk_is_stripped(tmp_path, deepseek):
+    body = {
+        "model": "m",
+        "messages": [SYSTEM, ASK],
+        "stream": True,
+        "stream_options": {"continuous_usage_stats": False},
+        "max_tokens": 4,
+    }
+
+    async def main():
+        async with recording(tmp_path, deepseek) as rec:
+            status, reply, _ = await post(rec.url + "/v1/chat/completions", body)
+            assert (status, reply) == (200, EVENTS[0] + EVENTS[1] + DONE)
+            forwarded = orjson.loads(rec.upstream.bodies[0])
+            assert forwarded == {
+                **body,
+                "stream_options": {"continuous_usage_stats": False, "include_usage": True},
+            }
+        [row] = rec.rows()
+        assert timeless(row, 0, time.time() * 1e6, 60_000) == {
+            **expected_row(body, [5, 3]),
+            "correlation_id": "000000000000",
+            "prompt_tokens": 17,
+            "completion_tokens": 2,
+        }
+
+    run(main())
+
+
+def test_completions_endpoint_is_recorded_with_its_prompt(tmp_path, deepseek):
+    body = {"model": "m", "prompt": "Once upon a time", "max_tokens": 2}
+
+    async def main():
+        async with recording(tmp_path, deepseek) as rec:
+            status, reply, _ = await post(rec.url + "/v1/completions", body)
+            assert (status, reply) == (200, JSON_REPLY)
+        [row] = rec.rows()
+        assert timeless(row, 0, time.time() * 1e6, 60_000) == {
+            **expected_row(body, [4]),
+            "block_roles": ["user"],
+            "correlation_id": "000000000000",
+            "prompt_tokens": 17,
+            "completion_tokens": 1,
+        }
+
+    run(main())
+
+
+def test_other_paths_are_forwarded_without_rows(tmp_path, deepseek):
+    async def main():
+        async with recording(tmp_path, deepseek) as rec, aiohttp.ClientSession() as session:
+            async with session.get(
+                rec.url + "/v1/models", headers={"Authorization": "Bearer sk-x", "X-Trace": "t1"}
+            ) as response:
+                assert (response.status, await response.read()) == (200, MODELS_REPLY)
+            async with session.get(rec.url + "/health") as response:
+                assert (response.status, await response.text()) == (200, "ok")
+                assert response.headers["X-Upstream"] == "yes"
+            async with session.get(rec.url + "/nowhere") as response:
+                assert response.status == 404
+            assert rec.upstream.headers[0]["Authorization"] == "Bearer sk-x"
+            assert rec.upstream.headers[0]["X-Trace"] == "t1"
+            assert rec.sink.written == 0
+        assert rec.path.read_bytes() == b""
+
+    run(main())
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_upstream_down_gives_502_and_a_row_without_usage(tmp_path, deepseek):
+    body = {"model": "m", "messages": [ASK]}
+
+    async def main():
+        down = f"http://127.0.0.1:{closed_port()}"
+        async with recording(tmp_path, deepseek, upstream_url=down) as rec:
+            status, reply, headers = await post(rec.url + "/v1/chat/completions", body)
+            assert status == 502
+            assert headers["Content-Type"] == "application/json"
+            assert orjson.loads(reply) == {
+                "error": {
+                    "message": "batchbench record: the upstream server cannot be reached "
+                    "(Connection refused)",
+                    "type": "bad_gateway",
+                    "code": 502,
+                }
+            }
+            status, _, _ = await post(rec.url + "/v1/models", {})
+            assert status == 502
+        [row] = rec.rows()
+        assert timeless(row, 0, time.time() * 1e6, 60_000) == {
+            **expected_row(body, [3]),
+            "correlation_id": "000000000000",
+            "prompt_tokens": None,
+            "completion_tokens": None,
+        }
+
+    run(main())
+
+
+def test_upstream_error_passes_through_with_a_row_without_usage(tmp_path, deepseek):
+    body = {"model": "m", "messages": [SYSTEM, {"role": "user", "content": "fail"}], "stream": True}
+
+    async def main():
+        async with recording(tmp_path, deepseek) as rec:
+            status, reply, _ = await post(rec.url + "/v1/chat/completions", body)
+            assert (status, reply) == (500, ERROR_REPLY)
+        [row] = rec.rows()
+        assert timeless(row, 0, time.time() * 1e6, 60_000) == {
+            **expected_row(body, [5, 1]),
+            "correlation_id": "000000000000",
+            "prompt_tokens": None,
+            "completion_tokens": None,
+        }
+
+    run(main())
+
+
+def test_principal_from_header_key_hash_or_anonymous_and_ids_in_arrival_order(tmp_path, deepseek):
+    body = {"model": "m", "messages": [ASK]}
+
+    async def main():
+        async with recording(tmp_path, deepseek, principal_header="X-Team") as rec:
+            url = rec.url + "/v1/chat/completions"
+            await post(url, body, {"X-Team": "search", "Authorization": "Bearer sk-a"})
+            await post(url, body, {"Authorization": "Bearer sk-a"})
+            await post(url, body, {"Authorization": "Bearer sk-b"})
+            await post(url, body)
+        return rec.rows()
+
+    rows = run(main())
+    assert [(r["correlation_id"], r["principal_id"]) for r in rows] == [
+        ("000000000000", "search"),
+        ("000000000001", "key-" + hmac.new(KEY, b"sk-a", hashlib.sha256).hexdigest()[:16]),
+        ("000000000002", "key-" + hmac.new(KEY, b"sk-b", hashlib.sha256).hexdigest()[:16]),
+        ("000000000003", "anonymous"),
+    ]
+    assert len({tuple(r["chain"]) for r in rows}) == 1
