@@ -17,6 +17,7 @@ with other bytes, which a real agent re-sending its task would not do.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -33,6 +34,10 @@ import pytest
 from batchbench.cli.agent import main as agent_main
 from batchbench.cli.export_plans import run as export_main
 from batchbench.drive.simlaunch import SimProcess, sim_command
+
+# One recorded run serves every test here, and one of them bounds its delays to 5 ms:
+# parallel workers on the same cores would stretch them, so the module runs in the serial pass.
+pytestmark = pytest.mark.serial
 
 ROOT = Path(__file__).resolve().parents[1]
 LISTENING = "batchbench record listening on "
@@ -209,9 +214,12 @@ def test_one_row_per_request_and_the_closing_line(recorded):
     assert len(principals) == 1
     (principal,) = principals
     assert principal.startswith("key-") and len(principal) == 20
-    for path in recorded["work"].iterdir():  # the key and the prompt stay out of every file
-        if path.name.startswith("rows"):
-            assert API_KEY.encode() not in path.read_bytes()
+    key_file = recorded["rows_path"].with_name("rows.jsonl.key")
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    key = key_file.read_text().strip()
+    assert len(key) == 64
+    text = recorded["rows_path"].read_text()
+    assert API_KEY not in text and key not in text
 
 
 def test_the_export_has_the_server_counted_tokens_of_every_request(recorded):
@@ -230,14 +238,28 @@ def test_the_export_has_the_server_counted_tokens_of_every_request(recorded):
 
 
 def test_delays_are_the_runs_tool_delays_within_5_ms(recorded):
+    """Each exported delay is within 5 ms of the plan's ``delay_after_ms`` and of the gap
+    the client actually left, from the end of a reply to the start of the next request
+    (its request events): the proxy's clock adds nothing the run did not do."""
     for name, plan in recorded["original"].items():
         planned = [r.get("delay_after_ms", 0) for r in plan["requests"]]
+        served = recorded["served"][name]
+        gaps = [
+            (after["start_offset_seconds"] - before["start_offset_seconds"]) * 1000
+            - before["latency_seconds"] * 1000
+            for before, after in itertools.pairwise(served)
+        ] + [0.0]
         exported = [r.get("delay_after_ms", 0) for r in recorded["exported"][name]["requests"]]
-        assert len(exported) == len(planned)
+        assert len(exported) == len(planned) == len(gaps)
         assert all(abs(e - p) <= 5 for e, p in zip(exported, planned, strict=True)), (
             name,
             exported,
             planned,
+        )
+        assert all(abs(e - g) <= 5 for e, g in zip(exported, gaps, strict=True)), (
+            name,
+            exported,
+            gaps,
         )
 
 
