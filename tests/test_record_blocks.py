@@ -211,6 +211,7 @@ def test_recording_key_that_is_not_a_key_is_one_line_error(tmp_path):
 
 def test_counts_are_exact_and_cached(deepseek):
     counter = BlockCounter(deepseek)
+    assert counter.fast is not None  # deepseek-v3's ASCII texts take the fast counter
     blocks = chat_blocks(BODY)
     assert asyncio.run(counter.counts(blocks)) == EXPECTED_TOKENS
     assert [deepseek.count(b.text) for b in blocks] == EXPECTED_TOKENS
@@ -222,6 +223,9 @@ def test_counts_are_exact_and_cached(deepseek):
     grown = {**BODY, "messages": [*MESSAGES, {"role": "assistant", "content": "You are welcome."}]}
     assert asyncio.run(counter.counts(chat_blocks(grown))) == [*EXPECTED_TOKENS, 4]
     assert counter.encoded == 10
+    # Text the fast ASCII counter does not take goes to the tokenizer.
+    text = "Grüße aus Köln, 東京から"
+    assert asyncio.run(counter.counts([Block("user", text.encode(), text)])) == [10]
 
 
 def test_count_cache_is_bounded_and_large_texts_count_off_the_loop(deepseek):
@@ -231,6 +235,9 @@ def test_count_cache_is_bounded_and_large_texts_count_off_the_loop(deepseek):
     assert len(counter.cache) == 2
     assert asyncio.run(counter.counts([a])) == [1]  # evicted, so encoded again
     assert counter.encoded == 4
-    big = "word " * (OFF_LOOP_CHARS // 5 + 1)  # 16,385 characters: past the threshold
-    assert asyncio.run(counter.counts([Block("tool", big.encode(), big)])) == [3278]
+    assert counter.worker is None  # small work stays on the loop
+    big = "word " * (OFF_LOOP_CHARS // 5 + 1)  # 2,050 characters: past the threshold
+    assert asyncio.run(counter.counts([Block("tool", big.encode(), big)])) == [411]
+    assert counter.worker is not None
+    counter.close()
     assert counter.encoded == 5

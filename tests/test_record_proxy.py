@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 from aiohttp import web
 
 from batchbench.record.blocks import chat_blocks, completion_blocks
@@ -56,6 +57,7 @@ class Upstream:
 
     bodies: list[bytes] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
+    cancelled: list[bool] = field(default_factory=list)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -69,7 +71,10 @@ class Upstream:
         raw = await request.read()
         self.bodies.append(raw)
         self.headers.append(dict(request.headers))
-        body = orjson.loads(raw)
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return web.Response(status=400, body=b'{"error":"not JSON"}')
         messages = body.get("messages") or [{"content": body.get("prompt")}]
         if messages[-1]["content"] == "fail":
             return web.Response(status=500, body=ERROR_REPLY, content_type="application/json")
@@ -77,6 +82,17 @@ class Upstream:
             return web.Response(body=JSON_REPLY, content_type="application/json")
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        if messages[-1]["content"] in ("cut", "slow"):
+            await response.write(EVENTS[0])
+            if messages[-1]["content"] == "cut":  # the upstream dies mid-reply
+                assert request.transport is not None
+                request.transport.close()
+                return response
+            try:
+                await asyncio.sleep(5)  # until the proxy hangs up on behalf of its client
+            except asyncio.CancelledError:
+                self.cancelled.append(True)
+                raise
         for event in EVENTS:
             await response.write(event)
         if (body.get("stream_options") or {}).get("include_usage"):
@@ -100,7 +116,7 @@ async def serve(app_or_runner: web.Application | web.AppRunner) -> tuple[web.App
     runner = (
         app_or_runner
         if isinstance(app_or_runner, web.AppRunner)
-        else web.AppRunner(app_or_runner, access_log=None)
+        else web.AppRunner(app_or_runner, access_log=None, handler_cancellation=True)
     )
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -374,3 +390,107 @@ def test_principal_from_header_key_hash_or_anonymous_and_ids_in_arrival_order(tm
         ("000000000003", "anonymous"),
     ]
     assert len({tuple(r["chain"]) for r in rows}) == 1
+
+
+def test_upstream_cut_mid_stream_cuts_the_client_and_leaves_a_row(tmp_path, deepseek):
+    body = {"model": "m", "messages": [{"role": "user", "content": "cut"}], "stream": True}
+
+    async def main():
+        async with recording(tmp_path, deepseek) as rec, aiohttp.ClientSession() as session:
+            url = rec.url + "/v1/chat/completions"
+            async with session.post(url, data=orjson.dumps(body)) as response:
+                assert response.status == 200
+                assert await response.content.readany() == EVENTS[0]
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await response.read()
+        [row] = rec.rows()
+        assert timeless(row, 0, time.time() * 1e6, 60_000) == {
+            **expected_row(body, [1]),
+            "correlation_id": "000000000000",
+            "prompt_tokens": None,
+            "completion_tokens": None,
+        }
+
+    run(main())
+
+
+def test_a_client_that_leaves_mid_stream_ends_the_upstream_request(tmp_path, deepseek):
+    body = {"model": "m", "messages": [{"role": "user", "content": "slow"}], "stream": True}
+
+    async def main():
+        async with recording(tmp_path, deepseek) as rec:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(rec.url + "/v1/chat/completions", data=orjson.dumps(body)) as response,
+            ):
+                assert await response.content.readany() == EVENTS[0]
+                response.close()  # hang up
+            for _ in range(100):
+                if rec.sink.written and rec.upstream.cancelled:
+                    break
+                await asyncio.sleep(0.02)
+            assert rec.upstream.cancelled == [True]
+        [row] = rec.rows()
+        assert timeless(row, 0, time.time() * 1e6, 5_000) == {
+            **expected_row(body, [1]),
+            "correlation_id": "000000000000",
+            "prompt_tokens": None,
+            "completion_tokens": None,
+        }
+
+    run(main())
+
+
+def test_a_body_that_is_not_json_is_forwarded_as_is_with_an_empty_row(tmp_path, deepseek):
+    async def main():
+        async with recording(tmp_path, deepseek) as rec, aiohttp.ClientSession() as session:
+            async with session.post(rec.url + "/v1/chat/completions", data=b"{oops") as response:
+                assert (response.status, await response.read()) == (400, b'{"error":"not JSON"}')
+            assert rec.upstream.bodies == [b"{oops"]
+        [row] = rec.rows()
+        assert timeless(row, 0, time.time() * 1e6, 60_000) == {
+            "principal_id": "anonymous",
+            "correlation_id": "000000000000",
+            "model": None,
+            "chain": [],
+            "block_roles": [],
+            "block_tokens": [],
+            "prompt_tokens": None,
+            "completion_tokens": None,
+            "stream": None,
+            "max_tokens": None,
+        }
+
+    run(main())
+
+
+def test_a_client_that_hangs_up_right_after_its_reply_still_gets_its_row(tmp_path, deepseek):
+    """A long history is hashed and counted on the worker thread after the reply; the
+    client closing its connection meanwhile must not cancel that."""
+    long = {"role": "user", "content": "lorem ipsum dolor " * 400}  # 7,200 characters
+    body = {"model": "m", "messages": [SYSTEM, long]}
+
+    async def main():
+        async with recording(tmp_path, deepseek) as rec:
+            for _ in range(3):
+                async with (
+                    aiohttp.ClientSession() as session,
+                    session.post(
+                        rec.url + "/v1/chat/completions", data=orjson.dumps(body)
+                    ) as response,
+                ):
+                    assert await response.read() == JSON_REPLY
+                    # leaving the block closes the connection while the proxy still works
+            for _ in range(100):
+                if rec.sink.written == 3:
+                    break
+                await asyncio.sleep(0.02)
+        rows = rec.rows()
+        assert [r["correlation_id"] for r in rows] == [
+            "000000000000",
+            "000000000001",
+            "000000000002",
+        ]
+        assert [r["block_tokens"] for r in rows] == [[5, 1601]] * 3
+
+    run(main())

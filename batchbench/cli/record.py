@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 from collections.abc import Sequence
 from urllib.parse import urlsplit
@@ -48,28 +49,37 @@ resumes): keep it private, as hashes of short texts could be checked against gue
 whoever holds it.
 
 On streams the proxy asks for usage (stream_options.include_usage) when the client did
-not, and then removes that usage-only chunk from what the client sees. An unreachable
-upstream gets the client a 502 and a row without usage; upstream errors pass through.
+not, and then removes that usage-only chunk from what the client sees. Recorded requests
+ask the upstream for an uncompressed reply (Accept-Encoding: identity), so their usage can
+be read; other paths pass through compressed or not. An unreachable upstream gets the
+client a 502 and a row without usage; upstream errors pass through, rows without usage.
+A client that hangs up mid-reply ends the upstream request; its row has no usage.
 
 Once listening it prints one line, "batchbench record listening on http://HOST:PORT";
 SIGINT or SIGTERM stops it: requests in flight get 10 s to finish, then it prints
-"recorded N requests to PATH". Exit status: 0 when stopped, 1 when it cannot start
-(tokenizer, rows file, key, address in use), 2 on misuse."""
+"recorded N requests to PATH" (followed by how many rows could not be written, if any:
+a full disk). Exit status: 0 when stopped, 1 when it cannot start (tokenizer, rows file,
+key, address in use), 2 on misuse."""
 
 
 def upstream_url(text: str) -> str:
-    """--upstream: http(s)://host[:port][/prefix]; the client's path follows the prefix."""
+    """--upstream: http(s)://host[:port][/prefix]; the client's path follows the prefix.
+    Errors do not repeat the URL: it may hold credentials (user:password@host)."""
     try:
         parts = urlsplit(text)
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a URL: {exc}") from None
+        raise argparse.ArgumentTypeError(f"not a URL ({exc})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise argparse.ArgumentTypeError(
-            f"{text!r} must be an http:// or https:// URL with a host (e.g. http://127.0.0.1:8000)"
+            "must be an http:// or https:// URL with a host (e.g. http://127.0.0.1:8000)"
         )
     if parts.query or parts.fragment:
-        raise argparse.ArgumentTypeError(f"{text!r} must not have a query or a fragment")
+        raise argparse.ArgumentTypeError("must not have a query or a fragment")
+    if parts.username is not None or parts.password is not None:
+        raise argparse.ArgumentTypeError(
+            "must not hold credentials: the clients' own Authorization headers are forwarded"
+        )
     return text.rstrip("/")
 
 
@@ -157,7 +167,8 @@ async def serve(proxy: RecordingProxy, host: str, port: int) -> None:
         try:
             await site.start()
         except OSError as exc:
-            raise BatchbenchError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise BatchbenchError(f"cannot listen on {host}:{port}: {reason}") from None
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):  # before anyone learns where we listen
@@ -176,13 +187,17 @@ def _record(args: argparse.Namespace) -> int:
     try:
         key = args.hash_key if args.hash_key is not None else recording_key(args.rows_jsonl)
         config = ProxyConfig(args.upstream, key, args.principal_header)
-        proxy = RecordingProxy(config, BlockCounter(tokenizer), sink)
+        counter = BlockCounter(tokenizer)
+        proxy = RecordingProxy(config, counter, sink)
         host, port = args.listen
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(serve(proxy, host, port))
+        try:
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                runner.run(serve(proxy, host, port))
+        finally:
+            counter.close()
     finally:
         sink.close()
-    print(f"recorded {sink.written} requests to {args.rows_jsonl}", flush=True)
+    print(sink.summary(), flush=True)
     return 0
 
 

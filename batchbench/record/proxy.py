@@ -20,7 +20,7 @@ from multidict import CIMultiDict
 
 from batchbench.record.blocks import Block, chat_blocks, completion_blocks
 from batchbench.record.chain import chain, principal
-from batchbench.record.counts import OFF_LOOP_CHARS, BlockCounter
+from batchbench.record.counts import BlockCounter
 from batchbench.record.sink import Row, RowSink
 from batchbench.record.usage import StreamUsage, json_usage
 
@@ -133,7 +133,13 @@ class RecordingProxy:
     def runner(self, grace_s: float) -> web.AppRunner:
         """Stopping waits up to ``grace_s`` for requests in flight, then cancels them."""
         return web.AppRunner(
-            self.app(), access_log=None, handle_signals=False, shutdown_timeout=grace_s
+            self.app(),
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=grace_s,
+            # A client that hangs up cancels its handler, which closes the upstream request
+            # at once (a model would otherwise go on generating for no one).
+            handler_cancellation=True,
         )
 
     async def _session(self, app: web.Application) -> AsyncIterator[None]:
@@ -177,15 +183,17 @@ class RecordingProxy:
         return response
 
     async def _record(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        ts_us = time.time_ns() // 1000
-        started = time.perf_counter()
-        correlation = self.sink.correlation_id()
         named = (
             request.headers.get(self.config.principal_header)
             if self.config.principal_header
             else None
         )
-        who = principal(self.config.key, request.headers.get("Authorization"), named)
+        arrival = _Arrival(
+            ts_us=time.time_ns() // 1000,
+            started=time.perf_counter(),
+            principal_id=principal(self.config.key, request.headers.get("Authorization"), named),
+            correlation_id=self.sink.correlation_id(),
+        )
         parsed = _read_body(await request.read(), chat)
         headers = _forwarded(request.headers)
         # The reply is read for usage: ask for it as sent, not compressed.
@@ -206,9 +214,28 @@ class RecordingProxy:
                 )
         except aiohttp.ClientError as exc:  # before any reply: nothing reached the client
             response = _unreachable(exc)
-        duration_ms = round((time.perf_counter() - started) * 1000.0, 3)
-        await self._write_row(ts_us, who, correlation, parsed, usage, duration_ms)
+        except asyncio.CancelledError:
+            # The client hung up, or a stop's grace ran out: the request still gets its row
+            # (without usage), written before the handler ends.
+            duration_ms = arrival.elapsed_ms()
+            hashes = chain(self.config.key, parsed.blocks)
+            counts = self.counter.counts_now(parsed.blocks)
+            self.sink.write(_row(arrival, parsed, None, hashes, counts, duration_ms))
+            raise
+        # A client that hangs up now (the reply is out) must not cancel the row's work.
+        await asyncio.shield(self._finish(arrival, parsed, usage))
         return response
+
+    async def _finish(
+        self, arrival: _Arrival, parsed: _Request, usage: dict[str, Any] | None
+    ) -> None:
+        """Hash and count the blocks once the reply is out (no latency added to it), then
+        write the row; its duration ends with the reply."""
+        duration_ms = arrival.elapsed_ms()
+        size = sum(len(block.canonical) for block in parsed.blocks)
+        hashes = await self.counter.off_loop(size, chain, self.config.key, parsed.blocks)
+        counts = await self.counter.counts(parsed.blocks)
+        self.sink.write(_row(arrival, parsed, usage, hashes, counts, duration_ms))
 
     async def _relay(
         self,
@@ -255,38 +282,41 @@ class RecordingProxy:
             return response, watcher.usage
         return response, json_usage(b"".join(copy))
 
-    async def _write_row(
-        self,
-        ts_us: int,
-        who: str,
-        correlation: str,
-        parsed: _Request,
-        usage: dict[str, Any] | None,
-        duration_ms: float,
-    ) -> None:
-        """Hash and count the blocks once the reply is out (no latency added to it)."""
-        blocks = parsed.blocks
-        if sum(len(block.canonical) for block in blocks) > OFF_LOOP_CHARS:
-            loop = asyncio.get_running_loop()
-            hashes = await loop.run_in_executor(None, chain, self.config.key, blocks)
-        else:
-            hashes = chain(self.config.key, blocks)
-        counts = await self.counter.counts(blocks)
-        prompt = usage.get("prompt_tokens") if usage else None
-        completion = usage.get("completion_tokens") if usage else None
-        self.sink.write(
-            Row(
-                ts_us=ts_us,
-                principal_id=who,
-                correlation_id=correlation,
-                model=parsed.model,
-                chain=hashes,
-                block_roles=[block.role for block in blocks],
-                block_tokens=counts,
-                prompt_tokens=prompt if type(prompt) is int else None,
-                completion_tokens=completion if type(completion) is int else None,
-                stream=parsed.stream,
-                max_tokens=parsed.max_tokens,
-                duration_ms=duration_ms,
-            )
-        )
+
+@dataclass(frozen=True, slots=True)
+class _Arrival:
+    """When a recorded request came, from whom, and its place in the recording."""
+
+    ts_us: int
+    started: float  # time.perf_counter() then
+    principal_id: str
+    correlation_id: str
+
+    def elapsed_ms(self) -> float:
+        return round((time.perf_counter() - self.started) * 1000.0, 3)
+
+
+def _row(
+    arrival: _Arrival,
+    parsed: _Request,
+    usage: dict[str, Any] | None,
+    hashes: list[str],
+    counts: list[int],
+    duration_ms: float,
+) -> Row:
+    prompt = usage.get("prompt_tokens") if usage else None
+    completion = usage.get("completion_tokens") if usage else None
+    return Row(
+        ts_us=arrival.ts_us,
+        principal_id=arrival.principal_id,
+        correlation_id=arrival.correlation_id,
+        model=parsed.model,
+        chain=hashes,
+        block_roles=[block.role for block in parsed.blocks],
+        block_tokens=counts,
+        prompt_tokens=prompt if type(prompt) is int else None,
+        completion_tokens=completion if type(completion) is int else None,
+        stream=parsed.stream,
+        max_tokens=parsed.max_tokens,
+        duration_ms=duration_ms,
+    )

@@ -1,11 +1,11 @@
-"""The rows file: one COMPAT §7.2 row appended per finished request, flushed at once so
+"""The rows file: one COMPAT §7.2 row appended per finished request, written at once so
 that a recording stopped any way keeps every request that finished."""
 
 from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import IO
+from io import FileIO
 
 import orjson
 
@@ -62,18 +62,23 @@ class RowSink:
     def __init__(self, path: str) -> None:
         self.path = path
         self.written = 0
+        self.lost = 0
+        self.lost_reason = ""
         self.next_sequence = 0
         last = b"\n"
         try:
-            self.handle: IO[bytes] = open(path, "ab+")  # noqa: SIM115 - open for the run
+            # Unbuffered: each row is one write() to the file, in it once write() returns.
+            self.handle: FileIO = open(path, "ab+", buffering=0)  # noqa: SIM115 - open for the run
             self.handle.seek(0)
-            for line in self.handle:
-                self.next_sequence += bool(line.strip())
-                last = line[-1:]
+            while block := self.handle.read(1 << 20):
+                self.next_sequence += block.count(b"\n")
+                last = block[-1:]
         except OSError as exc:
             raise InputError(f"cannot open {path}: {exc.strerror or exc}") from None
-        # A line cut short (a crash mid-write) is closed so the next row starts its own.
+        # A line cut short (a crash mid-write) counts, and is closed so the next row
+        # starts its own.
         self.pending_newline = last != b"\n"
+        self.next_sequence += self.pending_newline
 
     def correlation_id(self) -> str:
         """The next request's sequence number in this recording, zero-padded."""
@@ -82,13 +87,31 @@ class RowSink:
         return f"{number:012d}"
 
     def write(self, row: Row) -> None:
+        """Append the row. A row that cannot be written (a full disk) is counted and the
+        first reason kept: the proxy goes on serving its clients, and says so at the end."""
         line = row.as_json() + b"\n"
         if self.pending_newline:
             line = b"\n" + line
-            self.pending_newline = False
-        self.handle.write(line)
-        self.handle.flush()
+        try:
+            done = self.handle.write(line)
+        except OSError as exc:
+            self._lose(exc.strerror or str(exc))
+            return
+        if done != len(line):  # part of the line is in the file: the next row starts anew
+            self.pending_newline = True
+            self._lose("a write was cut short")
+            return
+        self.pending_newline = False
         self.written += 1
+
+    def _lose(self, reason: str) -> None:
+        self.lost += 1
+        self.lost_reason = self.lost_reason or reason
+
+    def summary(self) -> str:
+        """The line a stopped recording prints."""
+        lost = f" ({self.lost} rows lost: {self.lost_reason})" if self.lost else ""
+        return f"recorded {self.written} requests to {self.path}{lost}"
 
     def close(self) -> None:
         self.handle.close()

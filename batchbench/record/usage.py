@@ -40,26 +40,33 @@ def _event_data(event: bytes) -> bytes:
     return b"\n".join(values)
 
 
+def _last_event_end(buffer: bytearray) -> int:
+    """Index just past the last complete event in ``buffer`` (0: none)."""
+    ends = [at + len(end) for end in _ENDS if (at := buffer.rfind(end)) >= 0]
+    return max(ends, default=0)
+
+
 class StreamUsage:
     """Watches an SSE reply. ``feed`` returns the bytes to send the client now; ``finish``
-    the rest at the end of the stream. ``usage`` is the last usage object seen."""
+    the rest at the end of the stream. ``usage`` is the last usage object seen.
+
+    Only what follows the last complete event is held; events are split and parsed only
+    when the mark of usage is among them (most chunks of a stream are content)."""
 
     def __init__(self, strip_usage_only: bool) -> None:
         self.strip = strip_usage_only
         self.usage: dict[str, Any] | None = None
         self.pending = bytearray()
-        self.scanned = 0  # pending[:scanned] holds no event end
 
     def feed(self, chunk: bytes) -> bytes:
         self.pending += chunk
-        kept = bytearray()
-        while (end := self._event_end()) >= 0:
-            event = bytes(self.pending[:end])
+        if _MARK in self.pending:
+            kept = self._events()
+        else:
+            end = _last_event_end(self.pending)
+            kept = bytes(self.pending[:end]) if self.strip else b""
             del self.pending[:end]
-            self.scanned = 0
-            if not self._usage_only(event):
-                kept += event
-        return bytes(kept) if self.strip else chunk
+        return kept if self.strip else chunk
 
     def finish(self) -> bytes:
         """What is left after the last event end (a stream cut short)."""
@@ -69,17 +76,27 @@ class StreamUsage:
             rest = b""
         return rest if self.strip else b""
 
-    def _event_end(self) -> int:
-        """Index just past the first complete event in ``pending``, or -1."""
-        ends = []
-        for separator in _ENDS:
-            at = self.pending.find(separator, max(0, self.scanned - len(separator) + 1))
-            if at >= 0:
-                ends.append(at + len(separator))
-        if not ends:
-            self.scanned = len(self.pending)
-            return -1
-        return min(ends)
+    def _events(self) -> bytes:
+        """Take every complete event from ``pending``; the bytes to forward. Only the
+        events around a usage mark are parsed; the others are kept as they are."""
+        kept = bytearray()
+        start = 0  # pending[:start] is done with
+        while (mark := self.pending.find(_MARK, start)) >= 0:
+            ends = [at + len(e) for e in _ENDS if (at := self.pending.find(e, mark)) >= 0]
+            if not ends:
+                break  # the marked event is not complete yet
+            begins = [at + len(e) for e in _ENDS if (at := self.pending.rfind(e, start, mark)) >= 0]
+            begin, end = max(begins, default=start), min(ends)
+            kept += self.pending[start:begin]
+            event = bytes(self.pending[begin:end])
+            if not self._usage_only(event):
+                kept += event
+            start = end
+        tail = [at + len(e) for e in _ENDS if (at := self.pending.rfind(e, start)) >= 0]
+        end = max(tail, default=start)
+        kept += self.pending[start:end]
+        del self.pending[:end]
+        return bytes(kept)
 
     def _usage_only(self, event: bytes) -> bool:
         """Reads usage from the event; True when usage is all it carries."""
