@@ -1,21 +1,27 @@
 """What ``batchbench record`` adds to time to first token, and its CPU per request.
 
 Run from the repository root: ``python -m benchmarks.bench_record [--agents A]
-[--turns T] [--tool-latency-ms D] [--repeat N]``.
+[--turns T] [--tool-latency-ms D] [--warmup S] [--repeat N]``.
 
 One zero-latency simulator (``batchbench sim --speed 0``) and one recording proxy in front
 of it (``batchbench record --upstream <sim>``) run for the whole benchmark. Each round the
-real ``batchbench agent`` runs the same workload twice, once straight to the simulator and
-once through the proxy, in alternating order: A agents at once (64 by default), each a
-streamed conversation of T requests (1,024 prompt tokens, growing by its replies; 64 output
-tokens) with D ms of tool time between requests. Compared side by side:
+real ``batchbench agent`` runs the same kind of workload twice, once straight to the
+simulator and once through the proxy, in alternating order, each run with prompts of its
+own: A agents at once (64 by default), each a streamed conversation of T requests that
+starts at 1,024 prompt tokens and grows by every reply, tool call and tool result (64
+output tokens a request), with log-normal tool time between requests (median D ms, sigma
+0.5, so that the agents drift apart instead of all asking at once). Requests sent in the
+first S seconds (when every agent sends its first, longest new prompt at the same moment)
+are left out of the measured window. Compared side by side:
 
-* TTFT p50 and p99 (``--results-json``), direct and proxied, and their difference;
-* the proxy's CPU (user + system, from ``/proc/<pid>/stat``) per request it recorded.
+* TTFT p50 and p99 of the measured window (``--results-json``), direct and through the
+  proxy, and what the proxy adds: the median of the rounds' differences;
+* the proxy's CPU (user + system of its process and threads, from ``/proc/<pid>/stat``)
+  per request it forwarded and recorded.
 
 Every figure is the median of N rounds. The client, the simulator and the proxy share the
-machine's cores, so the proxy's CPU shows in the difference as it would on a loaded host;
-differences hold on a noisy machine better than absolute times.
+machine's cores, so the proxy's CPU shows in the client's latency as it would on a loaded
+host: a p99 is set by moments when several requests arrive together and queue for it.
 """
 
 from __future__ import annotations
@@ -136,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(
             f"  TTFT {key} (ms)   direct {median('direct', key):7.2f}   "
-            f"proxy {median('proxy', key):7.2f}   added {added:+6.2f}"
+            f"proxy {median('proxy', key):7.2f}   added {added:+6.2f} (median of the rounds')"
         )
     print(f"  proxy CPU: {statistics.median(cpu_ms):.3f} ms per request (user + system)")
     return 0

@@ -208,7 +208,10 @@ def test_one_row_per_request_and_the_closing_line(recorded):
     rows, recorder = recorded["rows"], recorded["recorder"]
     assert len(rows) == 9
     assert [row["correlation_id"] for row in rows] == [f"{n:012d}" for n in range(9)]
-    assert f"recorded 9 requests to {recorded['rows_path']}" in recorder.out
+    assert recorder.out.splitlines() == [
+        f"{LISTENING}{recorder.url}",
+        f"recorded 9 requests to {recorded['rows_path']}",
+    ]
     assert {row["model"] for row in rows} == {"batchbench-sim"}
     principals = {row["principal_id"] for row in rows}
     assert len(principals) == 1
