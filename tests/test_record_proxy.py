@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import hashlib
 import hmac
 import re
@@ -492,5 +493,92 @@ def test_a_client_that_hangs_up_right_after_its_reply_still_gets_its_row(tmp_pat
             "000000000002",
         ]
         assert [r["block_tokens"] for r in rows] == [[5, 1601]] * 3
+
+    run(main())
+
+
+def test_a_gzip_request_body_reaches_the_upstream_unpacked(tmp_path, deepseek):
+    """The server unpacks a compressed request body; the proxy sends it on unpacked,
+    without the Content-Encoding that no longer describes it."""
+    body = {"model": "m", "messages": [SYSTEM, ASK]}
+
+    async def main():
+        async with recording(tmp_path, deepseek) as rec:
+            async with (
+                aiohttp.ClientSession(auto_decompress=False) as session,
+                session.post(
+                    rec.url + "/v1/chat/completions",
+                    data=gzip.compress(orjson.dumps(body)),
+                    headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
+                ) as response,
+            ):
+                assert (response.status, await response.read()) == (200, JSON_REPLY)
+            assert rec.upstream.bodies == [orjson.dumps(body)]
+            assert "Content-Encoding" not in rec.upstream.headers[0]
+        [row] = rec.rows()
+        assert (row["block_tokens"], row["prompt_tokens"]) == ([5, 3], 17)
+
+    run(main())
+
+
+def test_header_bytes_that_are_not_utf8_still_give_a_row(tmp_path, deepseek):
+    """A bearer key and a principal header of raw non-UTF-8 bytes: the key is hashed as
+    its bytes, the header's value kept as text with replacement characters."""
+    body = {"model": "m", "messages": [SYSTEM, ASK]}
+
+    async def main():
+        async with recording(tmp_path, deepseek, principal_header="X-User") as rec:
+            host, port = rec.url.removeprefix("http://").split(":")
+            payload = orjson.dumps(body)
+            for extra in (b"Authorization: Bearer sk-\xff\xfe\r\n", b"X-User: caf\xe9\r\n"):
+                reader, writer = await asyncio.open_connection(host, int(port))
+                writer.write(
+                    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                    b"Content-Type: application/json\r\nConnection: close\r\n" + extra
+                    + b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload
+                )  # fmt: skip
+                await writer.drain()
+                reply = await reader.read()
+                writer.close()
+                assert reply.startswith(b"HTTP/1.1 200"), reply[:80]
+        rows = rec.rows()
+        digest = hmac.new(KEY, b"sk-\xff\xfe", hashlib.sha256).hexdigest()
+        assert [row["principal_id"] for row in rows] == ["key-" + digest[:16], "caf\ufffd"]
+        assert rec.sink.lost == 0
+
+    run(main())
+
+
+def test_a_body_nested_deeper_than_json_can_be_rewritten_is_forwarded_as_is(tmp_path, deepseek):
+    # 300 levels: orjson reads up to 1,024 but writes at most 254.
+    raw = (
+        b'{"model":"m","stream":true,"messages":[{"role":"user","content":'
+        + b"[" * 300 + b'"x"' + b"]" * 300 + b"}]}"
+    )  # fmt: skip
+
+    async def main():
+        async with recording(tmp_path, deepseek) as rec:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(rec.url + "/v1/chat/completions", data=raw) as response,
+            ):
+                assert response.status == 200
+                await response.read()
+            assert rec.upstream.bodies == [raw]  # not rewritten: include_usage not added
+        [row] = rec.rows()
+        assert (row["chain"], row["model"], row["stream"]) == ([], None, None)
+
+    run(main())
+
+
+def test_max_tokens_falls_back_to_max_completion_tokens_when_null(tmp_path, deepseek):
+    body = {"model": "m", "messages": [ASK], "max_tokens": None, "max_completion_tokens": 9}
+
+    async def main():
+        async with recording(tmp_path, deepseek) as rec:
+            status, _, _ = await post(rec.url + "/v1/chat/completions", body)
+            assert status == 200
+        [row] = rec.rows()
+        assert row["max_tokens"] == 9
 
     run(main())

@@ -1,5 +1,5 @@
 """The rows file of ``batchbench record``: exact row bytes, ids that continue across
-restarts, a line cut short by a crash closed, and rows a full disk refuses counted."""
+restarts, a line cut short by a crash cut off, and rows a full disk refuses counted."""
 
 from __future__ import annotations
 
@@ -59,22 +59,39 @@ def test_a_row_is_one_line_export_plans_reads(tmp_path):
     assert sink.summary() == f"recorded 1 requests to {path}"
 
 
-def test_ids_continue_after_a_restart_and_a_cut_line_is_closed(tmp_path):
+def test_ids_continue_after_a_restart_and_a_cut_line_is_cut_off(tmp_path):
+    """Rows are written as requests finish, so ids need not be in order: the next one is
+    past the largest. A line a crash cut short is taken out (export-plans reads every
+    line as a row)."""
     path = tmp_path / "rows.jsonl"
-    path.write_bytes(LINE + b'{"ts":"2026-12-05T10:00:01')  # the last line cut by a crash
+    later = LINE.replace(b'"000000000000"', b'"000000000005"')
+    path.write_bytes(later + LINE + b'{"ts":"2026-12-05T10:00:01')  # cut by a crash
     sink = RowSink(str(path))
-    assert sink.correlation_id() == "000000000002"
-    assert sink.correlation_id() == "000000000003"
-    sink.write(row("000000000002"))
-    sink.write(row("000000000003"))
+    assert path.read_bytes() == later + LINE
+    assert sink.correlation_id() == "000000000006"
+    assert sink.correlation_id() == "000000000007"
+    sink.write(row("000000000007"))
+    sink.write(row("000000000006"))
     sink.close()
     lines = path.read_bytes().split(b"\n")
-    assert lines[:2] == [LINE[:-1], b'{"ts":"2026-12-05T10:00:01']
+    assert lines[:2] == [later[:-1], LINE[:-1]]
     assert [orjson.loads(line)["correlation_id"] for line in lines[2:4]] == [
-        "000000000002",
-        "000000000003",
+        "000000000007",
+        "000000000006",
     ]
     assert lines[4:] == [b""]
+    parsed = [parse_row(line, n, "rows.jsonl").correlation_id for n, line in enumerate(lines[:4])]
+    assert parsed == ["000000000005", "000000000000", "000000000007", "000000000006"]
+
+
+def test_a_row_that_cannot_be_encoded_is_counted_lost(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    sink = RowSink(str(path))
+    sink.write(row("\udcff"))  # a lone surrogate is no UTF-8
+    sink.write(row("000000000001"))
+    sink.close()
+    assert (sink.written, sink.lost) == (1, 1)
+    assert path.read_bytes().count(b"\n") == 1
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")

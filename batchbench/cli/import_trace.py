@@ -277,6 +277,7 @@ def summary(options: ImportOptions, stats: ImportStats) -> str:
             f"{options.min_prompt_tokens} tokens raised to {options.min_prompt_tokens} "
             f"(+{_n(stats.raised_tokens)} tokens): a chat template's framing alone would "
             "exceed them (--min-prompt-tokens 0 keeps them)"
+            + (" (counted before sampling)" if stats.written != stats.trajectories else "")
         )
     if options.max_delay_ms is not None:
         lines.append(f"  delays          {_n(stats.capped_delays)} capped at --max-delay-ms")

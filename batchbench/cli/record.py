@@ -179,6 +179,7 @@ async def serve(proxy: RecordingProxy, host: str, port: int) -> None:
         await stop.wait()
     finally:
         await runner.cleanup()
+        await proxy.drain(GRACE_S)
 
 
 def _record(args: argparse.Namespace) -> int:

@@ -42,12 +42,14 @@ def principal(key: bytes, authorization: str | None, named: str | None) -> str:
     """Who sent a request: the value of the --principal-header when it came; else a keyed
     hash of the bearer token (the token itself is never stored); else "anonymous"."""
     if named is not None:
-        return named
+        # aiohttp keeps a header's non-UTF-8 bytes as lone surrogates: a row holds text.
+        return named.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     if authorization is None:
         return "anonymous"
     scheme, _, token = authorization.partition(" ")
     secret = token.strip() if scheme.lower() == "bearer" and token.strip() else authorization
-    digest = hmac.new(key, secret.encode("utf-8"), hashlib.sha256).hexdigest()
+    raw = secret.encode("utf-8", "surrogateescape")  # the header's bytes, whatever they are
+    digest = hmac.new(key, raw, hashlib.sha256).hexdigest()
     return "key-" + digest[:PRINCIPAL_HEX]
 
 

@@ -52,8 +52,9 @@ class ProxyConfig:
     principal_header: str | None
 
 
-def _forwarded(headers: Any, keep_length: bool = False) -> CIMultiDict[str]:
-    """A message's headers minus the hop-by-hop ones (and those the connection lists)."""
+def _forwarded(headers: Any, keep_length: bool = False, unpacked: bool = False) -> CIMultiDict[str]:
+    """A message's headers minus the hop-by-hop ones (and those the connection lists);
+    ``unpacked``: a request body the server already decompressed, sent on as it is now."""
     listed = {
         name.strip().lower()
         for value in headers.getall("Connection", ())
@@ -62,6 +63,8 @@ def _forwarded(headers: Any, keep_length: bool = False) -> CIMultiDict[str]:
     dropped = _HOP_BY_HOP | listed
     if keep_length:
         dropped -= {"content-length"}
+    if unpacked:
+        dropped |= {"content-encoding"}
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in dropped)
 
 
@@ -78,15 +81,23 @@ class _Request:
 
 
 def _read_body(raw: bytes, chat: bool) -> _Request:
+    """The body's row fields; a body that is not a JSON object (or nests deeper than JSON
+    can be written back, 254 levels) is forwarded as it came, with an empty chain."""
     try:
-        document = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        document = None
+        return _parse_body(raw, chat)
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError):
+        return _Request([], None, None, None, raw, False)
+
+
+def _parse_body(raw: bytes, chat: bool) -> _Request:
+    document = orjson.loads(raw)
     if not isinstance(document, dict):
         return _Request([], None, None, None, raw, False)
     model = document.get("model")
     stream = document.get("stream") is True
-    limit = document.get("max_tokens", document.get("max_completion_tokens"))
+    limit = document.get("max_tokens")
+    if limit is None:
+        limit = document.get("max_completion_tokens")
     options = document.get("stream_options")
     asked = False
     body = raw
@@ -123,6 +134,9 @@ class RecordingProxy:
         self.config = config
         self.counter = counter
         self.sink = sink
+        # Rows still being hashed and counted after their reply went out; a stop waits for
+        # them (``drain``), a hung-up client does not cancel them.
+        self._finishing: set[asyncio.Task[None]] = set()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_REQUEST_BYTES)
@@ -174,7 +188,7 @@ class RecordingProxy:
                 request.method,
                 self.config.upstream + request.raw_path,
                 data=body or None,
-                headers=_forwarded(request.headers),
+                headers=_forwarded(request.headers, unpacked=True),
                 allow_redirects=False,
             ) as upstream:
                 response, _ = await self._relay(request, upstream, read_usage=False)
@@ -195,7 +209,7 @@ class RecordingProxy:
             correlation_id=self.sink.correlation_id(),
         )
         parsed = _read_body(await request.read(), chat)
-        headers = _forwarded(request.headers)
+        headers = _forwarded(request.headers, unpacked=True)
         # The reply is read for usage: ask for it as sent, not compressed.
         headers["Accept-Encoding"] = "identity"
         usage: dict[str, Any] | None = None
@@ -218,13 +232,30 @@ class RecordingProxy:
             # The client hung up, or a stop's grace ran out: the request still gets its row
             # (without usage), written before the handler ends.
             duration_ms = arrival.elapsed_ms()
-            hashes = chain(self.config.key, parsed.blocks)
-            counts = self.counter.counts_now(parsed.blocks)
-            self.sink.write(_row(arrival, parsed, None, hashes, counts, duration_ms))
+            try:
+                hashes = chain(self.config.key, parsed.blocks)
+                counts = self.counter.counts_now(parsed.blocks)
+                self.sink.write(_row(arrival, parsed, None, hashes, counts, duration_ms))
+            except Exception as exc:  # counted: never a lost row unsaid
+                self.sink.lose(type(exc).__name__)
             raise
         # A client that hangs up now (the reply is out) must not cancel the row's work.
-        await asyncio.shield(self._finish(arrival, parsed, usage))
+        task = asyncio.ensure_future(self._finish(arrival, parsed, usage))
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
+        await asyncio.shield(task)
         return response
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait (up to ``timeout_s``) for rows still being made after their replies; the
+        ones that do not finish are counted lost."""
+        pending = set(self._finishing)
+        if not pending:
+            return
+        _, late = await asyncio.wait(pending, timeout=timeout_s)
+        for task in late:
+            task.cancel()
+            self.sink.lose("stopped before its row was counted")
 
     async def _finish(
         self, arrival: _Arrival, parsed: _Request, usage: dict[str, Any] | None
@@ -232,10 +263,15 @@ class RecordingProxy:
         """Hash and count the blocks once the reply is out (no latency added to it), then
         write the row; its duration ends with the reply."""
         duration_ms = arrival.elapsed_ms()
-        size = sum(len(block.canonical) for block in parsed.blocks)
-        hashes = await self.counter.off_loop(size, chain, self.config.key, parsed.blocks)
-        counts = await self.counter.counts(parsed.blocks)
-        self.sink.write(_row(arrival, parsed, usage, hashes, counts, duration_ms))
+        try:
+            size = sum(len(block.canonical) for block in parsed.blocks)
+            hashes = await self.counter.off_loop(size, chain, self.config.key, parsed.blocks)
+            counts = await self.counter.counts(parsed.blocks)
+            row = _row(arrival, parsed, usage, hashes, counts, duration_ms)
+        except Exception as exc:  # counted: never a lost row unsaid
+            self.sink.lose(type(exc).__name__)
+            return
+        self.sink.write(row)
 
     async def _relay(
         self,

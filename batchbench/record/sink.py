@@ -3,7 +3,9 @@ that a recording stopped any way keeps every request that finished."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import os
 from dataclasses import dataclass
 from io import FileIO
 
@@ -56,29 +58,26 @@ def timestamp(ts_us: int) -> str:
 
 
 class RowSink:
-    """The rows file opened for appending. Correlation ids continue from the lines it
-    already holds, so a recording resumed after a restart keeps them unique."""
+    """The rows file opened for appending. Correlation ids continue past the largest one it
+    already holds, so a recording resumed after a restart keeps them unique; a line cut
+    short (a crash mid-write) is cut off, so every line of the file stays a whole row."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.written = 0
         self.lost = 0
         self.lost_reason = ""
-        self.next_sequence = 0
-        last = b"\n"
         try:
             # Unbuffered: each row is one write() to the file, in it once write() returns.
             self.handle: FileIO = open(path, "ab+", buffering=0)  # noqa: SIM115 - open for the run
             self.handle.seek(0)
-            while block := self.handle.read(1 << 20):
-                self.next_sequence += block.count(b"\n")
-                last = block[-1:]
+            held = self.handle.read()
+            whole = held.rfind(b"\n") + 1
+            if whole < len(held):
+                os.ftruncate(self.handle.fileno(), whole)
         except OSError as exc:
             raise InputError(f"cannot open {path}: {exc.strerror or exc}") from None
-        # A line cut short (a crash mid-write) counts, and is closed so the next row
-        # starts its own.
-        self.pending_newline = last != b"\n"
-        self.next_sequence += self.pending_newline
+        self.next_sequence = _next_sequence(held[:whole])
 
     def correlation_id(self) -> str:
         """The next request's sequence number in this recording, zero-padded."""
@@ -88,21 +87,38 @@ class RowSink:
 
     def write(self, row: Row) -> None:
         """Append the row. A row that cannot be written (a full disk) is counted and the
-        first reason kept: the proxy goes on serving its clients, and says so at the end."""
-        line = row.as_json() + b"\n"
-        if self.pending_newline:
-            line = b"\n" + line
+        first reason kept, and what part of it reached the file is cut off again: the proxy
+        goes on serving its clients, and says so at the end."""
+        try:
+            line = row.as_json() + b"\n"
+        except (TypeError, orjson.JSONEncodeError) as exc:
+            self._lose(str(exc))
+            return
+        try:
+            size = os.fstat(self.handle.fileno()).st_size
+        except OSError as exc:
+            self._lose(exc.strerror or str(exc))
+            return
         try:
             done = self.handle.write(line)
         except OSError as exc:
             self._lose(exc.strerror or str(exc))
+            self._cut(size)
             return
-        if done != len(line):  # part of the line is in the file: the next row starts anew
-            self.pending_newline = True
+        if done != len(line):
             self._lose("a write was cut short")
+            self._cut(size)
             return
-        self.pending_newline = False
         self.written += 1
+
+    def _cut(self, size: int) -> None:
+        """Take a partly written row out of the file again (best effort)."""
+        with contextlib.suppress(OSError):
+            os.ftruncate(self.handle.fileno(), size)
+
+    def lose(self, reason: str) -> None:
+        """A finished request whose row could not be made: counted like a lost write."""
+        self._lose(reason)
 
     def _lose(self, reason: str) -> None:
         self.lost += 1
@@ -115,3 +131,20 @@ class RowSink:
 
     def close(self) -> None:
         self.handle.close()
+
+
+def _next_sequence(rows: bytes) -> int:
+    """One past the largest correlation id among the rows (ids are taken at arrival and
+    rows written when requests finish, so the last line need not hold the largest), and
+    at least the number of rows."""
+    largest = -1
+    count = 0
+    for line in rows.splitlines():
+        count += 1
+        try:
+            ident = orjson.loads(line).get("correlation_id")
+        except (orjson.JSONDecodeError, AttributeError):
+            continue
+        if isinstance(ident, str) and ident.isdigit():
+            largest = max(largest, int(ident))
+    return max(largest + 1, count)
