@@ -21,6 +21,10 @@ from batchbench.errors import InputError
 from batchbench.ingest.importer import FORMATS, ImportOptions, import_trace
 from batchbench.ingest.record import FormatOptions, Record, Segment
 
+# No compiled module serves this code, and the simulator's are covered elsewhere: the
+# pure-twin pass would repeat it as is.
+pytestmark = pytest.mark.native_pass_only
+
 ROOT = Path(__file__).resolve().parents[1]
 WEKA = ROOT / "tests" / "fixtures" / "traces" / "weka" / "trace_small.json"
 

@@ -15,6 +15,10 @@ from batchbench.record.blocks import Block, chat_blocks, completion_blocks
 from batchbench.record.chain import chain, principal, recording_key
 from batchbench.record.counts import OFF_LOOP_CHARS, BlockCounter
 
+# No compiled module serves this code, and the simulator's are covered elsewhere: the
+# pure-twin pass would repeat it as is.
+pytestmark = pytest.mark.native_pass_only
+
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
 

@@ -37,7 +37,7 @@ from batchbench.drive.simlaunch import SimProcess, sim_command
 
 # One recorded run serves every test here, and one of them bounds its delays to 5 ms:
 # parallel workers on the same cores would stretch them, so the module runs in the serial pass.
-pytestmark = pytest.mark.serial
+pytestmark = [pytest.mark.serial, pytest.mark.native_pass_only]
 
 ROOT = Path(__file__).resolve().parents[1]
 LISTENING = "batchbench record listening on "

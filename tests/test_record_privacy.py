@@ -14,9 +14,14 @@ import urllib.request
 from pathlib import Path
 
 import orjson
+import pytest
 
 import batchbench
 from batchbench.drive.simlaunch import SimProcess, sim_command
+
+# No compiled module serves this code, and the simulator's are covered elsewhere: the
+# pure-twin pass would repeat it as is.
+pytestmark = pytest.mark.native_pass_only
 
 RUN = "import sys; from batchbench.cli.main import run; sys.exit(run(sys.argv[1:]))"
 PACKAGE_ROOT = str(Path(batchbench.__file__).resolve().parent.parent)

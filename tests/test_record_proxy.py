@@ -28,6 +28,10 @@ from batchbench.record.counts import BlockCounter
 from batchbench.record.proxy import ProxyConfig, RecordingProxy
 from batchbench.record.sink import RowSink
 
+# No compiled module serves this code, and the simulator's are covered elsewhere: the
+# pure-twin pass would repeat it as is.
+pytestmark = pytest.mark.native_pass_only
+
 KEY = bytes(range(32))
 SYSTEM = {"role": "system", "content": "You are terse."}  # 5 tokens (deepseek-v3)
 ASK = {"role": "user", "content": "Say hello."}  # 3 tokens

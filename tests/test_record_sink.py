@@ -11,6 +11,10 @@ import pytest
 from batchbench.ingest.rows import parse_row
 from batchbench.record.sink import Row, RowSink, timestamp
 
+# No compiled module serves this code, and the simulator's are covered elsewhere: the
+# pure-twin pass would repeat it as is.
+pytestmark = pytest.mark.native_pass_only
+
 
 def row(correlation: str) -> Row:
     return Row(

@@ -7,6 +7,10 @@ import pytest
 
 from batchbench.record.usage import StreamUsage, json_usage
 
+# No compiled module serves this code, and the simulator's are covered elsewhere: the
+# pure-twin pass would repeat it as is.
+pytestmark = pytest.mark.native_pass_only
+
 CONTENT = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}'
 USAGE_ONLY = b'data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":4}}'
 DONE = b"data: [DONE]"
