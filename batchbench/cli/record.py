@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import signal
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 import uvloop
-from aiohttp import web
 
 from batchbench.cli.exits import exit_status, parsed_or_status
-from batchbench.errors import BatchbenchError
+from batchbench.cli.listening import listen_until_signal
 from batchbench.options.parser import CommandParser
 from batchbench.record.chain import MIN_KEY_BYTES, recording_key
 from batchbench.record.counts import BlockCounter
@@ -163,20 +160,7 @@ async def serve(proxy: RecordingProxy, host: str, port: int) -> None:
     runner = proxy.runner(GRACE_S)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
-        try:
-            await site.start()
-        except OSError as exc:
-            reason = os.strerror(exc.errno) if exc.errno else str(exc)
-            raise BatchbenchError(f"cannot listen on {host}:{port}: {reason}") from None
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):  # before anyone learns where we listen
-            loop.add_signal_handler(sig, stop.set)
-        bound = runner.addresses[0]
-        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-        print(f"batchbench record listening on http://{shown}:{bound[1]}", flush=True)
-        await stop.wait()
+        await listen_until_signal(runner, host, port, "record")
     finally:
         await runner.cleanup()
         await proxy.drain(GRACE_S)

@@ -10,8 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from aiohttp import web
-
+from batchbench.cli.listening import listen_until_signal
 from batchbench.errors import BatchbenchError, UsageError
 from batchbench.lifeline import die_with_parent, on_eof
 from batchbench.options.parser import CommandParser
@@ -349,19 +348,7 @@ async def serve(server: SimServer, host: str, port: int) -> None:
     runner = server.runner()
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
-        try:
-            await site.start()
-        except OSError as exc:
-            raise BatchbenchError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):  # before anyone learns where we listen
-            loop.add_signal_handler(sig, stop.set)
-        bound = runner.addresses[0]
-        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-        print(f"batchbench sim listening on http://{shown}:{bound[1]}", flush=True)
-        await stop.wait()
+        await listen_until_signal(runner, host, port, "sim")
     finally:
         await runner.cleanup()
 
