@@ -2,7 +2,7 @@
 is new: an agent resends its whole history on every turn, and encoding it again each
 time would cost the proxy more than the request's own forwarding.
 
-Large work (encoding new text, hashing a long history) runs on one worker thread: the
+Large work (encoding new text, hashing a long history for the chain) runs on one worker thread: the
 tokenizer and hashlib release the GIL, so the event loop keeps relaying other streams,
 and one thread bounds the proxy's counting to one core however many requests end at once.
 """
@@ -10,37 +10,31 @@ and one thread bounds the proxy's counting to one core however many requests end
 from __future__ import annotations
 
 import asyncio
-import hashlib
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from batchbench.record.blocks import Block
 from batchbench.text.fastcount import ascii_counter
+from batchbench.text.promptcount import SegmentCache, SegmentKey, segment_key
 from batchbench.text.tokenizer import LoadedTokenizer
 
 T = TypeVar("T")
-CACHE_ENTRIES = 200_000  # about 25 MB of digests and counts
+CACHE_ENTRIES = 200_000  # about 25 MB of keys and counts
 # Work on more characters than this goes to the worker thread (encoding 2,048 characters
 # takes about half a millisecond: longer would hold up every stream the loop relays).
 OFF_LOOP_CHARS = 2_048
 
 
-def text_digests(blocks: Sequence[Block]) -> list[bytes]:
-    """The cache's keys: a digest of each block's text."""
-    return [hashlib.blake2b(b.text.encode("utf-8"), digest_size=16).digest() for b in blocks]
-
-
 class BlockCounter:
-    """Counts of blocks' texts (no special tokens added), from a bounded LRU cache keyed
-    by a digest of the text; ``encoded`` is the number of blocks actually encoded."""
+    """Counts of blocks' texts (no special tokens added), from the bounded LRU cache the
+    prompt counters use, keyed by each text's (hash, length) so it holds no text;
+    ``encoded`` is the number of blocks actually encoded."""
 
     def __init__(self, tokenizer: LoadedTokenizer, entries: int = CACHE_ENTRIES) -> None:
         self.tokenizer = tokenizer.tokenizer
         self.fast = ascii_counter(tokenizer.tokenizer)
-        self.entries = entries
-        self.cache: OrderedDict[bytes, int] = OrderedDict()
+        self.cache = SegmentCache(entries)
         self.encoded = 0
         self.worker: ThreadPoolExecutor | None = None  # started by the first large job
 
@@ -58,54 +52,50 @@ class BlockCounter:
 
     async def counts(self, blocks: Sequence[Block]) -> list[int]:
         """Each block's count; only texts the cache does not know are encoded."""
-        size = sum(len(block.text) for block in blocks)
-        digests = await self.off_loop(size, text_digests, blocks)
-        known, missing = self._lookup(digests, blocks)
+        keys, known, missing = self._lookup(blocks)
         texts = list(missing.values())
         if sum(map(len, texts)) > OFF_LOOP_CHARS:
             counted = await self.on_worker(self._encode_batch, texts)
         else:
             counted = self._encode(texts)
-        return self._settle(digests, known, missing, counted)
+        return self._settle(keys, known, missing, counted)
 
     def counts_now(self, blocks: Sequence[Block]) -> list[int]:
         """Each block's count, worked out here whatever the size (a cancelled request's
         row is written before its handler ends)."""
-        digests = text_digests(blocks)
-        known, missing = self._lookup(digests, blocks)
-        return self._settle(digests, known, missing, self._encode(list(missing.values())))
+        keys, known, missing = self._lookup(blocks)
+        return self._settle(keys, known, missing, self._encode(list(missing.values())))
 
     def close(self) -> None:
         if self.worker is not None:
             self.worker.shutdown()
 
     def _lookup(
-        self, digests: list[bytes], blocks: Sequence[Block]
-    ) -> tuple[dict[bytes, int], dict[bytes, str]]:
-        """The counts the cache knows, and the texts it does not (by digest)."""
-        known: dict[bytes, int] = {}
-        missing: dict[bytes, str] = {}
-        for digest, block in zip(digests, blocks, strict=True):
-            count = self.cache.get(digest)
-            if count is None:
-                missing[digest] = block.text
+        self, blocks: Sequence[Block]
+    ) -> tuple[list[SegmentKey], dict[SegmentKey, int], dict[SegmentKey, str]]:
+        """Each block's key, the counts the cache knows, and the texts it does not."""
+        keys = [segment_key(block.text) for block in blocks]
+        known: dict[SegmentKey, int] = {}
+        missing: dict[SegmentKey, str] = {}
+        for key, block, entry in zip(keys, blocks, self.cache.lookup(keys), strict=True):
+            if entry is None:
+                missing[key] = block.text
             else:
-                self.cache.move_to_end(digest)
-                known[digest] = count
-        return known, missing
+                known[key] = entry[0]
+        return keys, known, missing
 
     def _settle(
         self,
-        digests: list[bytes],
-        known: dict[bytes, int],
-        missing: dict[bytes, str],
+        keys: list[SegmentKey],
+        known: dict[SegmentKey, int],
+        missing: dict[SegmentKey, str],
         counted: list[int],
     ) -> list[int]:
         self.encoded += len(counted)
-        for digest, count in zip(missing, counted, strict=True):
-            known[digest] = count
-            self._remember(digest, count)
-        return [known[digest] for digest in digests]
+        fresh = dict(zip(missing, counted, strict=True))
+        self.cache.store({key: (count, False) for key, count in fresh.items()})
+        known.update(fresh)
+        return [known[key] for key in keys]
 
     def _encode(self, texts: list[str]) -> list[int]:
         """On the loop: one text after another (a batch hands off to the tokenizer's
@@ -123,9 +113,3 @@ class BlockCounter:
         """On the worker: one batch, encoded without the GIL."""
         encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
         return [len(encoding.ids) for encoding in encodings]
-
-    def _remember(self, digest: bytes, count: int) -> None:
-        self.cache[digest] = count
-        self.cache.move_to_end(digest)
-        while len(self.cache) > self.entries:
-            self.cache.popitem(last=False)
