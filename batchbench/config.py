@@ -19,6 +19,7 @@ from typing import ClassVar
 from urllib.parse import urlsplit
 
 from batchbench.drive.transport import DEFAULT_MAX_RESPONSE_BYTES
+from batchbench.drive.wire import DEFAULT_DP_RANK_HEADER, DP_RANK_HEADERS
 from batchbench.errors import UsageError
 from batchbench.options.agent import config_from_argv
 from batchbench.options.checks import (
@@ -471,6 +472,19 @@ class RunConfig:
             "dp-rank-perfect-routing": ranks is not None,
             "dp-rank-perfect-routing-num": ranks,
         },
+    )
+    dp_rank_header: str = option(
+        DEFAULT_DP_RANK_HEADER,
+        Flag(
+            "dp-rank-header",
+            "the header naming each request's rank under --dp-rank-perfect-routing: smg, "
+            "X-SMG-Target-Worker (smg's gateway: the i-th worker in registration order, "
+            "honoured by its consistent_hashing policy, not by its default cache_aware); "
+            "vllm, X-data-parallel-rank (vLLM's and SGLang's own data parallelism); both "
+            "(default: %(default)s)",
+            ROUTING,
+            choices=tuple(DP_RANK_HEADERS),
+        ),
     )
     # HTTP
     stream: bool = option(
@@ -1093,6 +1107,10 @@ class RunConfig:
             raise UsageError("time-scale must be a positive finite number")
         if self.prompt_oracle not in ("none", "server"):
             raise UsageError(f'invalid prompt oracle "{self.prompt_oracle}" (none or server)')
+        if self.dp_rank_header not in DP_RANK_HEADERS:
+            raise UsageError(
+                f'invalid --dp-rank-header "{self.dp_rank_header}" (smg, vllm or both)'
+            )
 
     def _check_values(self) -> None:
         """Types and ranges a command line's parser guarantees, for configs built in Python."""

@@ -485,6 +485,28 @@ def test_perfect_routing_target_worker_is_slot_mod_ranks(capsys, stub, tmp_path,
     assert run.line("Per-rank load (") == "Per-rank load (8 ranks, perfect routing):"
 
 
+@pytest.mark.parametrize(
+    ("choice", "names"),
+    [
+        ("vllm", ["x-data-parallel-rank"]),
+        ("both", ["x-smg-target-worker", "x-data-parallel-rank"]),
+    ],
+)
+def test_dp_rank_header_choice_names_the_rank(capsys, stub, tmp_path, choice, names):
+    plans = write_plans(tmp_path / "p.jsonl", {f"t{i}": [req(24, 4)] for i in range(3)})
+    run_agent(
+        capsys,
+        argv(
+            stub, plans, "--user-prefix", "r", "--dp-rank-perfect-routing",
+            "--dp-rank-perfect-routing-num", "2", "--dp-rank-header", choice,
+        ),
+    )  # fmt: skip
+    sent = {r.user: [r.headers.get(name) for name in names] for r in stub.requests}
+    assert sent == {"r-0": ["0"] * len(names), "r-1": ["1"] * len(names), "r-2": ["0"] * len(names)}
+    if choice == "vllm":
+        assert all("x-smg-target-worker" not in r.headers for r in stub.requests)
+
+
 def test_invalid_user_tag_fails_without_sending(capsys, stub, tmp_path):
     plans = one_request_plans(tmp_path)
     run = run_agent(capsys, argv(stub, plans, "--user-prefix", "lödtest"))

@@ -356,7 +356,9 @@ class HttpAgentLoop:
             user_tag(agent, settings.seed, settings.user_prefix) if settings.user_tagging else None
         )
         tag_error = tag is not None and not valid_header_value(tag)
-        headers = request_headers(settings.api_key, None if tag_error else tag, rank)
+        headers = request_headers(
+            settings.api_key, None if tag_error else tag, rank, settings.dp_rank_header
+        )
         ident = self.workload.trajectory_ids[agent]
         return AgentIdentity(agent, ident, slot, rank, tag, tag_error, headers)
 

@@ -121,6 +121,7 @@ def driver_settings(config: RunConfig) -> DriverSettings:
         user_prefix=config.user_prefix,
         seed=config.seed,
         dp_ranks=config.dp_ranks,
+        dp_rank_header=config.dp_rank_header,
         timeout_seconds=float(config.request_timeout_secs),
         max_retries=config.max_retries,
         retry_delay_ms=config.retry_delay_ms,
