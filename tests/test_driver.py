@@ -108,6 +108,7 @@ REQUEST_EVENT_FIELDS = [
     "output_drift",
     "reply_rendered_tokens",
     "oracle_seconds",
+    "worker",
 ]
 # The error messages, quoted verbatim.
 NO_STREAM_USAGE = (
@@ -1659,15 +1660,15 @@ REQUEST_EVENT_KEYS = REQUEST_EVENT_FIELDS  # the documented key order (docs/outp
     "values",
     [
         (3, "t-3", 2, 5, 1, 900, 901, 50, 640, 1.25, 0.5, 0.0625, 1, "ok", None, None, None,
-         [], 1, -4, None, 50, 0, 48, None),
+         [], 1, -4, None, 50, 0, 48, None, "http://10.0.0.7:8000"),
         (0, "x", 1, 0, None, 10, None, None, None, None, None, None, 3, "failed",
          "HTTP 500", "http_status", 500,
          [{"attempt": 1, "kind": "http_status", "status": 500, "message": "HTTP 500"}],
-         None, 0, "too short", 7, None, None, 0.003),
+         None, 0, "too short", 7, None, None, 0.003, None),
     ],
 )  # fmt: skip
 def test_a_request_event_is_the_same_line_as_the_dict_it_replaced(values):
-    """The typed record serialises to the bytes of the 25-key dict the driver used to
+    """The typed record serialises to the bytes of the 26-key dict the driver would
     build, keys in the documented order (docs/outputs.md)."""
     event = RequestEvent(*values)
     line = orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE)

@@ -109,7 +109,8 @@ def test_every_field_of_the_run_configuration_is_declared_once():
     strings = [s for flag in all_flags(RunConfig) for s in flag.option_strings]
     assert len(strings) == len(set(strings))
     # as batchbench-agent has always had, but -h, --config, --version; plus --dp-rank-header
-    assert len(all_flags(RunConfig)) == 88
+    # and --routed-worker-header
+    assert len(all_flags(RunConfig)) == 89
 
 
 def test_a_command_line_run_checks_its_options_once(monkeypatch, capsys):

@@ -328,6 +328,7 @@ class Reply:
     ttft: float | None = None
     gaps: list[float] | None = None
     tpot: float | None = None
+    worker: str | None = None  # the worker that served it, when the response said so
 
 
 def _usage_counts(usage) -> tuple[int, int, int | None]:

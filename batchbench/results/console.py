@@ -27,6 +27,7 @@ from batchbench.results.documents import (
 from batchbench.results.formatting import MISSING, csv_cell, fixed, flag
 from batchbench.results.lifecycle import EngineResult
 from batchbench.results.metrics import percentile
+from batchbench.results.placement import placement_lines
 from batchbench.results.recording import DriftFigures
 from batchbench.results.summary import (
     ALL_CSV_COLUMNS,
@@ -460,6 +461,7 @@ def live_lines(live: LiveFigures) -> list[str]:
         req = rank_imbalance([r.requests for r in live.ranks])
         tok = rank_imbalance([r.input_tokens for r in live.ranks])
         lines.append(f"Rank imbalance (max/mean): requests {fixed(req)}, input tokens {fixed(tok)}")
+        lines += placement_lines(live.ranks, live.worker_header, live.rank_headers)
     health = live.health
     if health is not None:
         per_k = health.cpu_seconds_per_1000_requests
@@ -552,7 +554,7 @@ def summary_model(
     if live is not None:
         live_sections = LiveSections(
             fidelity=fidelity_results_view(live.fidelity, live.server_cached_tokens, live.framing),
-            ranks=[{"rank": i, **dataclasses.asdict(r)} for i, r in enumerate(live.ranks)],
+            ranks=[{"rank": i, **r.as_row()} for i, r in enumerate(live.ranks)],
             client_health=dataclasses.asdict(live.health) if live.health is not None else None,
         )
     return SummaryDocument(

@@ -10,6 +10,7 @@ from typing import Any
 
 from batchbench import __version__
 from batchbench.config import RunConfig
+from batchbench.drive.transport import DEFAULT_WORKER_HEADER
 from batchbench.results.failures import KindEntry
 from batchbench.results.lifecycle import EngineResult
 from batchbench.results.metrics import RunTotals, StreamSamples, percentiles
@@ -54,6 +55,9 @@ class LiveFigures:
     no_usage_failures: int = 0  # failed requests whose server sent no usage
     requests: int = 0  # sent requests (succeeded or failed)
     input_tokens: int = 0  # prompt tokens the server counted
+    # The header naming each reply's worker, and the ones that named each request's rank.
+    worker_header: str = DEFAULT_WORKER_HEADER
+    rank_headers: tuple[str, ...] = ()
 
 
 # Column groups, in CSV order: the original tool's columns, then this package's streaming
