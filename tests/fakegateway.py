@@ -5,6 +5,7 @@ answering as smg 1.13.0 does in front of its workers.
 ``x-smg-routed-worker-id``; an index past the last worker is answered 503
 ``no_available_workers`` with smg's body and header. ``misroute(tag, messages)`` says which
 requests go to the other worker instead (as a policy that ignores the header would).
+``GET`` answers the model list, for the preflight.
 """
 
 from __future__ import annotations
@@ -39,14 +40,18 @@ class FakeGateway:
         workers: list[str],
         misroute: Callable[[str | None, int], bool] = lambda tag, messages: False,
         worker_header: str = "x-smg-routed-worker-id",
+        model: str = "batchbench-sim",
     ) -> None:
         self.workers = workers
+        self.model = model
         self.misroute = misroute
         self.worker_header = worker_header
         self.served: dict[str, int] = dict.fromkeys(workers, 0)
         self.server = StubServer(self.answer)
 
     def answer(self, recorded: Recorded) -> Reply | Stream:
+        if recorded.method == "GET":  # the preflight's model list
+            return Reply(body={"object": "list", "data": [{"id": self.model}]})
         body = recorded.json()
         target = recorded.headers.get("x-smg-target-worker")
         index = int(target) if target is not None else 0

@@ -8,10 +8,12 @@ import json
 
 import pytest
 from fakegateway import FakeGateway
-from test_driver import argv, read_jsonl, req, run_agent, write_plans
+from test_driver import DEFAULT_MODEL, argv, read_jsonl, req, run_agent, write_plans
 
+from batchbench.cli.agent import main
 from batchbench.cli.agent_args import config_from_argv
 from batchbench.config import RunConfig
+from batchbench.drive.preflight import PreflightError
 from batchbench.errors import UsageError
 
 W0, W1 = "http://127.0.0.1:41001", "http://127.0.0.1:41002"
@@ -156,3 +158,50 @@ def test_workers_merge_their_placement(capsys, tmp_path):
     rows = [(r["workers"], r["misplaced"], r["switches"]) for r in document["ranks"]]
     assert rows == [({W0: 6}, 0, 0), ({W1: 5, W0: 1}, 1, 1)]
     assert run.line("Warning: ").startswith("Warning: 1 of 12 requests were served by")
+
+
+def preflighted(gateway, tmp_path, ranks: int, *extra: str) -> list[str]:
+    """A run with the preflight on (the stub tests' default turns it off)."""
+    args = argv(
+        gateway.server, four_agents(tmp_path), "--user-prefix", "r",
+        "--dp-rank-perfect-routing", "--dp-rank-perfect-routing-num", str(ranks), *extra,
+    )  # fmt: skip
+    args.remove("--no-preflight")
+    return args
+
+
+def test_a_rank_past_the_last_worker_is_refused_before_the_run(capsys, tmp_path):
+    with FakeGateway([W0, W1], model=DEFAULT_MODEL) as gateway:
+        with pytest.raises(PreflightError) as caught:
+            main(preflighted(gateway, tmp_path, 3))
+        chats = [r for r in gateway.server.requests if r.method == "POST"]
+    assert str(caught.value) == (
+        "rank 2: the gateway answered 503 no_available_workers (All workers are unavailable "
+        "(circuit breaker open or unhealthy)): --dp-rank-perfect-routing-num 3 is more than "
+        "its 2 workers"
+    )
+    # the preflight's 1-token completion and one probe per rank index, nothing of the run
+    assert sorted(r.headers.get("x-smg-target-worker") for r in chats[1:]) == ["0", "1", "2"]
+    assert len(chats) == 4 and all(len(r.messages) == 1 for r in chats)
+
+
+def test_the_banner_shows_the_rank_layout_the_probes_found(capsys, tmp_path):
+    with FakeGateway([W1, W0], model=DEFAULT_MODEL) as gateway:
+        main(preflighted(gateway, tmp_path, 2))
+    out = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(out) if line.startswith("Rank layout"))
+    assert out[start : start + 2] == [
+        f"Rank layout (preflight probes): 0 -> {W1}, 1 -> {W0}",
+        "  (smg numbers its workers in registration order, which can change when the gateway "
+        "restarts)",
+    ]
+    assert out[start - 1] == "DP-rank perfect routing: enabled (2 ranks)"
+
+
+def test_a_layout_no_reply_names_is_said(capsys, tmp_path):
+    with FakeGateway([W0, W1], worker_header="x-other", model=DEFAULT_MODEL) as gateway:
+        main(preflighted(gateway, tmp_path, 2))
+    out = capsys.readouterr().out.splitlines()
+    assert [line for line in out if line.startswith("Rank layout")] == [
+        "Rank layout: 2 rank probes answered; no reply named its worker (x-smg-routed-worker-id)"
+    ]

@@ -79,3 +79,20 @@ def misplacement_warning(ranks: Sequence[RankFigures], rank_headers: Sequence[st
     else:
         cause = f"the server ignored {named}"
     return f"Warning: {'; '.join(found)}: {cause}"
+
+
+def rank_layout_lines(workers: Sequence[str | None] | None, worker_header: str) -> list[str]:
+    """The banner's rank -> worker layout from the preflight probes, when they ran."""
+    if workers is None:
+        return []
+    if all(worker is None for worker in workers):
+        return [
+            f"Rank layout: {len(workers)} rank probes answered; no reply named its worker "
+            f"({worker_header})"
+        ]
+    pairs = ", ".join(f"{i} -> {worker or 'not named'}" for i, worker in enumerate(workers))
+    return [
+        f"Rank layout (preflight probes): {pairs}",
+        "  (smg numbers its workers in registration order, which can change when the "
+        "gateway restarts)",
+    ]

@@ -38,6 +38,9 @@ class RunSetup:
     # The manifest's provenance summary (``provenance.summarize``; [] when no trajectory has
     # any); None in sampled mode and in shard data written before it existed.
     sources: list[dict[str, Any]] | None = None
+    # Per rank index, the worker its preflight probe reached, as the reply named it (None:
+    # not named); None when the ranks were not probed.
+    rank_workers: list[str | None] | None = None
 
 
 @dataclass

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import aiohttp
 
 from batchbench.config import RunConfig
 from batchbench.drive.calibrate import Calibration, calibrate
+from batchbench.drive.rankcheck import RankLayout
 from batchbench.drive.wire import request_headers, tool_call_id
 from batchbench.errors import BatchbenchError, UsageError
 from batchbench.plan.workload import Workload
@@ -50,9 +51,16 @@ class Prepared:
     share: Share | None  # with --shard: the trajectories and slots this process owns
 
 
-async def prepare(config: RunConfig, plans: Plans, out: RunOutput, call: BlockingCall) -> Prepared:
+async def prepare(
+    config: RunConfig,
+    plans: Plans,
+    out: RunOutput,
+    call: BlockingCall,
+    layout: RankLayout | None = None,
+) -> Prepared:
     """Load and measure what the run needs against the target ``config`` names; prints the
-    calibration (when asked) and the banner."""
+    calibration (when asked) and the banner (with the rank layout the target stage
+    probed, when it did)."""
     loaded = await call(load_tokenizer, config.tokenizer, config.tokenizer_download or None)
     synth = await call(Synthesizer.prepare, loaded)
     template_name, replies = reply_accounting(config, loaded, out.warning)
@@ -73,6 +81,8 @@ async def prepare(config: RunConfig, plans: Plans, out: RunOutput, call: Blockin
         planned(config, workload, plans.root_seed, out)
     salt = content_salt(config)
     setup = run_setup(config, plans, workload, loaded, template_name, calibration, salt)
+    if layout is not None:
+        setup = replace(setup, rank_workers=list(layout.workers))
     out.lines(banner_lines(config, setup))
     factory = ContentFactory(synth, workload, plans.root_seed, salt)
     counter = None
