@@ -27,7 +27,7 @@ from batchbench.results.documents import (
 from batchbench.results.formatting import MISSING, csv_cell, fixed, flag
 from batchbench.results.lifecycle import EngineResult
 from batchbench.results.metrics import percentile
-from batchbench.results.placement import placement_lines, rank_layout_lines
+from batchbench.results.placement import placement_lines, probe_lines, rank_layout_lines
 from batchbench.results.recording import DriftFigures
 from batchbench.results.summary import (
     ALL_CSV_COLUMNS,
@@ -149,6 +149,7 @@ def banner_lines(config: RunConfig, setup: RunSetup) -> list[str]:
         f"Ignore EOS: {flag(config.ignore_eos)}",
         f"DP-rank perfect routing: {routing}",
         *rank_layout_lines(setup.rank_workers, config.routed_worker_header),
+        *probe_lines(setup.probes),
         f"Per-agent user tagging: {'enabled' if config.user_tagging else 'disabled'}",
         f"Content salt: {setup.content_salt}",
     ]

@@ -96,3 +96,16 @@ def rank_layout_lines(workers: Sequence[str | None] | None, worker_header: str) 
         "  (smg numbers its workers in registration order, which can change when the "
         "gateway restarts)",
     ]
+
+
+def probe_lines(probes: dict[str, int] | None) -> list[str]:
+    """The banner's count of the chat requests sent before the run (perfect routing): the
+    servers' own counters include them, and a per-rank comparison must take them out."""
+    if probes is None:
+        return []
+    total = sum(probes.values())
+    return [
+        f"Probes before the run: {total} (preflight {probes['preflight']} and calibration "
+        f"{probes['calibration']} with rank 0's headers; rank layout "
+        f"{probes['rank_layout']}, one per rank)"
+    ]

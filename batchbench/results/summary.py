@@ -41,6 +41,9 @@ class RunSetup:
     # Per rank index, the worker its preflight probe reached, as the reply named it (None:
     # not named); None when the ranks were not probed.
     rank_workers: list[str | None] | None = None
+    # Chat requests sent before the run under perfect routing, by what sent them
+    # ("preflight", "rank_layout", "calibration"); None without perfect routing.
+    probes: dict[str, int] | None = None
 
 
 @dataclass

@@ -14,7 +14,7 @@ import aiohttp
 from batchbench.config import RunConfig
 from batchbench.drive.calibrate import Calibration, calibrate
 from batchbench.drive.rankcheck import RankLayout
-from batchbench.drive.wire import request_headers, tool_call_id
+from batchbench.drive.wire import tool_call_id
 from batchbench.errors import BatchbenchError, UsageError
 from batchbench.plan.workload import Workload
 from batchbench.results.console import banner_lines
@@ -29,7 +29,7 @@ from batchbench.stages.plans import (
     start_offsets,
     starting_overheads,
 )
-from batchbench.stages.target import body_options, sim_chat_template
+from batchbench.stages.target import body_options, probe_headers, sim_chat_template
 from batchbench.text.chat_templates import BuiltinTemplate, load_chat_template
 from batchbench.text.content import ContentFactory
 from batchbench.text.promptcount import SegmentCounter, template_counter
@@ -83,6 +83,8 @@ async def prepare(
     setup = run_setup(config, plans, workload, loaded, template_name, calibration, salt)
     if layout is not None:
         setup = replace(setup, rank_workers=list(layout.workers))
+    if config.dp_ranks is not None and not config.dry_run:
+        setup = replace(setup, probes=probe_counts(config, layout, calibration))
     out.lines(banner_lines(config, setup))
     factory = ContentFactory(synth, workload, plans.root_seed, salt)
     counter = None
@@ -176,7 +178,7 @@ async def calibrate_target(
     """Probe the target for its framing overheads (``--calibrate``)."""
     url = config.endpoint_url
     assert url is not None  # validated: a live run has a target
-    headers = request_headers(config.resolved_api_key(), None, None)
+    headers = probe_headers(config)
     async with aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=float(config.request_timeout_secs))
     ) as session:
@@ -189,6 +191,18 @@ async def calibrate_target(
             replies,
             config.user_tagging,
         )
+
+
+def probe_counts(
+    config: RunConfig, layout: RankLayout | None, calibration: Calibration | None
+) -> dict[str, int]:
+    """The chat requests sent before the run, by what sent them: the preflight's 1-token
+    completion, the rank-layout probes (one per rank), the calibration's probes."""
+    return {
+        "preflight": 1 if config.preflight else 0,
+        "rank_layout": layout.probes if layout is not None else 0,
+        "calibration": calibration.requests if calibration is not None else 0,
+    }
 
 
 def content_salt(config: RunConfig) -> str:

@@ -102,7 +102,7 @@ async def check_target(config: RunConfig, out: RunOutput) -> RunConfig:
         return config
     url = config.endpoint_url
     assert url is not None  # validated: a live run has a target
-    headers = request_headers(config.resolved_api_key(), None, None)
+    headers = probe_headers(config)
     key_source = "--api-key" if config.api_key is not None else f"${config.api_key_env}"
     async with aiohttp.ClientSession() as session:
         found = await preflight(
@@ -131,6 +131,14 @@ async def check_rank_layout(config: RunConfig) -> RankLayout | None:
             config.model,
             body_options(config),
         )
+
+
+def probe_headers(config: RunConfig) -> dict[str, str]:
+    """The headers of the preflight's and the calibration's probes: with perfect routing,
+    rank 0's rank header, so that they land on a known worker (the rank-0 worker's cache
+    and counters then account for them)."""
+    rank = 0 if config.dp_ranks is not None else None
+    return request_headers(config.resolved_api_key(), None, rank, config.dp_rank_header)
 
 
 def body_options(config: RunConfig) -> BodyOptions:
