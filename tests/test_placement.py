@@ -4,16 +4,21 @@ against a fake smg gateway (a real aiohttp server on loopback)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
+import aiohttp
 import pytest
-from fakegateway import FakeGateway
+from fakegateway import NO_WORKERS_BODY, FakeGateway
+from stubserver import Reply, StubServer, chat_completion
 from test_driver import DEFAULT_MODEL, argv, read_jsonl, req, run_agent, write_plans
 
 from batchbench.cli.agent import main
 from batchbench.cli.agent_args import config_from_argv
 from batchbench.config import RunConfig
 from batchbench.drive.preflight import PreflightError
+from batchbench.drive.rankcheck import RankLayout, probe_ranks, refusal_text
+from batchbench.drive.wire import BodyOptions
 from batchbench.errors import UsageError
 
 W0, W1 = "http://127.0.0.1:41001", "http://127.0.0.1:41002"
@@ -205,3 +210,42 @@ def test_a_layout_no_reply_names_is_said(capsys, tmp_path):
     assert [line for line in out if line.startswith("Rank layout")] == [
         "Rank layout: 2 rank probes answered; no reply named its worker (x-smg-routed-worker-id)"
     ]
+
+
+def test_refusals_name_the_index_and_the_answer():
+    body = json.dumps(NO_WORKERS_BODY).encode()
+    assert refusal_text(0, 2, 503, "no_available_workers", body) == (
+        "rank 0: the gateway answered 503 no_available_workers (All workers are unavailable "
+        "(circuit breaker open or unhealthy)): it has no worker to send to"
+    )
+    # the code from the body when no header says it; one worker is one
+    assert refusal_text(1, 4, 503, None, body).endswith(
+        ": --dp-rank-perfect-routing-num 4 is more than its 1 worker"
+    )
+    assert refusal_text(3, 4, 400, None, b"rank 3 out of range") == (
+        "rank 3: the gateway answered request failed (400 Bad Request) rank 3 out of range "
+        "(--no-preflight skips this check)"
+    )
+
+
+def test_a_busy_rank_probe_is_a_warning_not_a_refusal():
+    def answer(recorded):
+        if recorded.headers.get("x-data-parallel-rank") == "1":
+            return Reply(429, "slow down")
+        return Reply(body=chat_completion(), headers={"x-served-by": "engine-a"})
+
+    async def probe(url):
+        async with aiohttp.ClientSession() as session:
+            return await probe_ranks(
+                session, url, None, 2, "vllm", "x-served-by", "m", BodyOptions(model="m")
+            )
+
+    with StubServer(answer) as server:
+        layout = asyncio.run(probe(server.url + "/v1/chat/completions"))
+        bodies = [r.json() for r in server.requests]
+    assert layout == RankLayout(
+        ("engine-a", None),
+        ("warning: the rank 1 probe was answered request failed (429 Too Many Requests) "
+         "slow down; the run goes on",),
+    )  # fmt: skip
+    assert all(b["max_tokens"] == 1 and len(b["messages"]) == 1 for b in bodies)

@@ -28,13 +28,17 @@ from batchbench.drive.wire import BodyOptions, http_error_text, request_headers
 # smg's header naming why it refused a request, and the code for "no worker at that index".
 ERROR_CODE_HEADER = "x-smg-error-code"
 NO_WORKERS = "no_available_workers"
+# Answers that mean "not now" rather than "no such rank" (as the preflight treats them).
+BUSY_STATUSES = frozenset({408, 409, 429})
 
 
 @dataclass(frozen=True)
 class RankLayout:
-    """Per rank index, the worker its probe reached (None: the reply named none)."""
+    """Per rank index, the worker its probe reached (None: the reply named none), and
+    warnings for indices that were busy rather than refused."""
 
     workers: tuple[str | None, ...]
+    notes: tuple[str, ...] = ()
 
     @property
     def probes(self) -> int:
@@ -76,6 +80,7 @@ async def probe_ranks(
         return_exceptions=True,
     )
     workers: list[str | None] = []
+    notes: list[str] = []
     for index, answer in enumerate(answers):
         if isinstance(answer, BaseException):
             if not isinstance(answer, Exception):
@@ -84,10 +89,16 @@ async def probe_ranks(
             raise PreflightError(
                 f"rank {index}: the probe got no answer from {endpoint_url}: {reason} ({SKIP_HINT})"
             )
-        if not 200 <= answer.status < 300:
+        if answer.status in BUSY_STATUSES and answer.code != NO_WORKERS:
+            # busy or rate-limited now, not refused: the run's retries handle it
+            notes.append(
+                f"warning: the rank {index} probe was answered "
+                f"{http_error_text(answer.status, answer.raw)}; the run goes on"
+            )
+        elif not 200 <= answer.status < 300:
             raise PreflightError(refusal_text(index, ranks, answer.status, answer.code, answer.raw))
         workers.append(answer.worker)
-    return RankLayout(tuple(workers))
+    return RankLayout(tuple(workers), tuple(notes))
 
 
 async def _probe(

@@ -210,6 +210,8 @@ def run_workers(config: RunConfig, output: Any = None):
                 target = runner.run(check_target(target, out))
                 layout = runner.run(check_rank_layout(target))
             if layout is not None:  # the workers print the banner, without the probes
+                for note in layout.notes:
+                    out.warning(note)
                 out.lines(rank_layout_lines(layout.workers, target.routed_worker_header))
         # Workers share one seed and salt (one run's content), not a simulator or preflight.
         common = replace(

@@ -41,6 +41,8 @@ async def resolve_target(config: RunConfig, out: RunOutput, call: BlockingCall) 
         if not config.dry_run:
             config = await check_target(config, out)
             layout = await check_rank_layout(config)
+            for note in layout.notes if layout is not None else ():
+                out.warning(note)
     except BaseException:
         if sim is not None:
             sim.stop()  # also ends a start still running in its thread
