@@ -3,8 +3,8 @@ answering as smg 1.13.0 does in front of its workers.
 
 ``x-smg-target-worker: i`` picks worker i; every answer names its worker in
 ``x-smg-routed-worker-id``; an index past the last worker is answered 503
-``no_available_workers`` with smg's body and header. ``misroute(tag, messages)`` says which
-requests go to the other worker instead (as a policy that ignores the header would).
+``no_available_workers`` with smg's body and header. ``misroute(tag, messages, index)`` says
+which requests go to the next worker instead (as a policy that ignores the header would).
 ``GET`` answers the model list, for the preflight.
 """
 
@@ -38,7 +38,7 @@ class FakeGateway:
     def __init__(
         self,
         workers: list[str],
-        misroute: Callable[[str | None, int], bool] = lambda tag, messages: False,
+        misroute: Callable[[str | None, int, int], bool] = lambda tag, messages, index: False,
         worker_header: str = "x-smg-routed-worker-id",
         model: str = "batchbench-sim",
     ) -> None:
@@ -57,7 +57,7 @@ class FakeGateway:
         index = int(target) if target is not None else 0
         if index >= len(self.workers):
             return Reply(503, NO_WORKERS_BODY, headers={"x-smg-error-code": "no_available_workers"})
-        if self.misroute(body.get("user"), len(body["messages"])):
+        if self.misroute(body.get("user"), len(body["messages"]), index):
             index = (index + 1) % len(self.workers)
         worker = self.workers[index]
         self.served[worker] += 1

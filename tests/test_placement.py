@@ -59,7 +59,9 @@ def placement_block(run) -> list[str]:
 
 def test_a_misrouted_request_is_counted_misplaced_and_warned(capsys, tmp_path):
     # The gateway sends r-1's second request (three messages) to the other worker.
-    gateway = FakeGateway([W0, W1], misroute=lambda tag, messages: (tag, messages) == ("r-1", 3))
+    gateway = FakeGateway(
+        [W0, W1], misroute=lambda tag, messages, index: (tag, messages) == ("r-1", 3)
+    )
     with gateway:
         run, events, lifecycle, document = routed_run(capsys, tmp_path, gateway)
     by_request = {(e["agent_id"], e["invocation"]): e["worker"] for e in events}
@@ -101,9 +103,13 @@ def test_honoured_routing_matches_the_gateways_own_counts(capsys, tmp_path):
 def test_ranks_collapsed_on_one_worker_are_warned(capsys, tmp_path):
     """A gateway that sends everything to one worker leaves no rank misplaced by its own
     usual worker; the shared worker is what gives it away."""
-    with FakeGateway([W0, W1], misroute=lambda tag, messages: tag in ("r-1", "r-3")) as gateway:
+    with FakeGateway(
+        [W0, W1], misroute=lambda tag, messages, index: tag in ("r-1", "r-3")
+    ) as gateway:
         run, _, _, _ = routed_run(capsys, tmp_path, gateway)
-    assert run.line("Warning: ") == f"Warning: ranks 0, 1 were all served by {W0}: {SMG_WARNING}"
+    assert run.line("Warning: ") == (
+        f"Warning: ranks 0, 1 share their usual worker {W0}: {SMG_WARNING}"
+    )
 
 
 @pytest.mark.parametrize("choice", ["vllm", "both"])
@@ -112,7 +118,7 @@ def test_the_warning_names_the_rank_headers_sent(capsys, tmp_path, choice):
     with FakeGateway([W0, W1]) as gateway:
         run, _, _, _ = routed_run(capsys, tmp_path, gateway, "--dp-rank-header", choice)
     expected = {
-        "vllm": f"Warning: ranks 0, 1 were all served by {W0}: the server ignored "
+        "vllm": f"Warning: ranks 0, 1 share their usual worker {W0}: the server ignored "
         "x-data-parallel-rank",
         "both": None,
     }[choice]
@@ -157,7 +163,9 @@ def test_a_bad_header_name_is_a_usage_error():
 def test_workers_merge_their_placement(capsys, tmp_path):
     """--workers 2: each process counts the workers its requests reached; the merged ranks
     hold the sum, as one process would."""
-    gateway = FakeGateway([W0, W1], misroute=lambda tag, messages: (tag, messages) == ("r-3", 5))
+    gateway = FakeGateway(
+        [W0, W1], misroute=lambda tag, messages, index: (tag, messages) == ("r-3", 5)
+    )
     with gateway:
         run, _, _, document = routed_run(capsys, tmp_path, gateway, "--workers", "2")
     rows = [(r["workers"], r["misplaced"], r["switches"]) for r in document["ranks"]]
@@ -249,3 +257,20 @@ def test_a_busy_rank_probe_is_a_warning_not_a_refusal():
          "slow down; the run goes on",),
     )  # fmt: skip
     assert all(b["max_tokens"] == 1 and len(b["messages"]) == 1 for b in bodies)
+
+
+def test_a_layout_with_one_worker_for_two_ranks_says_so(capsys, tmp_path):
+    # The gateway sends rank 1's probe (no user tag) to worker 0.
+    gateway = FakeGateway(
+        [W0, W1],
+        misroute=lambda tag, messages, index: tag is None and index == 1,
+        model=DEFAULT_MODEL,
+    )
+    with gateway:
+        main(preflighted(gateway, tmp_path, 2))
+    out = capsys.readouterr().out.splitlines()
+    start = out.index(f"Rank layout (preflight probes): 0 -> {W0}, 1 -> {W0}")
+    assert out[start + 2] == (
+        "  (several ranks reached one worker: the gateway may ignore the rank header, or have "
+        "fewer workers than ranks)"
+    )

@@ -72,7 +72,7 @@ def misplacement_warning(ranks: Sequence[RankFigures], rank_headers: Sequence[st
             f"switched workers"
         )
     for worker, indices in shared:
-        found.append(f"ranks {', '.join(map(str, indices))} were all served by {worker}")
+        found.append(f"ranks {', '.join(map(str, indices))} share their usual worker {worker}")
     named = ", ".join(rank_headers) if rank_headers else "the rank header"
     if SMG_TARGET_HEADER in rank_headers:
         cause = f"the gateway ignored {named}: {SMG_HINT}"
@@ -91,11 +91,18 @@ def rank_layout_lines(workers: Sequence[str | None] | None, worker_header: str) 
             f"({worker_header})"
         ]
     pairs = ", ".join(f"{i} -> {worker or 'not named'}" for i, worker in enumerate(workers))
-    return [
+    lines = [
         f"Rank layout (preflight probes): {pairs}",
         "  (smg numbers its workers in registration order, which can change when the "
         "gateway restarts)",
     ]
+    named = [worker for worker in workers if worker is not None]
+    if len(set(named)) < len(named):
+        lines.append(
+            "  (several ranks reached one worker: the gateway may ignore the rank header, "
+            "or have fewer workers than ranks)"
+        )
+    return lines
 
 
 def probe_lines(probes: dict[str, int] | None) -> list[str]:
