@@ -230,6 +230,11 @@ def test_refusals_name_the_index_and_the_answer():
     assert refusal_text(1, 4, 503, None, body).endswith(
         ": --dp-rank-perfect-routing-num 4 is more than its 1 worker"
     )
+    noisy = json.dumps({"error": {"code": "bad\nrank", "message": "line one\n  line two"}})
+    assert refusal_text(2, 4, 400, None, noisy.encode()) == (
+        "rank 2: the gateway answered 400 bad rank (line one line two) "
+        "(--no-preflight skips this check)"
+    )
     assert refusal_text(3, 4, 400, None, b"rank 3 out of range") == (
         "rank 3: the gateway answered request failed (400 Bad Request) rank 3 out of range "
         "(--no-preflight skips this check)"

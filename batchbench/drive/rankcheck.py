@@ -22,8 +22,10 @@ from batchbench.drive.preflight import (
     PreflightError,
     one_token_body,
 )
+from batchbench.drive.replyerror import ERROR_BODY_LIMIT
 from batchbench.drive.transport import ResponseTooLargeError, read_limited
 from batchbench.drive.wire import BodyOptions, http_error_text, request_headers
+from batchbench.secrets import redact
 
 # smg's header naming why it refused a request, and the code for "no worker at that index".
 ERROR_CODE_HEADER = "x-smg-error-code"
@@ -122,6 +124,12 @@ async def _probe(
         )
 
 
+def _one_line(text: str) -> str:
+    """A server's words as one line, cut at the error-body limit, any secret redacted."""
+    text = " ".join(redact(text).split())
+    return text[:ERROR_BODY_LIMIT] + "..." if len(text) > ERROR_BODY_LIMIT else text
+
+
 def refusal_text(index: int, ranks: int, status: int, code: str | None, raw: bytes) -> str:
     """``rank i: the gateway answered <status> <code> (<message>)``, and when the index is
     past the workers the gateway has, the flag and the count that explain it."""
@@ -135,7 +143,7 @@ def refusal_text(index: int, ranks: int, status: int, code: str | None, raw: byt
         pass
     if code is None:
         return f"rank {index}: the gateway answered {http_error_text(status, raw)} ({SKIP_HINT})"
-    answer = f"{status} {code}" + (f" ({message})" if message else "")
+    answer = f"{status} {_one_line(code)}" + (f" ({_one_line(message)})" if message else "")
     if code == NO_WORKERS and index == 0:
         return f"rank 0: the gateway answered {answer}: it has no worker to send to"
     if code == NO_WORKERS:
