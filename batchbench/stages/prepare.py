@@ -83,7 +83,9 @@ async def prepare(
     setup = run_setup(config, plans, workload, loaded, template_name, calibration, salt)
     if layout is not None:
         setup = replace(setup, rank_workers=list(layout.workers))
-    if config.dp_ranks is not None and not config.dry_run:
+    # A --workers child sent no preflight or layout probes (its parent did): it would
+    # undercount them, so only a run in one process counts its probes.
+    if config.dp_ranks is not None and not config.dry_run and config.worker_count == 1:
         setup = replace(setup, probes=probe_counts(config, layout, calibration))
     out.lines(banner_lines(config, setup))
     factory = ContentFactory(synth, workload, plans.root_seed, salt)
