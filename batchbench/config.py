@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 from urllib.parse import urlsplit
 
-from batchbench.drive.transport import DEFAULT_MAX_RESPONSE_BYTES
+from batchbench.drive.transport import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_WORKER_HEADER
+from batchbench.drive.wire import DEFAULT_DP_RANK_HEADER, DP_RANK_HEADERS
 from batchbench.errors import UsageError
 from batchbench.options.agent import config_from_argv
 from batchbench.options.checks import (
@@ -51,6 +52,8 @@ from batchbench.options.values import (
     byte_size,
     failure_rate,
     from_usage_parser,
+    header_name,
+    is_header_name,
     non_negative_float,
     positive_finite,
     positive_uint,
@@ -471,6 +474,32 @@ class RunConfig:
             "dp-rank-perfect-routing": ranks is not None,
             "dp-rank-perfect-routing-num": ranks,
         },
+    )
+    dp_rank_header: str = option(
+        DEFAULT_DP_RANK_HEADER,
+        Flag(
+            "dp-rank-header",
+            "the header naming each request's rank under --dp-rank-perfect-routing: smg, "
+            "X-SMG-Target-Worker (smg's gateway: the i-th worker in registration order, "
+            "honoured by its consistent_hashing policy, not by its default cache_aware); "
+            "vllm, X-data-parallel-rank (vLLM's and SGLang's own data parallelism); both "
+            "(default: %(default)s)",
+            ROUTING,
+            choices=tuple(DP_RANK_HEADERS),
+        ),
+    )
+    routed_worker_header: str = option(
+        DEFAULT_WORKER_HEADER,
+        Flag(
+            "routed-worker-header",
+            "the response header that names the worker which served a request (smg's "
+            "gateway sends x-smg-routed-worker-id); each request event records it, and the "
+            "per-rank table counts, per rank, the workers its requests reached, misplaced "
+            "requests and agents that switched workers (default: %(default)s)",
+            ROUTING,
+            parse=header_name,
+            metavar="NAME",
+        ),
     )
     # HTTP
     stream: bool = option(
@@ -1093,6 +1122,16 @@ class RunConfig:
             raise UsageError("time-scale must be a positive finite number")
         if self.prompt_oracle not in ("none", "server"):
             raise UsageError(f'invalid prompt oracle "{self.prompt_oracle}" (none or server)')
+        if not isinstance(self.routed_worker_header, str) or not is_header_name(
+            self.routed_worker_header
+        ):
+            raise UsageError(
+                f"--routed-worker-header {self.routed_worker_header!r} is not an HTTP header name"
+            )
+        if self.dp_rank_header not in DP_RANK_HEADERS:
+            raise UsageError(
+                f'invalid --dp-rank-header "{self.dp_rank_header}" (smg, vllm or both)'
+            )
 
     def _check_values(self) -> None:
         """Types and ranges a command line's parser guarantees, for configs built in Python."""

@@ -90,6 +90,10 @@ def test_toml_errors_name_file_and_option(tmp_path):
     assert usage_error(["--config", str(path)]).startswith(
         f"{path}: prompt-oracle: invalid choice 'maybe'"
     )
+    path.write_text('dp-rank-header = "sglang"\n')
+    assert usage_error(["--config", str(path)]).startswith(
+        f"{path}: dp-rank-header: invalid choice 'sglang'"
+    )
     path.write_text("agents = [1]\n")
     assert usage_error(["--config", str(path)]) == f"{path}: agents: expected a string or a number"
     path.write_text("agents = \n")

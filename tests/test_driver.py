@@ -108,6 +108,7 @@ REQUEST_EVENT_FIELDS = [
     "output_drift",
     "reply_rendered_tokens",
     "oracle_seconds",
+    "worker",
 ]
 # The error messages, quoted verbatim.
 NO_STREAM_USAGE = (
@@ -483,6 +484,28 @@ def test_perfect_routing_target_worker_is_slot_mod_ranks(capsys, stub, tmp_path,
         assert workers == sorted(str(slot % 8) for slot in range(10))
     assert run.line("DP-rank perfect routing: ") == "DP-rank perfect routing: enabled (8 ranks)"
     assert run.line("Per-rank load (") == "Per-rank load (8 ranks, perfect routing):"
+
+
+@pytest.mark.parametrize(
+    ("choice", "names"),
+    [
+        ("vllm", ["x-data-parallel-rank"]),
+        ("both", ["x-smg-target-worker", "x-data-parallel-rank"]),
+    ],
+)
+def test_dp_rank_header_choice_names_the_rank(capsys, stub, tmp_path, choice, names):
+    plans = write_plans(tmp_path / "p.jsonl", {f"t{i}": [req(24, 4)] for i in range(3)})
+    run_agent(
+        capsys,
+        argv(
+            stub, plans, "--user-prefix", "r", "--dp-rank-perfect-routing",
+            "--dp-rank-perfect-routing-num", "2", "--dp-rank-header", choice,
+        ),
+    )  # fmt: skip
+    sent = {r.user: [r.headers.get(name) for name in names] for r in stub.requests}
+    assert sent == {"r-0": ["0"] * len(names), "r-1": ["1"] * len(names), "r-2": ["0"] * len(names)}
+    if choice == "vllm":
+        assert all("x-smg-target-worker" not in r.headers for r in stub.requests)
 
 
 def test_invalid_user_tag_fails_without_sending(capsys, stub, tmp_path):
@@ -1637,15 +1660,15 @@ REQUEST_EVENT_KEYS = REQUEST_EVENT_FIELDS  # the documented key order (docs/outp
     "values",
     [
         (3, "t-3", 2, 5, 1, 900, 901, 50, 640, 1.25, 0.5, 0.0625, 1, "ok", None, None, None,
-         [], 1, -4, None, 50, 0, 48, None),
+         [], 1, -4, None, 50, 0, 48, None, "http://10.0.0.7:8000"),
         (0, "x", 1, 0, None, 10, None, None, None, None, None, None, 3, "failed",
          "HTTP 500", "http_status", 500,
          [{"attempt": 1, "kind": "http_status", "status": 500, "message": "HTTP 500"}],
-         None, 0, "too short", 7, None, None, 0.003),
+         None, 0, "too short", 7, None, None, 0.003, None),
     ],
 )  # fmt: skip
 def test_a_request_event_is_the_same_line_as_the_dict_it_replaced(values):
-    """The typed record serialises to the bytes of the 25-key dict the driver used to
+    """The typed record serialises to the bytes of the 26-key dict the driver would
     build, keys in the documented order (docs/outputs.md)."""
     event = RequestEvent(*values)
     line = orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE)

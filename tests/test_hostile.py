@@ -1496,7 +1496,7 @@ def test_random_responses_end_in_a_response_or_a_known_exception(redirects):
             seen[type(outcome).__name__] = seen.get(type(outcome).__name__, 0) + 1
             assert str(outcome) or isinstance(outcome, TimeoutError)
             return
-        status, body, retry_after = outcome
+        status, body, retry_after, _worker = outcome
         assert type(status) is int and 100 <= status <= 999
         assert type(body) is bytes and (retry_after is None or type(retry_after) is str)
         seen[str(status)] = seen.get(str(status), 0) + 1

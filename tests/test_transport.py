@@ -299,7 +299,7 @@ def test_request_bytes_as_the_server_reads_them(run):
         return server, replies
 
     server, replies = run(scenario())
-    assert replies == [(200, b"{}", None)] * 3
+    assert replies == [(200, b"{}", None, None)] * 3
     host = b"Host: 127.0.0.1:%d\r\n" % server.port
     fixed = b"Accept: */*\r\nAccept-Encoding: gzip, deflate\r\n"
     given = b"Content-Type: application/json\r\nAuthorization: Bearer sk-test\r\nX-Routing-Key: agent-7\r\n"
@@ -324,7 +324,7 @@ def test_the_target_keeps_its_query_and_host_drops_credentials(run):
         return server, reply
 
     server, reply = run(scenario())
-    assert reply == (200, b"{}", None)
+    assert reply == (200, b"{}", None, None)
     request = server.requests[0][1]
     assert request == (
         b"POST /v1/chat/completions?api-version=2 HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
@@ -345,7 +345,7 @@ def test_sequential_sends_share_one_keep_alive_connection(run):
         return server, replies, still_open
 
     server, replies, still_open = run(scenario())
-    assert replies == [(200, b"request %d" % i, None) for i in range(5)]
+    assert replies == [(200, b"request %d" % i, None, None) for i in range(5)]
     assert server.connections == 1 and still_open == 1
     assert server.connection_numbers == [1, 1, 1, 1, 1]
 
@@ -366,7 +366,7 @@ def test_connection_close_and_http_1_0_responses_are_not_reused(run):
         return server, replies
 
     server, replies = run(scenario())
-    assert replies == [(200, b, None) for b in (b"one", b"two", b"three", b"four")]
+    assert replies == [(200, b, None, None) for b in (b"one", b"two", b"three", b"four")]
     assert server.connection_numbers == [1, 2, 3, 3]
 
 
@@ -386,7 +386,7 @@ def test_responses_without_a_body_are_complete_and_reused(run):
         return server, replies, sink
 
     server, replies, sink = run(scenario())
-    assert replies == [(204, b"", None), (200, b"", None), (200, b"x", None)]
+    assert replies == [(204, b"", None, None), (200, b"", None, None), (200, b"x", None, None)]
     assert sink.parts == []
     assert server.connection_numbers == [1, 1, 1]
 
@@ -430,9 +430,9 @@ def test_body_framing(run, framing, streamed):
     body = b"".join(reads)
     for reply, sink, before, after in results:
         if not streamed:
-            assert reply == (200, body, None)
+            assert reply == (200, body, None, None)
             continue
-        assert reply == (200, b"", None)
+        assert reply == (200, b"", None, None)
         assert sink.parts == reads
         assert before <= sink.times[0] and sink.times[-1] <= after
         assert sink.times == sorted(sink.times)
@@ -477,12 +477,12 @@ def test_compressed_bodies_are_decoded(run, encoding, framing, streamed):
     # then a plain response on the same connection: nothing of the decoder is left
     server, reply, sink, after = run(two_sends(send(*writes, gap=0.005), b"plain", streamed))
     if streamed:
-        assert reply == (200, b"", None)
+        assert reply == (200, b"", None, None)
         assert sink.data == PAYLOAD
         assert len(sink.parts) >= 2  # decoded read by read, not at the end
     else:
-        assert reply == (200, PAYLOAD, None)
-    assert after == (200, b"plain", None)
+        assert reply == (200, PAYLOAD, None, None)
+    assert after == (200, b"plain", None, None)
     assert server.connection_numbers == [1, 1]
 
 
@@ -499,7 +499,7 @@ def test_zlib_deflate_whose_first_chunk_is_one_byte(run):
             finally:
                 await t.close()
 
-    assert run(scenario()) == (200, PAYLOAD, None)
+    assert run(scenario()) == (200, PAYLOAD, None, None)
 
 
 # -- interim responses ------------------------------------------------------------------
@@ -521,10 +521,10 @@ def test_interim_responses_are_skipped(run, interim, streamed):
         two_sends(send(*INTERIMS[interim], gap=0.01), b"next", streamed)
     )
     if streamed:
-        assert reply == (200, b"", None) and sink.parts == [b"hello"]
+        assert reply == (200, b"", None, None) and sink.parts == [b"hello"]
     else:
-        assert reply == (200, b"hello", None)  # no Retry-After from the 103
-    assert after == (200, b"next", None)
+        assert reply == (200, b"hello", None, None)  # no Retry-After from the 103
+    assert after == (200, b"next", None, None)
     assert server.connection_numbers == [1, 1]
 
 
@@ -533,8 +533,15 @@ ERROR_BODY = b'{"error": {"message": "internal error", "type": "server_error"}}'
 ERROR_GZ = gzip.compress(ERROR_BODY)
 ERROR_STATUSES = {
     "503": (
-        (ok(b'{"error":"busy"}', "Retry-After: 7", status="503 Service Unavailable"),),
-        (503, b'{"error":"busy"}', "7"),
+        (
+            ok(
+                b'{"error":"busy"}',
+                "Retry-After: 7",
+                "X-SMG-Routed-Worker-Id:  http://10.0.0.2:8000 ",
+                status="503 Service Unavailable",
+            ),
+        ),
+        (503, b'{"error":"busy"}', "7", "http://10.0.0.2:8000"),
     ),
     "429 with a date": (
         (
@@ -544,7 +551,7 @@ ERROR_STATUSES = {
                 status="429 Too Many Requests",
             ),
         ),
-        (429, b"slow down", "Wed, 21 Oct 2015 07:28:00 GMT"),
+        (429, b"slow down", "Wed, 21 Oct 2015 07:28:00 GMT", None),
     ),
     "500 chunked gzip": (
         (
@@ -552,7 +559,7 @@ ERROR_STATUSES = {
             + chunk(ERROR_GZ[:10]),
             chunk(ERROR_GZ[10:]) + LAST_CHUNK,
         ),
-        (500, ERROR_BODY, None),
+        (500, ERROR_BODY, None, None),
     ),
 }
 
@@ -576,14 +583,14 @@ def test_error_bodies_are_returned_whole(run, case, streamed):
     assert reply == expected
     if streamed:
         assert sink.parts == []
-    assert (after, later.parts) == ((200, b"", None), [b"fine"])
+    assert (after, later.parts) == ((200, b"", None, None), [b"fine"])
     assert server.connection_numbers == [1, 1]
 
 
 # -- redirects (through the shared aiohttp stub server) ---------------------------------
 def _stub_answer(server: StubServer, recorded: Recorded):
     """/redirect/<status>[/absolute], /target (echoes the method and body), /nolocation,
-    and the parity cases by name."""
+    /named (two headers naming a worker), and the parity cases by name."""
     parts = recorded.path.strip("/").split("/")
     if parts[0] == "redirect":
         location = f"{server.url}/target" if parts[2:] == ["absolute"] else "/target"
@@ -592,6 +599,9 @@ def _stub_answer(server: StubServer, recorded: Recorded):
         return Reply(body={"method": recorded.method, "body": recorded.body.decode()})
     if parts[0] == "nolocation":
         return Reply(302, "nowhere to go")
+    if parts[0] == "named":
+        served = {"x-smg-routed-worker-id": "http://gateway-said", "X-Served-By": "pod-3"}
+        return Reply(body=COMPLETION, headers=served)
     return PARITY[parts[0]][0]
 
 
@@ -632,8 +642,8 @@ def test_redirects_are_followed_through_the_fallback(run, stub, status, location
     stub.clear()
     made, whole, streamed, sink = run(scenario())
     expected = target_body(method, BODY if method == "POST" else b"")
-    assert whole == (200, expected, None)
-    assert streamed == (200, b"", None) and sink.data == expected
+    assert whole == (200, expected, None, None)
+    assert streamed == (200, b"", None, None) and sink.data == expected
     assert made == [True]  # made once, when first needed
     sent = BODY if method == "POST" else b""
     requests = stub.requests
@@ -656,7 +666,7 @@ def test_a_redirect_without_location_is_returned_as_is(run, stub):
         finally:
             await t.close()
 
-    assert run(scenario()) == (302, b"nowhere to go", None)
+    assert run(scenario()) == (302, b"nowhere to go", None, None)
 
 
 def test_make_transport_picks_by_scheme_and_hands_redirects_to_the_session(run, stub):
@@ -674,7 +684,7 @@ def test_make_transport_picks_by_scheme_and_hands_redirects_to_the_session(run, 
     client, lean, reply, tls = run(scenario())
     assert type(lean) is PlainHttpTransport
     assert (lean.timeout_seconds, lean.limit) == (2.0, 1)
-    assert reply == (200, target_body("POST", BODY), None)
+    assert reply == (200, target_body("POST", BODY), None, None)
     assert type(tls) is AiohttpTransport and tls.session is client
     assert tls.url == "https://example.invalid/v1/chat/completions"
 
@@ -699,7 +709,7 @@ def test_connect_error_names_the_host_and_a_later_send_connects(run):
     assert text.startswith(prefix) and text.endswith("]") and len(text) > len(prefix) + 1
     assert isinstance(error, OSError) and not isinstance(error, DisconnectError)
     assert transport_kind(error) is ErrorKind.CONNECT
-    assert after == (200, b"up", None) and server.connections == 1
+    assert after == (200, b"up", None, None) and server.connections == 1
 
 
 # name: (action, the error's text or its start, what a sink got before it)
@@ -744,7 +754,7 @@ def test_disconnects_and_the_next_send_succeeds(run, case, streamed):
     assert transport_kind(error) is ErrorKind.DISCONNECT
     if streamed:
         assert sink.data == delivered
-    assert after == (200, b"fine", None)
+    assert after == (200, b"fine", None, None)
     assert server.connection_numbers == [1, 2]
 
 
@@ -783,7 +793,7 @@ def test_timeout_covers_the_whole_exchange_and_frees_the_slot(run, case):
         assert set(sink.data) == {ord("x")} and 2 <= len(sink.data) <= 6
     else:
         assert sink.parts == []
-    assert after == (200, b"after", None) and took_after < 0.2
+    assert after == (200, b"after", None, None) and took_after < 0.2
     assert server.connection_numbers == [1, 2]
 
 
@@ -808,7 +818,7 @@ def test_timeout_includes_the_wait_for_a_connection(run):
 
     server, took, after = run(scenario())
     assert TIMEOUT - 0.02 <= took < TIMEOUT + 0.1  # not the wait (0.15 s) plus a TIMEOUT
-    assert after == (200, b"last", None)
+    assert after == (200, b"last", None, None)
     # (the second send's own request may or may not have reached the server in time)
     assert server.bodies[0] == b"hang" and server.bodies[-1] == b"last"
 
@@ -830,7 +840,7 @@ def test_connection_limit(run, limit, connections):
         return server, replies, took
 
     server, replies, took = run(scenario())
-    assert replies == [(200, b"request %d" % i, None) for i in range(6)]
+    assert replies == [(200, b"request %d" % i, None, None) for i in range(6)]
     assert server.connections == connections  # kept-alive connections are reused
     assert server.max_active == connections and server.max_in_flight == connections
     assert took >= 0.9 * hold * math.ceil(6 / connections)
@@ -853,7 +863,7 @@ def test_a_cancelled_send_frees_its_slot(run):
         return server, after, took
 
     server, after, took = run(scenario())
-    assert after == (200, b"next", None) and took < 0.2
+    assert after == (200, b"next", None, None) and took < 0.2
     assert server.connection_numbers == [1, 2]
 
 
@@ -894,7 +904,7 @@ def test_a_wake_up_given_to_a_cancelled_waiter_passes_on(run):
         return server, replies, took
 
     server, replies, took = run(scenario())
-    assert replies == [(200, b"answer to a", None), (200, b"answer to c", None)]
+    assert replies == [(200, b"answer to a", None, None), (200, b"answer to c", None, None)]
     assert took < 0.3
     assert server.bodies == [b"a", b"c"] and server.connection_numbers == [1, 1]
 
@@ -932,7 +942,7 @@ def test_an_idle_connection_the_server_ended_is_not_reused(run, after):
         return server, first, second, t.resent
 
     server, first, second, resent = run(scenario())
-    assert (first, second) == ((200, b"first", None), (200, b"second", None))
+    assert (first, second) == ((200, b"first", None, None), (200, b"second", None, None))
     assert server.connection_numbers == [1, 2]
     assert resent == 0  # dropped from the pool, not found dead when the request went out
 
@@ -979,15 +989,15 @@ def test_a_kept_alive_connection_closed_under_the_request(run, case):
         return first, second, seen, t.resent, last
 
     first, second, seen, sent_again, last = run(scenario())
-    assert first == (200, b"first", None)
+    assert first == (200, b"first", None, None)
     if error is None:
-        assert second == (200, b"second", None)
+        assert second == (200, b"second", None, None)
     else:
         assert type(second) is DisconnectError and str(second).startswith(error)
     assert sent_again == resent
     assert [number for number, _ in seen] == numbers
     assert [body_of(request) for _, request in seen] == [BODY] + [b"again"] * (len(seen) - 1)
-    assert last == (200, b"last", None)
+    assert last == (200, b"last", None, None)
 
 
 def test_stray_bytes_after_a_response_are_not_parsed_into_it(run):
@@ -1001,7 +1011,7 @@ def test_stray_bytes_after_a_response_are_not_parsed_into_it(run):
             finally:
                 await t.close()
 
-    assert run(scenario()) == (200, b"ok", None)
+    assert run(scenario()) == (200, b"ok", None, None)
 
 
 # -- a failing sink ---------------------------------------------------------------------
@@ -1033,7 +1043,7 @@ def test_a_failing_sink_ends_the_send_with_its_exception(run):
     server, error, after = run(scenario())
     assert error is boom and str(error) == "sink broke"
     assert got == [b"alpha", b"beta"]
-    assert after == (200, b"after", None)
+    assert after == (200, b"after", None, None)
     assert server.connection_numbers == [1, 2]  # the interrupted response is not reused
 
 
@@ -1056,6 +1066,10 @@ PARITY = {
         json.dumps(ZIPPED).encode(),
     ),
     "busy": (Reply(429, BUSY, headers={"Retry-After": "3"}), json.dumps(BUSY).encode()),
+    "routed": (
+        Reply(body=COMPLETION, headers={"X-SMG-Routed-Worker-Id": "http://10.0.0.1:8000"}),
+        json.dumps(COMPLETION).encode(),
+    ),
 }
 
 
@@ -1076,9 +1090,12 @@ def test_parity_with_the_aiohttp_transport(run, stub, case):
     lean, reference = run(scenario())
     body = PARITY[case][1]
     if case == "busy":
-        expected = ((429, body, "3"), (429, body, "3"), b"")
+        expected = ((429, body, "3", None), (429, body, "3", None), b"")
+    elif case == "routed":
+        worker = "http://10.0.0.1:8000"
+        expected = ((200, body, None, worker), (200, b"", None, worker), body)
     else:
-        expected = ((200, body, None), (200, b"", None), body)
+        expected = ((200, body, None, None), (200, b"", None, None), body)
     assert lean == reference == expected
 
 
@@ -1097,7 +1114,7 @@ def test_a_connection_the_server_closes_after_its_answer_is_not_used_again(run):
         return first, second, server.connection_numbers, t.resent
 
     first, second, numbers, resent = run(scenario())
-    assert (first, second) == ((200, b"first", None), (200, b"second", None))
+    assert (first, second) == ((200, b"first", None, None), (200, b"second", None, None))
     assert (numbers, resent) == ([1, 2], 0)
 
 
@@ -1167,7 +1184,7 @@ def test_waiters_cancelled_together_end_cancelled(run):
             await t.close()
         return [type(outcome).__name__ for outcome in outcomes], after
 
-    assert run(scenario()) == (["CancelledError"] * 4, (200, b"after", None))
+    assert run(scenario()) == (["CancelledError"] * 4, (200, b"after", None, None))
 
 
 def test_a_redirect_to_another_origin_drops_the_key(run):
@@ -1187,7 +1204,7 @@ def test_a_redirect_to_another_origin_drops_the_key(run):
         return away, home, other.requests[0][1], server.requests[-1][1]
 
     away, home, at_other, at_home = run(scenario())
-    assert (away, home) == ((200, b"elsewhere", None), (200, b"here", None))
+    assert (away, home) == ((200, b"elsewhere", None, None), (200, b"here", None, None))
     assert b"authorization" not in at_other.lower() and body_of(at_other) == BODY
     assert b"Authorization: Bearer sk-test\r\n" in at_home and body_of(at_home) == BODY
 
@@ -1201,7 +1218,7 @@ def test_a_body_that_is_neither_sized_nor_chunked_ends_with_the_connection(run):
             await t.close()
         return reply
 
-    assert run(scenario()) == (200, b"hello", None)
+    assert run(scenario()) == (200, b"hello", None, None)
 
 
 def test_close_fails_what_is_in_flight_and_leaves_nothing_open(run):
@@ -1269,7 +1286,7 @@ def test_a_response_past_the_limit_fails_without_holding_it(run, writes, detail,
     error, sink, after, server = run(scenario())
     assert str(error) == f"response larger than --max-response-bytes (4096 bytes){detail}"
     assert sink is None or len(sink.data) <= LIMIT
-    assert after == (200, b"next", None) and server.connections == 2  # never reused
+    assert after == (200, b"next", None, None) and server.connections == 2  # never reused
 
 
 def test_a_response_of_exactly_the_limit_is_whole(run):
@@ -1283,7 +1300,7 @@ def test_a_response_of_exactly_the_limit_is_whole(run):
             await t.close()
         return replies
 
-    assert run(scenario()) == [(200, body, None)] * 2
+    assert run(scenario()) == [(200, body, None, None)] * 2
 
 
 def test_the_content_type_of_a_streamed_answer_is_told_before_its_body(run):
@@ -1325,10 +1342,10 @@ def test_identical_duplicate_content_lengths_are_accepted_and_different_ones_ref
         return first, second, sink, info.value, after, server
 
     first, second, sink, error, after, server = run(scenario())
-    assert first == (200, b"hello", None)
-    assert second == (200, b"", None) and sink.data == b"hello"
+    assert first == (200, b"hello", None, None)
+    assert second == (200, b"", None, None) and sink.data == b"hello"
     assert str(error) == "invalid HTTP response: Duplicate Content-Length"
-    assert after == (200, b"next", None)
+    assert after == (200, b"next", None, None)
     assert server.connection_numbers == [1, 1, 1, 2]  # a deduplicated response keeps it
 
 
@@ -1366,7 +1383,7 @@ def test_an_unusable_location_is_an_invalid_redirect(run, location, message):
 
     error, after = run(scenario())
     assert str(error) == message
-    assert after == (200, b"next", None)
+    assert after == (200, b"next", None, None)
 
 
 def test_redirect_loops_and_long_chains_name_their_hops(run):
@@ -1430,3 +1447,20 @@ def test_requests_the_server_closed_under_reach_the_results_as_resent(run, tmp_p
     assert metrics["resent_requests"] == 2 and metrics["errors_by_kind"] == {}
     assert numbers == [1, 1, 2, 2, 3, 3]  # each resend on a new connection, kept alive after
     assert result.exit_status == 0
+
+
+def test_a_named_worker_header_replaces_smgs(run, stub):
+    """--routed-worker-header: both transports read the header named (in any case) instead
+    of x-smg-routed-worker-id, which then goes unread."""
+
+    async def scenario():
+        url = f"{stub.url}/named"
+        async with session() as client:
+            lean = PlainHttpTransport(url, 2.0, 1, no_fallback, worker_header="X-Served-By")
+            reference = AiohttpTransport(client, url, worker_header="x-served-by")
+            replies = [await t.send(BODY, HEADERS, None) for t in (lean, reference)]
+            await lean.close()
+        return replies
+
+    body = json.dumps(COMPLETION).encode()
+    assert run(scenario()) == [(200, body, None, "pod-3")] * 2

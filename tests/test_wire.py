@@ -1132,3 +1132,23 @@ def test_a_stream_with_vllms_reasoning_field_is_assembled_under_it():
         assembler.feed(data, float(index))
     reply = assembler.finish(9.0)
     assert reply.message == {"role": "assistant", "content": "done", "reasoning": "think"}
+
+
+@pytest.mark.parametrize(
+    ("rank_header", "expected"),
+    [
+        ("smg", {"content-type": "application/json", "x-smg-target-worker": "3"}),
+        ("vllm", {"content-type": "application/json", "x-data-parallel-rank": "3"}),
+        (
+            "both",
+            {
+                "content-type": "application/json",
+                "x-smg-target-worker": "3",
+                "x-data-parallel-rank": "3",
+            },
+        ),
+    ],
+)
+def test_rank_header_choice(rank_header, expected):
+    assert request_headers(None, None, 3, rank_header) == expected
+    assert request_headers(None, None, None, rank_header) == {"content-type": "application/json"}

@@ -399,7 +399,7 @@ def _event(agent: int, invocation: int, status: str, start: float, **extra) -> d
                                   "message": "boom"}],
         "prompt_drift": 2 if ok else None, "prompt_correction_tokens": 0,
         "correction_note": None, "planned_output_tokens": 8, "output_drift": 0 if ok else None,
-        "reply_rendered_tokens": None, "oracle_seconds": None,
+        "reply_rendered_tokens": None, "oracle_seconds": None, "worker": None,
     }  # fmt: skip
     event.update(extra)
     return event

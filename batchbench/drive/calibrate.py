@@ -71,6 +71,7 @@ class Calibration:
     check_planned: tuple[int, ...] = field(default_factory=tuple)
     check_served: tuple[int, ...] = field(default_factory=tuple)
     seconds: float = 0.0
+    requests: int = 0  # probe requests sent, retries included (the banner counts them)
 
     @property
     def consistent(self) -> bool:
@@ -135,6 +136,7 @@ class _Prober:
         self.replies = replies
         self.tag = PROBE_TAG if user_tagging else None
         self.seed = PROBE_SEED
+        self.sent = 0  # requests sent, retries included
 
     def text(self, tokens: int) -> str:
         self.seed += 1
@@ -168,6 +170,7 @@ class _Prober:
         raise CalibrationError(f"calibration probe failed: {error}")
 
     async def _post(self, body: bytes) -> Reply:
+        self.sent += 1
         async with self.session.post(self.url, data=body, headers=self.headers) as response:
             status = response.status
             if not 200 <= status < 300:
@@ -244,4 +247,5 @@ async def calibrate(
         tuple(planned),
         tuple(served),
         time.perf_counter() - started,
+        prober.sent,
     )

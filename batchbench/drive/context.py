@@ -18,8 +18,8 @@ from typing import Any, Protocol
 
 from batchbench.drive.oracle import ORACLE_ROUNDS, PromptOracle
 from batchbench.drive.sizing import Sizing, TrajectorySizer
-from batchbench.drive.transport import DEFAULT_MAX_RESPONSE_BYTES
-from batchbench.drive.wire import BodyOptions, Reply
+from batchbench.drive.transport import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_WORKER_HEADER
+from batchbench.drive.wire import DEFAULT_DP_RANK_HEADER, BodyOptions, Reply
 from batchbench.plan.workload import Workload
 from batchbench.results.recording import Recorder
 from batchbench.text.content import ContentFactory
@@ -45,6 +45,8 @@ class DriverSettings:
     user_prefix: str | None = None
     seed: int | None = None
     dp_ranks: int | None = None
+    dp_rank_header: str = DEFAULT_DP_RANK_HEADER  # which header(s) name the rank
+    worker_header: str = DEFAULT_WORKER_HEADER  # the response header naming the worker
     timeout_seconds: float = 60.0
     max_retries: int = 2
     retry_delay_ms: int = 250

@@ -129,6 +129,7 @@ def run_transport(
         max_connections or 0,
         session,
         settings.max_response_bytes,
+        settings.worker_header,
     )
 
 
@@ -294,6 +295,8 @@ class HttpAgentLoop:
                     reply.ttft, reply.gaps, reply.tpot, exchange.attempts, exchange.errors,
                     started,
                 )  # fmt: skip
+                if reply.worker is not None:
+                    recorder.request_placed(figures, identity.rank, reply.worker)
                 recorder.request_fidelity(
                     figures, turn, sizing.target, served, completion, planned_output, fresh,
                     explainable, exchange.attempts,
@@ -356,7 +359,9 @@ class HttpAgentLoop:
             user_tag(agent, settings.seed, settings.user_prefix) if settings.user_tagging else None
         )
         tag_error = tag is not None and not valid_header_value(tag)
-        headers = request_headers(settings.api_key, None if tag_error else tag, rank)
+        headers = request_headers(
+            settings.api_key, None if tag_error else tag, rank, settings.dp_rank_header
+        )
         ident = self.workload.trajectory_ids[agent]
         return AgentIdentity(agent, ident, slot, rank, tag, tag_error, headers)
 
@@ -483,21 +488,25 @@ class HttpAgentLoop:
         return shutdown.finished_by is not None and shutdown.signal_name is None
 
     async def _post(self, body: bytes, headers: dict[str, str]) -> Reply:
-        status, raw, retry_after = await self.transport.send(body, headers, None)
+        status, raw, retry_after, worker = await self.transport.send(body, headers, None)
         if 200 <= status < 300:
-            return parse_response(raw)
+            reply = parse_response(raw)
+            reply.worker = worker
+            return reply
         _raise_status(status, raw, retry_after)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _post_stream(self, body: bytes, headers: dict[str, str]) -> Reply:
         sent = time.perf_counter()
         assembler = StreamAssembler()
-        status, raw, retry_after = await self.transport.send(
+        status, raw, retry_after, worker = await self.transport.send(
             body, headers, assembler.feed, assembler.heard_type
         )
         if not 200 <= status < 300:
             _raise_status(status, raw, retry_after)
-        return assembler.finish(sent)
+        reply = assembler.finish(sent)
+        reply.worker = worker
+        return reply
 
     def _write_event(
         self,
@@ -554,6 +563,7 @@ class HttpAgentLoop:
             completion - planned_output if completion is not None else None,
             rendered,
             planned.oracle_seconds,
+            reply.worker if reply is not None else None,
             *source,
         )
         sink.write_batched(event)

@@ -123,12 +123,7 @@ async def _one_token(
 ) -> None:
     """One completion of one token must succeed (a 5xx, 408, 409 or 429 is only a warning:
     the server may be busy or warming up, and the run retries those)."""
-    conversation = Conversation(model)
-    conversation.reset("Hello")
-    single = BodyOptions(
-        model=model, sglang=options.sglang, ignore_eos=options.ignore_eos, stream=False
-    )
-    body = conversation.body(body_tail(single, 1, None))
+    body = one_token_body(model, options)
     timeout = aiohttp.ClientTimeout(total=max(PREFLIGHT_TIMEOUT_SECONDS, 60.0))
     try:
         async with session.post(endpoint_url, data=body, headers=headers, timeout=timeout) as r:
@@ -158,6 +153,16 @@ async def _one_token(
         f"{endpoint_url} does not serve chat completions: {http_error_text(status, raw)}; "
         f"check --host, --endpoint and --model ({SKIP_HINT})"
     )
+
+
+def one_token_body(model: str, options: BodyOptions) -> bytes:
+    """A "Hello" asking for one token, not streamed, with the run's token fields."""
+    conversation = Conversation(model)
+    conversation.reset("Hello")
+    single = BodyOptions(
+        model=model, sglang=options.sglang, ignore_eos=options.ignore_eos, stream=False
+    )
+    return conversation.body(body_tail(single, 1, None))
 
 
 def _refused(status: int, raw: bytes, url: str, key_source: str) -> None:

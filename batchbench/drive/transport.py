@@ -19,7 +19,10 @@ sent twice: a request that went out on a kept-alive connection which the server 
 within a round trip, before any byte of an answer (``_resendable``), goes again once on a
 new connection; the pool's ``resent`` counts those (``resent_requests`` in the results).
 
-Both transports answer ``send(body, headers, sink)`` with ``(status, body, retry_after)``;
+Both transports answer ``send(body, headers, sink)`` with ``(status, body, retry_after,
+worker)``, ``worker`` being the value of the response header that names the worker which
+served it (``worker_header``, smg's ``x-smg-routed-worker-id`` unless told otherwise; None
+when absent);
 with a ``sink``, the body of a 2xx response goes to ``sink(data, arrived)`` read by read
 instead (``arrived`` is the ``perf_counter`` time of the read), and ``body`` is empty;
 ``on_type``, when given, hears that response's Content-Type first.
@@ -55,7 +58,9 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 Sink = Callable[[bytes, float], object]
 TypeSink = Callable[[str | None], object]
-Sent = tuple[int, bytes, str | None]
+Sent = tuple[int, bytes, str | None, str | None]
+# The response header a gateway names the serving worker in (--routed-worker-header).
+DEFAULT_WORKER_HEADER = "x-smg-routed-worker-id"
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 MAX_REDIRECTS = 10
@@ -130,10 +135,12 @@ class AiohttpTransport:
         session: aiohttp.ClientSession,
         url: str,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        worker_header: str = DEFAULT_WORKER_HEADER,
     ) -> None:
         self.session = session
         self.url = url
         self.max_response_bytes = max_response_bytes
+        self.worker_header = worker_header
         self.buffered = 0  # bytes of whole bodies being received, all requests together
 
     async def send(
@@ -143,11 +150,11 @@ class AiohttpTransport:
         sink: Sink | None,
         on_type: TypeSink | None = None,
     ) -> Sent:
-        status, raw, retry_after, location = await self.hop(
+        status, raw, retry_after, worker, location = await self.hop(
             "POST", self.url, body, headers, sink, on_type
         )
         if location is None:
-            return status, raw, retry_after
+            return status, raw, retry_after, worker
         return await follow_redirects(
             self, self.url, status, location, body, headers, sink, on_type
         )
@@ -160,9 +167,9 @@ class AiohttpTransport:
         headers: dict[str, str],
         sink: Sink | None,
         on_type: TypeSink | None = None,
-    ) -> tuple[int, bytes, str | None, str | None]:
-        """One request, redirects not followed: (status, body, Retry-After, the Location
-        of a redirect)."""
+    ) -> tuple[int, bytes, str | None, str | None, str | None]:
+        """One request, redirects not followed: (status, body, Retry-After, the serving
+        worker, the Location of a redirect)."""
         limit = self.max_response_bytes
         async with self.session.request(
             method, url, data=body, headers=headers, allow_redirects=False
@@ -186,7 +193,13 @@ class AiohttpTransport:
                             raise ResponseTooLargeError(in_flight_text(limit))
                 finally:
                     self.buffered -= sum(map(len, parts))
-            return status, b"".join(parts), response.headers.get("Retry-After"), location
+            return (
+                status,
+                b"".join(parts),
+                response.headers.get("Retry-After"),
+                response.headers.get(self.worker_header),
+                location,
+            )
 
     async def close(self) -> None:
         """The session belongs to the caller."""
@@ -283,11 +296,11 @@ async def follow_redirects(
         if status == 303 or (status in (301, 302) and method == "POST"):
             method, payload = "GET", None
             headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
-        status, raw, retry_after, next_location = await hops.hop(
+        status, raw, retry_after, worker, next_location = await hops.hop(
             method, target, payload, headers, sink, on_type
         )
         if next_location is None:
-            return status, raw, retry_after
+            return status, raw, retry_after, worker
         current, location = target, next_location
 
 
@@ -444,6 +457,8 @@ class _Exchange:
         "status",
         "stream_sink",
         "waiter",
+        "worker",
+        "worker_header",
         "written_at",
     )
 
@@ -459,6 +474,7 @@ class _Exchange:
         self.stream_sink = stream_sink  # where a 2xx body goes (None: kept whole)
         self.on_type = on_type
         self.limit = connection.pool.max_response_bytes
+        self.worker_header = connection.pool.worker_header
         self.parser = httptools.HttpResponseParser(self)
         self.written_at = 0.0  # when the request went out (perf_counter)
         self.received = False  # a byte of the response arrived
@@ -476,6 +492,7 @@ class _Exchange:
         self.content_type: str | None = None
         self.status = 0
         self.retry_after: str | None = None
+        self.worker: str | None = None
         self.location: str | None = None
         self.decoder: _Decoder | None = None
         self.framed = False  # Content-Length or chunked: the body does not end at EOF
@@ -627,6 +644,8 @@ class _Exchange:
             self.length = int(value) if value.isdigit() else -1
         elif name == b"transfer-encoding":  # chunked when it is the last coding
             self.framed = value.rsplit(b",", 1)[-1].strip().lower() == b"chunked"
+        elif name == self.worker_header:
+            self.worker = value.decode("latin-1").strip()
 
     def on_headers_complete(self) -> None:
         status = self.status = self.parser.get_status_code()
@@ -773,6 +792,7 @@ class PlainHttpTransport:
         limit: int,
         fallback: Callable[[], AiohttpTransport],
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        worker_header: str = DEFAULT_WORKER_HEADER,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
@@ -791,6 +811,7 @@ class PlainHttpTransport:
         self.timeout_seconds = timeout_seconds
         self.limit = limit
         self.max_response_bytes = max_response_bytes
+        self.worker_header = worker_header.lower().encode("latin-1")  # as llhttp hands it
         self.buffered = 0  # bytes of whole bodies being received, all connections together
         self._fallback_factory = fallback
         self._fallback: AiohttpTransport | None = None
@@ -871,7 +892,7 @@ class PlainHttpTransport:
                 return await follow_redirects(
                     self._fallback, self.url, status, location, body, headers, sink, on_type
                 )
-        return status, exchange.body(), exchange.retry_after
+        return status, exchange.body(), exchange.retry_after, exchange.worker
 
     # -- the pool ----------------------------------------------------------------------------
     def _idle_connection(self) -> _Connection | None:
@@ -995,6 +1016,7 @@ def make_transport(
     limit: int,
     session: aiohttp.ClientSession,
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    worker_header: str = DEFAULT_WORKER_HEADER,
 ) -> Transport:
     """The plain-HTTP client for ``http://`` targets; aiohttp (``session``) otherwise."""
     parts = urlsplit(url)
@@ -1003,7 +1025,8 @@ def make_transport(
             url,
             timeout_seconds,
             limit,
-            lambda: AiohttpTransport(session, url, max_response_bytes),
+            lambda: AiohttpTransport(session, url, max_response_bytes, worker_header),
             max_response_bytes,
+            worker_header,
         )
-    return AiohttpTransport(session, url, max_response_bytes)
+    return AiohttpTransport(session, url, max_response_bytes, worker_header)

@@ -86,18 +86,33 @@ def valid_header_value(value: str) -> bool:
     return all(ch == "\t" or 32 <= ord(ch) < 127 for ch in value)
 
 
+# The header(s) that name a request's DP rank (--dp-rank-header): smg's gateway picks its
+# i-th worker by X-SMG-Target-Worker; vLLM and SGLang pin a request to their own DP rank by
+# X-data-parallel-rank; "both" serves a gateway in front of such engines.
+DP_RANK_HEADERS: dict[str, tuple[str, ...]] = {
+    "smg": ("x-smg-target-worker",),
+    "vllm": ("x-data-parallel-rank",),
+    "both": ("x-smg-target-worker", "x-data-parallel-rank"),
+}
+DEFAULT_DP_RANK_HEADER = "smg"
+
+
 def request_headers(
-    api_key: str | None, tag: str | None, target_worker: int | None
+    api_key: str | None,
+    tag: str | None,
+    target_worker: int | None,
+    rank_header: str = DEFAULT_DP_RANK_HEADER,
 ) -> dict[str, str]:
-    """One agent's headers, lowercase (content type, bearer key, routing key, target
-    worker); built once per agent."""
+    """One agent's headers, lowercase (content type, bearer key, routing key, the rank
+    header(s) of ``rank_header`` naming the target worker); built once per agent."""
     headers = {"content-type": "application/json"}
     if api_key:
         headers["authorization"] = f"Bearer {api_key}"
     if tag is not None:
         headers["x-smg-routing-key"] = tag
     if target_worker is not None:
-        headers["x-smg-target-worker"] = str(target_worker)
+        for name in DP_RANK_HEADERS[rank_header]:
+            headers[name] = str(target_worker)
     return headers
 
 
@@ -313,6 +328,7 @@ class Reply:
     ttft: float | None = None
     gaps: list[float] | None = None
     tpot: float | None = None
+    worker: str | None = None  # the worker that served it, when the response said so
 
 
 def _usage_counts(usage) -> tuple[int, int, int | None]:

@@ -223,3 +223,18 @@ def status_codes(text: str) -> tuple[int, ...]:
     if not values or any(not 400 <= v <= 599 for v in values):
         raise _invalid(f"status codes must be 400..599, got {text!r}")
     return values
+
+
+# An HTTP field name (RFC 9110's token): what a header named on the command line must be.
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def is_header_name(text: str) -> bool:
+    return _HEADER_NAME.fullmatch(text) is not None
+
+
+def header_name(text: str) -> str:
+    """A response header's name, lowercased (HTTP names are case-insensitive)."""
+    if not is_header_name(text):
+        raise _invalid(f'"{text}" is not an HTTP header name')
+    return text.lower()

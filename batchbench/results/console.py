@@ -27,6 +27,7 @@ from batchbench.results.documents import (
 from batchbench.results.formatting import MISSING, csv_cell, fixed, flag
 from batchbench.results.lifecycle import EngineResult
 from batchbench.results.metrics import percentile
+from batchbench.results.placement import placement_lines, probe_lines, rank_layout_lines
 from batchbench.results.recording import DriftFigures
 from batchbench.results.summary import (
     ALL_CSV_COLUMNS,
@@ -147,6 +148,8 @@ def banner_lines(config: RunConfig, setup: RunSetup) -> list[str]:
         f"Output token params: {token_params}",
         f"Ignore EOS: {flag(config.ignore_eos)}",
         f"DP-rank perfect routing: {routing}",
+        *rank_layout_lines(setup.rank_workers, config.routed_worker_header),
+        *probe_lines(setup.probes),
         f"Per-agent user tagging: {'enabled' if config.user_tagging else 'disabled'}",
         f"Content salt: {setup.content_salt}",
     ]
@@ -460,6 +463,7 @@ def live_lines(live: LiveFigures) -> list[str]:
         req = rank_imbalance([r.requests for r in live.ranks])
         tok = rank_imbalance([r.input_tokens for r in live.ranks])
         lines.append(f"Rank imbalance (max/mean): requests {fixed(req)}, input tokens {fixed(tok)}")
+        lines += placement_lines(live.ranks, live.worker_header, live.rank_headers)
     health = live.health
     if health is not None:
         per_k = health.cpu_seconds_per_1000_requests
@@ -552,7 +556,7 @@ def summary_model(
     if live is not None:
         live_sections = LiveSections(
             fidelity=fidelity_results_view(live.fidelity, live.server_cached_tokens, live.framing),
-            ranks=[{"rank": i, **dataclasses.asdict(r)} for i, r in enumerate(live.ranks)],
+            ranks=[{"rank": i, **r.as_row()} for i, r in enumerate(live.ranks)],
             client_health=dataclasses.asdict(live.health) if live.health is not None else None,
         )
     return SummaryDocument(

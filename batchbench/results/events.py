@@ -57,6 +57,7 @@ class RequestEvent:
     output_drift: int | None
     reply_rendered_tokens: int | None
     oracle_seconds: float | None
+    worker: str | None  # the worker that served it, as the reply named it (None: not named)
 
 
 @dataclass(slots=True)

@@ -41,6 +41,8 @@ class AgentFigures:
     cancelled: int = 0
     skipped: int = 0
     agent_id: int = -1
+    worker: str | None = None  # the worker that served its last request, when told
+    worker_switches: int = 0  # requests served by another worker than the one before
 
     @property
     def settled(self) -> int:
@@ -63,6 +65,13 @@ class AgentFigures:
             "cancelled_requests": self.cancelled,
             "skipped_requests": self.skipped,
         }
+
+    def placement_fields(self) -> dict[str, Any]:
+        """Where its requests were served, for its lifecycle record: only when a reply
+        named the worker (otherwise the client cannot know)."""
+        if self.worker is None:
+            return {}
+        return {"last_worker": self.worker, "worker_switches": self.worker_switches}
 
 
 @dataclass(slots=True)
@@ -120,6 +129,61 @@ class RankFigures:
     input_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
+    # Where its successful requests were served, when the replies said so: requests per
+    # worker (the server's name for it); how often one of its agents' requests reached
+    # another worker than that agent's request before; how many of its agents did so.
+    workers: dict[str, int] = field(default_factory=dict)
+    switches: int = 0
+    switching_agents: int = 0
+
+    def add(self, other: RankFigures) -> None:
+        """Count another process's figures for the same rank in (merged shards)."""
+        self.trajectories += other.trajectories
+        self.requests += other.requests
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cached_tokens += other.cached_tokens
+        for worker, count in other.workers.items():
+            self.workers[worker] = self.workers.get(worker, 0) + count
+        self.switches += other.switches
+        self.switching_agents += other.switching_agents
+
+    def as_row(self) -> dict[str, Any]:
+        """Its fields and its placement figures, as the results JSON's ``ranks`` rows."""
+        return {
+            "trajectories": self.trajectories,
+            "requests": self.requests,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cached_tokens": self.cached_tokens,
+            "workers": dict(self.workers),
+            "usual_worker": self.usual_worker,
+            "misplaced": self.misplaced,
+            "switches": self.switches,
+            "switching_agents": self.switching_agents,
+        }
+
+    @classmethod
+    def from_json(cls, document: dict[str, Any]) -> RankFigures:
+        """The figures as ``dataclasses.asdict`` wrote them (a shard's document)."""
+        workers = document.get("workers") or {}
+        counts = {name: int(value) for name, value in document.items() if name != "workers"}
+        return cls(**counts, workers={str(w): int(n) for w, n in workers.items()})
+
+    @property
+    def placed(self) -> int:
+        """Successful requests whose reply named the worker that served them."""
+        return sum(self.workers.values())
+
+    @property
+    def usual_worker(self) -> str | None:
+        """The worker that served most of its requests (the first named, on a tie)."""
+        return max(self.workers, key=self.workers.__getitem__) if self.workers else None
+
+    @property
+    def misplaced(self) -> int:
+        """Requests served by a worker other than its usual one."""
+        return self.placed - max(self.workers.values(), default=0)
 
 
 @dataclass
@@ -255,6 +319,22 @@ class Recorder:
             -1 if rank is None else rank, figures.agent_id, prompt, completion,
             -1 if cached is None else cached, gap_first, len(self.stream.itl_ms) - gap_first,
         )  # fmt: skip
+
+    def request_placed(self, figures: AgentFigures, rank: int | None, worker: str) -> None:
+        """A successful request's reply named the worker that served it."""
+        previous = figures.worker
+        figures.worker = worker
+        switched = previous is not None and previous != worker
+        if switched:
+            figures.worker_switches += 1
+        if rank is None:
+            return
+        load = self.ranks[rank]
+        load.workers[worker] = load.workers.get(worker, 0) + 1
+        if switched:
+            load.switches += 1
+            if figures.worker_switches == 1:
+                load.switching_agents += 1
 
     def request_fidelity(
         self,

@@ -4,7 +4,6 @@ the server's own metrics when the client does not route)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -34,7 +33,7 @@ def rank_rows(
             rows.append(
                 {
                     "rank": index,
-                    **dataclasses.asdict(figures),
+                    **figures.as_row(),
                     "ttft_p50_ms": percentile(ttfts, 0.5),
                     "ttft_p99_ms": percentile(ttfts, 0.99),
                 }

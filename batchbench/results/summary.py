@@ -10,6 +10,7 @@ from typing import Any
 
 from batchbench import __version__
 from batchbench.config import RunConfig
+from batchbench.drive.transport import DEFAULT_WORKER_HEADER
 from batchbench.results.failures import KindEntry
 from batchbench.results.lifecycle import EngineResult
 from batchbench.results.metrics import RunTotals, StreamSamples, percentiles
@@ -37,6 +38,12 @@ class RunSetup:
     # The manifest's provenance summary (``provenance.summarize``; [] when no trajectory has
     # any); None in sampled mode and in shard data written before it existed.
     sources: list[dict[str, Any]] | None = None
+    # Per rank index, the worker its preflight probe reached, as the reply named it (None:
+    # not named); None when the ranks were not probed.
+    rank_workers: list[str | None] | None = None
+    # Chat requests sent before the run under perfect routing, by what sent them
+    # ("preflight", "rank_layout", "calibration"); None without perfect routing.
+    probes: dict[str, int] | None = None
 
 
 @dataclass
@@ -54,6 +61,9 @@ class LiveFigures:
     no_usage_failures: int = 0  # failed requests whose server sent no usage
     requests: int = 0  # sent requests (succeeded or failed)
     input_tokens: int = 0  # prompt tokens the server counted
+    # The header naming each reply's worker, and the ones that named each request's rank.
+    worker_header: str = DEFAULT_WORKER_HEADER
+    rank_headers: tuple[str, ...] = ()
 
 
 # Column groups, in CSV order: the original tool's columns, then this package's streaming

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -266,8 +266,7 @@ def _recorder(
         if live.server_cached_tokens is not None:
             server_cached = (server_cached or 0) + live.server_cached_tokens
         for rank, figures in zip(recorder.ranks, live.ranks, strict=False):
-            for spec in fields(figures):
-                setattr(rank, spec.name, getattr(rank, spec.name) + getattr(figures, spec.name))
+            rank.add(figures)
         recorder.started_agents.update(live.started_agents)
         recorder.cpu_seconds += live.cpu_seconds
     errors.counts = dict(sorted(errors.counts.items()))

@@ -109,6 +109,9 @@ def _replay(recorder: Recorder, events: Iterator[dict[str, Any]], framing_initia
                 ttft if isinstance(ttft, int | float) else None,
                 None, None, attempts, errors, _number(event.get("start_offset_seconds")),
             )  # fmt: skip
+            worker = event.get("worker")
+            if isinstance(worker, str):
+                recorder.request_placed(figures, rank, worker)
             recorder.request_fidelity(
                 figures, invocation - 1, int(event["target_prompt_tokens"]), prompt,
                 completion, int(event["planned_output_tokens"]), invocation == 1,

@@ -182,10 +182,7 @@ class LiveShard:
         return cls(
             totals=TotalsDocument.from_json(document["totals"]),
             server_cached_tokens=None if cached is None else int(cached),
-            ranks=tuple(
-                RankFigures(**{name: int(value) for name, value in rank.items()})
-                for rank in document["ranks"]
-            ),
+            ranks=tuple(RankFigures.from_json(rank) for rank in document["ranks"]),
             started_agents=tuple(int(a) for a in document["started_agents"]),
             peak_in_flight=int(document["peak_in_flight"]),
             cpu_seconds=float(document["cpu_seconds"]),

@@ -40,6 +40,7 @@ from batchbench.drive.shutdown import EXIT_STATUS
 from batchbench.errors import BatchbenchError, UsageError
 from batchbench.lifeline import die_with_parent
 from batchbench.results.metrics import RunTotals
+from batchbench.results.placement import rank_layout_lines
 from batchbench.results.progress import Progress, progress_wanted
 from batchbench.results.recording import Recorder
 from batchbench.results.summary import RunSetup
@@ -53,7 +54,13 @@ from batchbench.stages.console import Silent
 from batchbench.stages.hosting import event_loop_runner, worker
 from batchbench.stages.prepare import content_salt
 from batchbench.stages.sequence import check_run, run_stages
-from batchbench.stages.target import check_target, sim_chat_template, sim_process, targeting_sim
+from batchbench.stages.target import (
+    check_rank_layout,
+    check_target,
+    sim_chat_template,
+    sim_process,
+    targeting_sim,
+)
 
 
 class _ChildOutput:
@@ -201,6 +208,11 @@ def run_workers(config: RunConfig, output: Any = None):
         if not target.dry_run:
             with event_loop_runner() as runner:
                 target = runner.run(check_target(target, out))
+                layout = runner.run(check_rank_layout(target))
+            if layout is not None:  # the workers print the banner, without the probes
+                for note in layout.notes:
+                    out.warning(note)
+                out.lines(rank_layout_lines(layout.workers, target.routed_worker_header))
         # Workers share one seed and salt (one run's content), not a simulator or preflight.
         common = replace(
             target,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from batchbench.config import RunConfig
-from batchbench.drive.wire import MISSING_USAGE, NO_STREAM_USAGE
+from batchbench.drive.wire import DP_RANK_HEADERS, MISSING_USAGE, NO_STREAM_USAGE
 from batchbench.plan.workload import Workload
 from batchbench.results.console import dry_run_lines
 from batchbench.results.lifecycle import EngineResult
@@ -158,6 +158,8 @@ def finish_run(
             no_usage_failures=sum(1 for f in totals.failures if f[3] in NO_USAGE_ERRORS),
             requests=totals.total_requests,
             input_tokens=totals.total_input_tokens,
+            worker_header=config.routed_worker_header,
+            rank_headers=DP_RANK_HEADERS[config.dp_rank_header],
         )
     if live is not None and never_started_requests:
         live.recorder.requests_skipped(None, never_started_requests)

@@ -121,6 +121,8 @@ def driver_settings(config: RunConfig) -> DriverSettings:
         user_prefix=config.user_prefix,
         seed=config.seed,
         dp_ranks=config.dp_ranks,
+        dp_rank_header=config.dp_rank_header,
+        worker_header=config.routed_worker_header,
         timeout_seconds=float(config.request_timeout_secs),
         max_retries=config.max_retries,
         retry_delay_ms=config.retry_delay_ms,
@@ -212,7 +214,10 @@ def trajectory_sink(
 
     def sink(record: TrajectoryRecord) -> None:
         figures = recorder.take_agent(record.agent_id)
-        events.write(record, figures.as_fields() if figures is not None else None)
+        events.write(
+            record,
+            figures.as_fields() | figures.placement_fields() if figures is not None else None,
+        )
         if progress is not None:
             progress.trajectory_finished()
         end.trajectory_finished(record)

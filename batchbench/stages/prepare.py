@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import aiohttp
 
 from batchbench.config import RunConfig
 from batchbench.drive.calibrate import Calibration, calibrate
-from batchbench.drive.wire import request_headers, tool_call_id
+from batchbench.drive.rankcheck import RankLayout
+from batchbench.drive.wire import tool_call_id
 from batchbench.errors import BatchbenchError, UsageError
 from batchbench.plan.workload import Workload
 from batchbench.results.console import banner_lines
@@ -28,7 +29,7 @@ from batchbench.stages.plans import (
     start_offsets,
     starting_overheads,
 )
-from batchbench.stages.target import body_options, sim_chat_template
+from batchbench.stages.target import body_options, probe_headers, sim_chat_template
 from batchbench.text.chat_templates import BuiltinTemplate, load_chat_template
 from batchbench.text.content import ContentFactory
 from batchbench.text.promptcount import SegmentCounter, template_counter
@@ -50,9 +51,16 @@ class Prepared:
     share: Share | None  # with --shard: the trajectories and slots this process owns
 
 
-async def prepare(config: RunConfig, plans: Plans, out: RunOutput, call: BlockingCall) -> Prepared:
+async def prepare(
+    config: RunConfig,
+    plans: Plans,
+    out: RunOutput,
+    call: BlockingCall,
+    layout: RankLayout | None = None,
+) -> Prepared:
     """Load and measure what the run needs against the target ``config`` names; prints the
-    calibration (when asked) and the banner."""
+    calibration (when asked) and the banner (with the rank layout the target stage
+    probed, when it did)."""
     loaded = await call(load_tokenizer, config.tokenizer, config.tokenizer_download or None)
     synth = await call(Synthesizer.prepare, loaded)
     template_name, replies = reply_accounting(config, loaded, out.warning)
@@ -73,6 +81,12 @@ async def prepare(config: RunConfig, plans: Plans, out: RunOutput, call: Blockin
         planned(config, workload, plans.root_seed, out)
     salt = content_salt(config)
     setup = run_setup(config, plans, workload, loaded, template_name, calibration, salt)
+    if layout is not None:
+        setup = replace(setup, rank_workers=list(layout.workers))
+    # A --workers child sent no preflight or layout probes (its parent did): it would
+    # undercount them, so only a run in one process counts its probes.
+    if config.dp_ranks is not None and not config.dry_run and config.worker_count == 1:
+        setup = replace(setup, probes=probe_counts(config, layout, calibration))
     out.lines(banner_lines(config, setup))
     factory = ContentFactory(synth, workload, plans.root_seed, salt)
     counter = None
@@ -166,7 +180,7 @@ async def calibrate_target(
     """Probe the target for its framing overheads (``--calibrate``)."""
     url = config.endpoint_url
     assert url is not None  # validated: a live run has a target
-    headers = request_headers(config.resolved_api_key(), None, None)
+    headers = probe_headers(config)
     async with aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=float(config.request_timeout_secs))
     ) as session:
@@ -179,6 +193,18 @@ async def calibrate_target(
             replies,
             config.user_tagging,
         )
+
+
+def probe_counts(
+    config: RunConfig, layout: RankLayout | None, calibration: Calibration | None
+) -> dict[str, int]:
+    """The chat requests sent before the run, by what sent them: the preflight's 1-token
+    completion, the rank-layout probes (one per rank), the calibration's probes."""
+    return {
+        "preflight": 1 if config.preflight else 0,
+        "rank_layout": layout.probes if layout is not None else 0,
+        "calibration": calibration.requests if calibration is not None else 0,
+    }
 
 
 def content_salt(config: RunConfig) -> str:

@@ -39,7 +39,7 @@ async def run_stages(config: RunConfig, output: RunOutput | None, hosting: Hosti
         config = target.config
         if hosting.gate is None and config.start_at is not None:
             hosting = replace(hosting, gate=start_at_gate(config.start_at, out.warning))
-        prepared = await prepare(config, plans, out, hosting.call)
+        prepared = await prepare(config, plans, out, hosting.call, target.layout)
         executed = await execute(prepared, out, hosting)
         return write_outputs(finish(prepared, executed), out)
     finally:

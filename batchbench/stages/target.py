@@ -10,6 +10,7 @@ import aiohttp
 
 from batchbench.config import RunConfig, host_ends_in_v1
 from batchbench.drive.preflight import preflight
+from batchbench.drive.rankcheck import RankLayout, probe_ranks
 from batchbench.drive.simlaunch import SimProcess, sim_command
 from batchbench.drive.wire import BodyOptions, request_headers
 from batchbench.errors import UsageError
@@ -25,23 +26,28 @@ class Target:
 
     config: RunConfig
     sim: SimProcess | None = None
+    layout: RankLayout | None = None  # the rank -> worker probes (perfect routing)
 
 
 async def resolve_target(config: RunConfig, out: RunOutput, call: BlockingCall) -> Target:
     """Start the simulator when asked and check a live target. On failure nothing is left
     running; on success the caller stops ``Target.sim``."""
     sim = sim_process(config) if config.sim else None
+    layout = None
     try:
         if sim is not None:
             await call(sim.start)
             config = targeting_sim(config, sim)
         if not config.dry_run:
             config = await check_target(config, out)
+            layout = await check_rank_layout(config)
+            for note in layout.notes if layout is not None else ():
+                out.warning(note)
     except BaseException:
         if sim is not None:
             sim.stop()  # also ends a start still running in its thread
         raise
-    return Target(config, sim)
+    return Target(config, sim, layout)
 
 
 def start_sim(config: RunConfig) -> tuple[SimProcess, RunConfig]:
@@ -98,7 +104,7 @@ async def check_target(config: RunConfig, out: RunOutput) -> RunConfig:
         return config
     url = config.endpoint_url
     assert url is not None  # validated: a live run has a target
-    headers = request_headers(config.resolved_api_key(), None, None)
+    headers = probe_headers(config)
     key_source = "--api-key" if config.api_key is not None else f"${config.api_key_env}"
     async with aiohttp.ClientSession() as session:
         found = await preflight(
@@ -107,6 +113,34 @@ async def check_target(config: RunConfig, out: RunOutput) -> RunConfig:
     for note in found.notes:
         out.warning(note)
     return config if found.model == config.model else replace(config, model=found.model)
+
+
+async def check_rank_layout(config: RunConfig) -> RankLayout | None:
+    """With perfect routing and the preflight on: one probe per rank index (after
+    ``check_target``, so the model is known); None otherwise."""
+    if config.dp_ranks is None or not config.preflight:
+        return None
+    url = config.endpoint_url
+    assert url is not None and config.model is not None  # checked by check_target
+    async with aiohttp.ClientSession() as session:
+        return await probe_ranks(
+            session,
+            url,
+            config.resolved_api_key(),
+            config.dp_ranks,
+            config.dp_rank_header,
+            config.routed_worker_header,
+            config.model,
+            body_options(config),
+        )
+
+
+def probe_headers(config: RunConfig) -> dict[str, str]:
+    """The headers of the preflight's and the calibration's probes: with perfect routing,
+    rank 0's rank header, so that they land on a known worker (the rank-0 worker's cache
+    and counters then account for them)."""
+    rank = 0 if config.dp_ranks is not None else None
+    return request_headers(config.resolved_api_key(), None, rank, config.dp_rank_header)
 
 
 def body_options(config: RunConfig) -> BodyOptions:
