@@ -13,6 +13,7 @@ from smggateway import smg_gateway
 from batchbench.cli.agent import main as agent_main
 from batchbench.errors import UsageError
 from batchbench.options.parser import CommandParser, SingleValue
+from batchbench.report import render_html
 from batchbench.results.promendpoints import combined_document
 from batchbench.results.windowreport import server_metrics_lines
 
@@ -34,13 +35,14 @@ def run_through_gateway(gateway, out: Path, capsys) -> tuple[dict, list[str]]:
         argv += ["--server-metrics", url]
     assert agent_main(argv) == 0
     console = capsys.readouterr().out.splitlines()
-    return json.loads(out.read_text())["server_metrics"], console
+    return json.loads(out.read_text()), console
 
 
 def test_gateway_and_each_worker_scraped_and_labelled(tmp_path, capsys):
     # modelled time (--speed 4): no request is answered before the baseline scrapes
     with smg_gateway(2, "consistent_hashing", "--speed 4") as gateway:
-        document, console = run_through_gateway(gateway, tmp_path / "r.json", capsys)
+        results, console = run_through_gateway(gateway, tmp_path / "r.json", capsys)
+    document = results["server_metrics"]
     first, second = gateway.worker_urls
     smg_url = gateway.metrics_url
     sim_urls = [url + "/metrics" for url in gateway.worker_urls]
@@ -68,9 +70,22 @@ def test_gateway_and_each_worker_scraped_and_labelled(tmp_path, capsys):
         f"Server metrics of {url}" for url in [smg_url, *sim_urls]
     ]
     assert (
-        f"requests per worker: {first} {own[0]:g}, {second} {own[1]:g}; "
+        "requests per worker: "  # in the order of the workers' URLs
+        + ", ".join(f"{w} {n:g}" for w, n in sorted(zip((first, second), own, strict=True)))
+        + "; "
         "policy branches: consistent_hashing target_worker_hit 7" in lines[0]
     )
+
+    # the report charts each endpoint's own series, named by its URL
+    page = render_html([results], title="r")
+    start = page.index(">", page.index('<script type="application/json" id="bb-figures">')) + 1
+    charts = json.loads(page[start : page.index("</script>", start)])["charts"]
+    (figure,) = [c["figure"] for c in charts if c["id"] == "bb-server-metrics"]
+    running = {t["name"] for t in figure["data"] if t["yaxis"] == "y2"}
+    assert running == {
+        f"document 1 {smg_url}: rank {first}", f"document 1 {smg_url}: rank {second}",
+        *(f"document 1 {url}: rank 0" for url in sim_urls),
+    }  # fmt: skip
 
 
 def endpoint(url: str, requests: dict[str, float]) -> dict:
