@@ -4,6 +4,7 @@ metric families, and the command line's refusal of a single-value option given t
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 from pathlib import Path
 
@@ -29,6 +30,7 @@ def run_through_gateway(gateway, out: Path, capsys) -> tuple[dict, list[str]]:
         "--tokenizer-model", "deepseek-v3", "--model", "batchbench-sim", "--no-progress",
         "--no-preflight", "--dp-rank-perfect-routing", "--dp-rank-perfect-routing-num", "2",
         "--server-metrics-interval", "0.2", "--results-json", str(out),
+        "--server-metrics-jsonl", str(out.with_suffix(".jsonl")),
         "--seed", "7",
     ]  # fmt: skip
     for url in metrics:
@@ -76,6 +78,11 @@ def test_gateway_and_each_worker_scraped_and_labelled(tmp_path, capsys):
         "policy branches: consistent_hashing target_worker_hit 7" in lines[0]
     )
 
+    # one file, each line naming its endpoint; every endpoint's scrapes are there
+    lines = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    per_url = {url: sum(line["url"] == url for line in lines) for url in [smg_url, *sim_urls]}
+    assert per_url == {e["url"]: e["scrapes"] for e in document["endpoints"]}
+    assert min(per_url.values()) >= 2  # the baseline and the final scrape at least
     # the report charts each endpoint's own series, named by its URL
     page = render_html([results], title="r")
     start = page.index(">", page.index('<script type="application/json" id="bb-figures">')) + 1
@@ -191,3 +198,24 @@ def test_a_repeat_on_the_command_line_is_refused_and_a_repeatable_option_keeps_a
     )
     assert args is not None
     assert args.server_metrics == ["http://a:1", "http://b:2/m"]
+
+
+def test_scrapers_sharing_a_file_name_their_url_on_each_line(tmp_path):
+    from batchbench.results.scrape import ServerMetricsScraper  # lazy: this test only
+
+    path = tmp_path / "m.jsonl"
+    with path.open("wb") as sink:
+        a = ServerMetricsScraper("http://a:1", 1.0, str(path), origin=0.0, sink=sink)
+        b = ServerMetricsScraper("http://b:2/m", 1.0, str(path), origin=0.0, sink=sink)
+        assert a.ingest(0.5, b'smg_worker_requests_total{worker="http://w:1"} 3\n')
+        assert b.ingest(0.75, b"batchbench_sim_running 2\n")
+        asyncio.run(a.close())  # a shared file stays open for the others
+        assert not sink.closed
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [
+        {
+            "t": 0.5,
+            "samples": {'smg_worker_requests_total{worker="http://w:1"}': 3.0},
+            "url": "http://a:1/metrics",
+        },
+        {"t": 0.75, "samples": {"batchbench_sim_running": 2.0}, "url": "http://b:2/m"},
+    ]
