@@ -219,3 +219,15 @@ def test_scrapers_sharing_a_file_name_their_url_on_each_line(tmp_path):
         },
         {"t": 0.75, "samples": {"batchbench_sim_running": 2.0}, "url": "http://b:2/m"},
     ]
+
+
+def test_one_url_given_twice_is_refused():
+    from batchbench.config import RunConfig  # lazy: this test only
+
+    with pytest.raises(UsageError) as caught:
+        RunConfig.from_args(
+            ["--server-metrics", "http://a:1/metrics", "--server-metrics", "http://a:1/metrics"]
+        )
+    assert str(caught.value) == (
+        "--server-metrics 'http://a:1/metrics' given twice (each URL is scraped once)"
+    )
