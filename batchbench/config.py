@@ -832,16 +832,18 @@ class RunConfig:
             commands=AGENT_ONLY,  # a capacity search declares its own (per step)
         ),
     )
-    server_metrics: str | None = option(
-        None,  # a Prometheus text endpoint scraped during the run
+    server_metrics: tuple[str, ...] = option(
+        (),  # the Prometheus text endpoints scraped during the run, in the order given
         Flag(
             "server-metrics",
-            "scrape this Prometheus text endpoint (vLLM, SGLang or llama.cpp /metrics; a URL "
-            "without a path means /metrics) during the run: KV-cache use, running and "
-            "waiting requests, prefix-cache hits, per rank; `sim` with --sim scrapes the "
-            "simulator",
+            "scrape this Prometheus text endpoint (vLLM, SGLang, llama.cpp or smg /metrics; "
+            "a URL without a path means /metrics) during the run: KV-cache use, running and "
+            "waiting requests, prefix-cache hits, per rank; smg's requests per worker and "
+            "policy branches; repeat it for each engine and the gateway (each summarized "
+            "on its own, labelled by URL); `sim` with --sim scrapes the simulator",
             WINDOW,
             metavar="URL",
+            repeat=True,
         ),
     )
     server_metrics_interval: float = option(
@@ -1219,13 +1221,21 @@ class RunConfig:
                 "--window-trajectories must be an integer of at least 1, "
                 f"not {self.window_trajectories!r}"
             )
-        if self.server_metrics_jsonl is not None and self.server_metrics is None:
+        if self.server_metrics_jsonl is not None and not self.server_metrics:
             raise UsageError("--server-metrics-jsonl needs --server-metrics (the URL to scrape)")
-        if self.server_metrics == "sim":
-            if not self.sim:
-                raise UsageError("--server-metrics sim needs --sim (the embedded simulator)")
-        elif self.server_metrics is not None:
-            check_metrics_url(self.server_metrics)
+        if isinstance(self.server_metrics, str):
+            raise UsageError(
+                f"--server-metrics takes a tuple of URLs, not the string {self.server_metrics!r}"
+            )
+        for url in self.server_metrics:
+            if url == "sim":
+                if not self.sim:
+                    raise UsageError("--server-metrics sim needs --sim (the embedded simulator)")
+            else:
+                check_metrics_url(url)
+        if len(set(self.server_metrics)) != len(self.server_metrics):
+            twice = next(u for u in self.server_metrics if self.server_metrics.count(u) > 1)
+            raise UsageError(f"--server-metrics {twice!r} given twice (each URL is scraped once)")
         if self.dry_run and (self.server_metrics or self.report_html):
             flag = "--server-metrics" if self.server_metrics else "--report-html"
             raise UsageError(f"{flag} needs a live run (not --dry-run)")
@@ -1350,9 +1360,12 @@ TOML_INT_MAX = (1 << 63) - 1
 
 
 def toml_value(value: object) -> str:
-    """A TOML scalar: JSON's string escapes are valid TOML basic strings (DEL, which TOML
+    """A TOML scalar, or an array of them for a repeatable option: JSON's string escapes
+    are valid TOML basic strings (DEL, which TOML
     forbids raw, is escaped too); integers beyond TOML's 64-bit signed range are written
     as strings, which the options reader accepts."""
+    if isinstance(value, tuple):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):

@@ -139,6 +139,7 @@ def test_vllm_page_concepts_per_engine():
         "generation_tokens": {"0": 20.0, "1": 0.0},
         # engine 0: 2, 4, 4 and 0 new observations in the buckets <= 0.25, 0.5, 1, +Inf
         "ttft_seconds": {"0": {"p50": 0.4375, "p90": 0.875, "p99": 0.9875}, "1": NONE3},
+        "policy_branches": {},
     }
     assert summary["series"] == {
         "t": [0.0, 10.0],
@@ -217,6 +218,7 @@ def test_sglang_page_without_rank_labels_is_all():
         "prompt_tokens": {"all": 500.0},
         "generation_tokens": {"all": 80.0},
         "ttft_seconds": {"all": {"p50": 0.15, "p90": 0.32, "p99": 0.392}},
+        "policy_branches": {},
     }
 
 
@@ -247,6 +249,7 @@ def test_llamacpp_page():
         "prompt_tokens": {"all": 50.0},
         "generation_tokens": {"all": 40.0},
         "ttft_seconds": {},
+        "policy_branches": {},
     }
 
 

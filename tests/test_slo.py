@@ -272,14 +272,14 @@ def test_flags_reach_the_config():
     assert config.goodput_thresholds == (("itl", 50.0),)  # --goodput wins over --slo
     assert config.percentiles == (50.0, 99.0)
     assert (config.warmup, config.duration, config.window_trajectories) == (1.5, 10.0, 7)
-    assert config.server_metrics == "http://127.0.0.1:9/metrics"
+    assert config.server_metrics == ("http://127.0.0.1:9/metrics",)
     assert (config.server_metrics_interval, config.server_metrics_jsonl) == (0.25, "m.jsonl")
     assert config.report_html == "r.html"
     defaults = RunConfig.from_args(["--sim"])
     assert (defaults.slo, defaults.goodput, defaults.goodput_thresholds) == ((), (), ())
     assert defaults.percentiles == DEFAULT_PERCENTILES == (50.0, 90.0, 95.0, 99.0, 99.9)
     assert (defaults.warmup, defaults.duration, defaults.window_trajectories) == (0.0, None, None)
-    assert (defaults.server_metrics, defaults.server_metrics_interval) == (None, 1.0)
+    assert (defaults.server_metrics, defaults.server_metrics_interval) == ((), 1.0)
     assert (defaults.server_metrics_jsonl, defaults.report_html) == (None, None)
 
 
@@ -374,7 +374,7 @@ def test_streamed_objectives_pass_with_stream_and_e2e_needs_no_stream():
 
 
 def test_server_metrics_sim_needs_the_simulator():
-    assert RunConfig.from_args(["--sim", "--server-metrics", "sim"]).server_metrics == "sim"
+    assert RunConfig.from_args(["--sim", "--server-metrics", "sim"]).server_metrics == ("sim",)
     host = ["--host", "http://127.0.0.1:8000"]
     assert usage_error([*host, "--server-metrics", "sim"]) == (
         "--server-metrics sim needs --sim (the embedded simulator)"
@@ -406,7 +406,8 @@ def test_dry_runs_refuse_what_needs_a_live_run():
         ({"warmup": 5.0, "duration": 5.0}, "--warmup (5 s) must end before --duration (5 s)"),
         ({"slo": "ttft_p99=2s"}, f"ttft_p99 {STREAM_HELP}"),
         ({"slo": "goodput=90%"}, "--slo goodput=... needs --goodput thresholds (e.g. --goodput ttft=2s) or a latency objective such as ttft_p99=2s"),
-        ({"server_metrics": "metrics"}, "--server-metrics 'metrics' is not an http:// or https:// URL (e.g. http://127.0.0.1:8000/metrics)"),
+        ({"server_metrics": "http://127.0.0.1:9/metrics"}, "--server-metrics takes a tuple of URLs, not the string 'http://127.0.0.1:9/metrics'"),
+        ({"server_metrics": ("metrics",)}, "--server-metrics 'metrics' is not an http:// or https:// URL (e.g. http://127.0.0.1:8000/metrics)"),
     ],
 )  # fmt: skip
 def test_python_configs_are_checked_like_command_lines(options, message):
@@ -431,7 +432,7 @@ def test_options_file_round_trip(tmp_path, monkeypatch):
         "warmup = 1.5",
         "duration = 30.0",
         "window-trajectories = 5",
-        'server-metrics = "http://127.0.0.1:9/metrics"',
+        'server-metrics = ["http://127.0.0.1:9/metrics"]',
         "server-metrics-interval = 0.25",
         '# server-metrics-jsonl = "m.jsonl"',  # output paths come back as comments
         '# report-html = "r.html"',

@@ -69,6 +69,7 @@ class Flag:
     commands: tuple[str, ...] = RUN_COMMANDS
     variants: tuple[tuple[str, Variant], ...] = ()  # (command, how it differs there)
     output: bool = False  # names a file the run writes
+    repeat: bool = False  # may be given again: the field holds every value, in order
 
     @property
     def dest(self) -> str:
@@ -162,6 +163,18 @@ def _add_flag(section: Any, flag: Flag, variant: Variant, default: Any) -> None:
             *flag.option_strings, dest=flag.dest, action="store_true", help=help_text
         )
         return
+    if flag.repeat:  # argparse's append; its field's default is the empty tuple
+        section.add_argument(
+            *flag.option_strings,
+            dest=flag.dest,
+            action="append",
+            type=variant.parse or flag.parse,
+            default=None,
+            choices=flag.choices,
+            metavar=flag.metavar,
+            help=help_text,
+        )
+        return
     section.add_argument(
         *flag.option_strings,
         dest=flag.dest,
@@ -186,13 +199,15 @@ def field_values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
         else:
             (flag,) = spec.flags
             value = getattr(args, flag.dest)
+            if flag.repeat:
+                value = tuple(value or ())
             values[spec_field.name] = (not value) if flag.negates else value
     return values
 
 
 def option_values(config: object) -> dict[str, object]:
-    """Every option of ``config`` by name, in field order; options without a value (None)
-    are left out."""
+    """Every option of ``config`` by name, in field order; options without a value (None,
+    or a repeatable option never given) are left out."""
     values: dict[str, object] = {}
     for spec_field, spec in declared(type(config)):
         value = getattr(config, spec_field.name)
@@ -201,7 +216,7 @@ def option_values(config: object) -> dict[str, object]:
         else:
             (flag,) = spec.flags
             values[flag.name] = (not value) if flag.negates else value
-    return {name: value for name, value in values.items() if value is not None}
+    return {name: value for name, value in values.items() if value is not None and value != ()}
 
 
 def output_fields(cls: type) -> list[tuple[str, str]]:

@@ -15,6 +15,35 @@ from batchbench.errors import UsageError
 _UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
 
 
+class SingleValue(argparse.Action):
+    """An option that takes one value and may be given once: argparse's own ``store``
+    keeps the last of repeated values and drops the others without a word, which turned a
+    second ``--server-metrics URL`` into one silently unscraped endpoint."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        given: set[str] = getattr(parser, "given_options", set())
+        if self.dest in given:
+            name = option_string or self.dest
+            raise UsageError(f"{name} given twice: it takes one value, so give it once")
+        given.add(self.dest)
+        setattr(namespace, self.dest, values)
+
+
+def _single_value(kwargs: dict[str, Any], args: tuple[Any, ...]) -> dict[str, Any]:
+    """``kwargs`` with SingleValue for an option that stores one value (argparse's default
+    ``store`` action without ``nargs``); positionals and other actions as declared."""
+    is_option = bool(args) and isinstance(args[0], str) and args[0].startswith("-")
+    if is_option and kwargs.get("action", "store") == "store" and "nargs" not in kwargs:
+        return {**kwargs, "action": SingleValue}
+    return kwargs
+
+
 class CommandParser(argparse.ArgumentParser):
     """argparse that raises UsageError (one line, exit status 2, a suggestion for a
     misspelled option) instead of printing usage and exiting, and that keeps the actions it
@@ -28,7 +57,7 @@ class CommandParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
-        action = super().add_argument(*args, **kwargs)
+        action = super().add_argument(*args, **_single_value(kwargs, args))
         self.declared_actions.append(action)
         return action
 
@@ -37,7 +66,7 @@ class CommandParser(argparse.ArgumentParser):
         add = group.add_argument
 
         def add_and_keep(*args: Any, **kwargs: Any) -> argparse.Action:
-            action = add(*args, **kwargs)
+            action = add(*args, **_single_value(kwargs, args))
             self.declared_actions.append(action)
             return action
 
@@ -52,6 +81,12 @@ class CommandParser(argparse.ArgumentParser):
 
     def long_options(self) -> list[str]:
         return [o for a in self.declared_actions for o in a.option_strings if o.startswith("--")]
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self.given_options: set[str] = set()  # SingleValue's record of this parse
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(suggestion(self, message))
@@ -105,11 +140,13 @@ def parse_with_config(parser: CommandParser, argv: Sequence[str]) -> argparse.Na
 
 
 def config_file_argument(argv: list[str]) -> str | None:
-    """The value of --config (the last one), read before the real parse."""
+    """The value of --config, read before the real parse (given twice: a UsageError)."""
     path = None
     for index, word in enumerate(argv):
         if word == "--":
             break
+        if path is not None and (word == "--config" or word.startswith("--config=")):
+            raise UsageError("--config given twice: it takes one value, so give it once")
         if word == "--config":
             if index + 1 >= len(argv):
                 raise UsageError("argument --config: expected one argument")
@@ -143,6 +180,13 @@ def toml_defaults(parser: CommandParser, path: str) -> dict[str, object]:
 
 
 def _toml_option(path: str, name: str, action: argparse.Action, value: object) -> object:
+    if isinstance(action, argparse._AppendAction):  # a repeatable option: one or a list
+        items = value if isinstance(value, list) else [value]
+        return [_toml_scalar(path, name, action, item) for item in items]
+    return _toml_scalar(path, name, action, value)
+
+
+def _toml_scalar(path: str, name: str, action: argparse.Action, value: object) -> object:
     if action.nargs == 0:  # a switch (store_true): the file says whether it is on
         if not isinstance(value, bool):
             raise UsageError(f"{path}: {name}: expected true or false")

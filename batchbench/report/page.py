@@ -332,7 +332,12 @@ class Page:
                 f"{number(metrics.interval_seconds)} s, "
                 f"{number(metrics.failed_scrapes)} failed."
             )
-        series = [(n, m.series) for n, m in present if m.series is not None]
+        series = [  # several endpoints: each one's own series, named by its URL
+            (f"{n} {e.url}" if m.endpoints else n, e.series)
+            for n, m in present
+            for e in (m.endpoints or (m,))
+            if e.series is not None
+        ]
         chart = self.charts_module.server_metrics_chart(series)
         if chart is None:
             self.note("The server metrics hold no time series.")

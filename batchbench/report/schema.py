@@ -105,7 +105,7 @@ FIDELITY_SIDE = Obj(
     }
 )
 STATISTICS = Obj(numbers("mean min p50 p90 p99 max"))
-SERVER_METRICS = Obj(
+ENDPOINT_METRICS = Obj(
     {
         **same("url dialect", STRING),
         **numbers("interval_seconds scrapes failed_scrapes"),
@@ -118,6 +118,8 @@ SERVER_METRICS = Obj(
         "concepts": Obj(rest=Obj(rest=Either((NUMBER, STATISTICS), "a number or an object"))),
     }
 )
+# Several --server-metrics: each endpoint's own document under "endpoints".
+SERVER_METRICS = Obj({**ENDPOINT_METRICS.fields, "endpoints": Arr(ENDPOINT_METRICS)})
 COMMON: dict[str, Spec] = {
     **same("kind timestamp batchbench_version interrupted_by", STRING),
     **same("interrupted dry_run", BOOLEAN),

@@ -72,6 +72,7 @@ class ServerMetricsView:
     failed_scrapes: int | float | None
     series: dict[str, Any] | None
     concepts: dict[str, Any] | None
+    endpoints: tuple[ServerMetricsView, ...]  # several --server-metrics: each URL's own
 
     @classmethod
     def read(cls, section: Any) -> ServerMetricsView | None:
@@ -87,6 +88,11 @@ class ServerMetricsView:
             failed_scrapes=_number(metrics.get("failed_scrapes")),
             series=_mapping(metrics.get("series")),
             concepts=_mapping(metrics.get("concepts")),
+            endpoints=tuple(
+                view
+                for view in map(cls.read, _list(metrics.get("endpoints")) or [])
+                if view is not None
+            ),
         )
 
 

@@ -1,9 +1,9 @@
 """Server metrics: Prometheus exposition text read into known concepts, summarized per window.
 
 Pages are parsed with prometheus_client's own text parser, fed only the lines of the
-families this module knows (vLLM, SGLang, llama.cpp and the simulator's ``batchbench_sim_*``
-names; see ``KEPT_LINES``). Each kept sample is one series per label set, its samples
-stored as two float arrays.
+families this module knows (vLLM, SGLang, llama.cpp, the smg gateway's ``smg_*`` and the
+simulator's ``batchbench_sim_*`` names; see ``KEPT_LINES``).
+Each kept sample is one series per label set, its samples stored as two float arrays.
 
 A window ``[start, end]`` (seconds since the run began) is summarized as follows:
 
@@ -19,8 +19,12 @@ A window ``[start, end]`` (seconds since the run began) is summarized as follows
   and p99 interpolate linearly inside the bucket that holds them, as PromQL's
   ``histogram_quantile`` does (a quantile in the ``+Inf`` bucket is the largest finite bound).
 
-The rank of a series is its first label among ``engine``, ``dp_rank`` and ``rank``, else
-``"all"``. Series of one rank that differ in other labels (vLLM's ``finished_reason``) are
+The rank of a series is its first label among ``engine``, ``dp_rank``, ``rank`` and
+``worker`` (smg labels its per-worker families with the worker's URL), else ``"all"``.
+smg's policy branch counters (``smg_<policy>_policy_branch_total{branch=...}``, e.g.
+consistent hashing's ``target_worker_hit`` and ``target_worker_miss``) are the concept
+``policy_branches``, one increase per ``"<policy> <branch>"``.
+Series of one rank that differ in other labels (vLLM's ``finished_reason``) are
 added up; ratio gauges (KV-cache usage, hit rates) are averaged instead.
 """
 
@@ -40,7 +44,7 @@ from batchbench.results.formatting import rank_order
 from batchbench.results.metrics import percentile
 
 MAX_SERIES_POINTS = 1000
-RANK_LABELS = ("engine", "dp_rank", "rank")
+RANK_LABELS = ("engine", "dp_rank", "rank", "worker")
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 
 # concept -> (candidate names, most preferred first; how series of one rank combine)
@@ -60,6 +64,7 @@ GAUGES: dict[str, tuple[tuple[str, ...], str]] = {
             "sglang:num_running_reqs",
             "llamacpp:requests_processing",
             "batchbench_sim_running",
+            "smg_worker_requests_active",
         ),
         "sum",
     ),
@@ -77,7 +82,12 @@ GAUGES: dict[str, tuple[tuple[str, ...], str]] = {
 HIT_RATE_GAUGES = ("vllm:gpu_prefix_cache_hit_rate", "sglang:cache_hit_rate")
 # Counters, named without the ``_total`` suffix the parser strips from counter families.
 COUNTERS: dict[str, tuple[str, ...]] = {
-    "requests": ("vllm:request_success", "sglang:num_requests", "batchbench_sim_requests"),
+    "requests": (
+        "vllm:request_success",
+        "sglang:num_requests",
+        "batchbench_sim_requests",
+        "smg_worker_requests",
+    ),
     "prompt_tokens": (
         "vllm:prompt_tokens",
         "sglang:prompt_tokens",
@@ -108,7 +118,10 @@ DIALECTS = (  # the first whose prefix a kept series carries names the server
     ("vllm:", "vllm"),
     ("sglang:", "sglang"),
     ("llamacpp:", "llamacpp"),
+    ("smg_", "smg"),
 )
+# smg's per-policy branch counters: the policy is part of the family's name.
+POLICY_BRANCH = re.compile(r"smg_(\w+?)_policy_branch(?:_total)?")
 CONCEPTS = (
     "kv_cache_usage",
     "running_requests",
@@ -118,6 +131,7 @@ CONCEPTS = (
     "prompt_tokens",
     "generation_tokens",
     "ttft_seconds",
+    "policy_branches",
 )
 
 
@@ -147,13 +161,21 @@ def _kept_lines() -> re.Pattern[str]:
     reach the parser, which keeps a scrape near a millisecond of CPU whatever the page.
     """
     bases = sorted({base for base, _ in SAMPLE_NAMES.values()}, key=len, reverse=True)
-    names = "|".join(re.escape(base) for base in bases)
+    names = "|".join([*(re.escape(base) for base in bases), r"smg_\w+?_policy_branch"])
     return re.compile(
         rf"^(?:# (?:HELP|TYPE) )?(?:{names})(?:_total|_bucket|_count|_sum)?[ {{].*\n?", re.M
     )
 
 
 KEPT_LINES = _kept_lines()
+
+
+def known_sample(name: str) -> tuple[str, str] | None:
+    """(base name, kind) of a sample this module reads; None for any other."""
+    found = SAMPLE_NAMES.get(name)
+    if found is None and POLICY_BRANCH.fullmatch(name):
+        return name.removesuffix("_total"), "counter"
+    return found
 
 
 def sample_key(name: str, labels: dict[str, str]) -> str:
@@ -199,7 +221,6 @@ def parse_page(
     ``_count`` included). Raises ValueError on text the parser rejects."""
     known: list[tuple[str, str, dict[str, str], float]] = []
     everything: dict[str, float] | None = {} if keep_all else None
-    names = SAMPLE_NAMES
     kept = "".join(KEPT_LINES.findall(text))
     for family in text_string_to_metric_families(kept):
         for sample in family.samples:
@@ -207,9 +228,9 @@ def parse_page(
             if everything is not None:
                 key = sample_key(name, labels)
                 everything[key] = value
-                if name in names:
+                if known_sample(name) is not None:
                     known.append((key, name, labels, value))
-            elif name in names:
+            elif known_sample(name) is not None:
                 known.append((sample_key(name, labels), name, labels, value))
     return known, everything
 
@@ -232,11 +253,19 @@ class Timeline:
         for key, name, labels, value in known:
             entry = series.get(key)
             if entry is None:
-                base, kind = SAMPLE_NAMES[name]
+                found = known_sample(name)
+                assert found is not None  # parse_page keeps only these
+                base, kind = found
                 le = _bound(labels.get("le")) if kind == "histogram" else None
                 if kind == "histogram" and le is None:
                     continue  # a bucket without a readable bound cannot be placed
-                entry = series[key] = Series(base, kind, rank_of(labels), le)
+                policy = POLICY_BRANCH.fullmatch(base)
+                rank = (
+                    f"{policy.group(1)} {labels.get('branch', '')}".rstrip()
+                    if policy is not None
+                    else rank_of(labels)
+                )
+                entry = series[key] = Series(base, kind, rank, le)
             entry.times.append(t)
             entry.values.append(value)
         return everything
@@ -273,6 +302,7 @@ class Timeline:
         concepts["prefix_cache_hit_percent"] = self._hit_percent(bounds, gauge_times)
         for concept, candidates in HISTOGRAMS.items():
             concepts[concept] = self._quantiles(candidates, bounds)
+        concepts["policy_branches"] = self._policy_branches(bounds)
         return {"dialect": self.dialect(), "concepts": concepts, "series": series_out}
 
     def _chosen(self, candidates: Iterable[str], kind: str) -> list[Series]:
@@ -346,6 +376,16 @@ class Timeline:
         for entry in found:
             totals[entry.rank] = totals.get(entry.rank, 0.0) + self._increase(entry, bounds)
         return dict(sorted(totals.items(), key=_by_rank))
+
+    def _policy_branches(self, bounds: tuple[float, float] | None) -> dict[str, float]:
+        """Increase of every smg policy branch counter, by ``"<policy> <branch>"``."""
+        if bounds is None:
+            return {}
+        totals: dict[str, float] = {}
+        for entry in self.series.values():
+            if entry.kind == "counter" and POLICY_BRANCH.fullmatch(entry.base):
+                totals[entry.rank] = totals.get(entry.rank, 0.0) + self._increase(entry, bounds)
+        return dict(sorted(totals.items()))
 
     def _hit_percent(
         self, bounds: tuple[float, float] | None, times: list[float]

@@ -5,7 +5,8 @@ interval (missed ticks are skipped, never bunched up). A failed scrape is counte
 error kept; it never stops the run. Each successful page is parsed (prometheus_client's
 parser; see ``promsummary``) into an in-memory time series of the metrics batchbench knows,
 and, with a file, every sample is written as one JSON line per scrape:
-``{"t": seconds since the run began, "samples": {"name{labels}": value}}``.
+``{"t": seconds since the run began, "samples": {"name{labels}": value}}``; scrapers of
+several endpoints share one file (``sink``), and their lines also carry ``"url"``.
 Parsing a vLLM-sized page costs about a millisecond of CPU (``benchmarks/bench_scrape.py``),
 so it is done on the loop.
 """
@@ -68,6 +69,7 @@ class ServerMetricsScraper:
         path: str | None,
         session: aiohttp.ClientSession | None = None,
         origin: float | None = None,
+        sink: IO[bytes] | None = None,
     ) -> None:
         self.url = metrics_url(url)
         if not (isinstance(interval, int | float) and math.isfinite(interval) and interval > 0):
@@ -82,10 +84,12 @@ class ServerMetricsScraper:
         self.cpu_seconds = 0.0  # parsing and writing, on this thread
         self._session = session
         self._own_session = session is None
-        self._file: IO[bytes] | None = None
+        self._file: IO[bytes] | None = sink
+        self._own_file = sink is None
         self._task: asyncio.Task[None] | None = None
+        self._baseline: tuple[float, bytes] | None = None  # (perf_counter time, page)
         self._closed = False
-        if path is not None:
+        if path is not None and sink is None:
             try:
                 self._file = Path(path).open("wb")  # noqa: SIM115 - closed by close()
             except OSError as exc:
@@ -93,10 +97,20 @@ class ServerMetricsScraper:
 
     # --- scraping ------------------------------------------------------------------------
 
+    async def take_baseline(self) -> None:
+        """Fetch the page before the run's clock starts, kept until ``start`` knows the
+        origin: a baseline fetched once requests flow would already count some of them
+        (a gateway counts a request when it forwards it)."""
+        self._baseline = await self._fetch()
+
     async def start(self) -> None:
-        """Scrape once (awaited: the baseline precedes the run's first request), then
-        every interval in a background task until ``stop``."""
-        await self.scrape_once()
+        """The baseline (taken by ``take_baseline``, else scraped now and awaited), then a
+        scrape every interval in a background task until ``stop``."""
+        baseline, self._baseline = self._baseline, None
+        if baseline is not None:
+            self.ingest(baseline[0] - self.origin, baseline[1])
+        else:
+            await self.scrape_once()
         self._task = asyncio.get_running_loop().create_task(self.run(scrape_now=False))
 
     async def stop(self) -> None:
@@ -135,6 +149,8 @@ class ServerMetricsScraper:
     async def close(self) -> None:
         """Close the file and the scraper's own session (idempotent); no scrape follows."""
         self._closed = True
+        if not self._own_file:  # a shared file: its owner closes it
+            self._file = None
         if self._file is not None:
             file, self._file = self._file, None
             try:
@@ -148,8 +164,13 @@ class ServerMetricsScraper:
     async def scrape_once(self) -> bool:
         """One scrape; True when its page was read and parsed. Never raises (but
         cancellation)."""
+        fetched = await self._fetch()
+        return fetched is not None and self.ingest(fetched[0] - self.origin, fetched[1])
+
+    async def _fetch(self) -> tuple[float, bytes] | None:
+        """(``perf_counter`` time the page stood for, the page); None when it failed (counted)."""
         if self._closed:
-            return False
+            return None
         try:
             session = self._session
             if session is None:
@@ -161,7 +182,7 @@ class ServerMetricsScraper:
             ) as response:
                 if response.status != 200:
                     self._fail(f"HTTP {response.status} from {self.url}")
-                    return False
+                    return None
                 body = await read_limited(response)
             received = time.perf_counter()
         except asyncio.CancelledError:
@@ -174,8 +195,8 @@ class ServerMetricsScraper:
             ResponseTooLargeError,
         ) as exc:
             self._fail(f"{self.url}: {_describe(exc)}")
-            return False
-        return self.ingest((sent + received) / 2 - self.origin, body)
+            return None
+        return (sent + received) / 2, body
 
     def ingest(self, t: float, body: bytes) -> bool:
         """Parse one page taken at ``t`` and store it (and write it to the file)."""
@@ -190,13 +211,17 @@ class ServerMetricsScraper:
         self.scrapes += 1
         if self._file is not None and samples is not None:
             try:
-                self._file.write(orjson.dumps({"t": round(t, 6), "samples": samples}) + b"\n")
+                line: dict[str, Any] = {"t": round(t, 6), "samples": samples}
+                if not self._own_file:
+                    line["url"] = self.url
+                self._file.write(orjson.dumps(line) + b"\n")
                 self._file.flush()
             except OSError as exc:  # the run goes on; the file stops here
                 self.last_error = f"writing {self.path}: {exc.strerror or exc}"
                 file, self._file = self._file, None
-                with contextlib.suppress(OSError):
-                    file.close()
+                if self._own_file:
+                    with contextlib.suppress(OSError):
+                        file.close()
         self.cpu_seconds += time.thread_time() - started
         return True
 

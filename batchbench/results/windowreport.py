@@ -124,12 +124,21 @@ def window_lines(
 
 
 def server_metrics_lines(document: dict | None) -> list[str]:
-    """What the server's own metrics said over the window, summed or averaged over ranks."""
+    """What the server's own metrics said over the window, summed or averaged over ranks:
+    one line per ``--server-metrics`` endpoint, named by its URL when there are several."""
     if not document:
         return []
+    endpoints = document.get("endpoints")
+    if isinstance(endpoints, list):
+        return [line for e in endpoints for line in _endpoint_lines(e, e.get("url"))]
+    return _endpoint_lines(document, None)
+
+
+def _endpoint_lines(document: dict, url: str | None) -> list[str]:
     scrapes, failed = document.get("scrapes", 0), document.get("failed_scrapes", 0)
     head = (
-        f"Server metrics ({document.get('dialect')}, {scrapes} scrapes every "
+        ("Server metrics" if url is None else f"Server metrics of {url}")
+        + f" ({document.get('dialect')}, {scrapes} scrapes every "
         f"{document.get('interval_seconds'):g}s"
         + (f", {failed} failed: {document.get('last_error')}" if failed else "")
         + ")"
@@ -156,6 +165,14 @@ def server_metrics_lines(document: dict | None) -> list[str]:
     hits = [v for v in (concepts.get("prefix_cache_hit_percent") or {}).values() if v is not None]
     if hits:
         parts.append(f"prefix cache hits {min(hits):.1f}–{max(hits):.1f}% per rank")
+    requests = concepts.get("requests") or {}
+    if document.get("dialect") == "smg" and requests:  # the gateway's count per worker
+        listed = ", ".join(f"{worker} {count:g}" for worker, count in requests.items())
+        parts.append(f"requests per worker: {listed}")
+    branches = concepts.get("policy_branches") or {}
+    if branches:
+        listed = ", ".join(f"{name} {count:g}" for name, count in branches.items())
+        parts.append(f"policy branches: {listed}")
     if not parts:
         return [f"{head}: no known metric found"]
     return [f"{head}: " + "; ".join(parts)]

@@ -184,7 +184,7 @@ def worker_configs(config: RunConfig, workers: int, folder: str) -> list[RunConf
                 request_events_jsonl=os.path.join(folder, f"requests.{k}.jsonl")
                 if config.request_events_jsonl
                 else None,
-                server_metrics=config.server_metrics if k == 0 else None,
+                server_metrics=config.server_metrics if k == 0 else (),
                 server_metrics_jsonl=config.server_metrics_jsonl if k == 0 else None,
             )
         )

@@ -5,10 +5,13 @@ scraper and its signal handlers around them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from pathlib import Path
+from typing import IO
 
 import aiohttp
 
@@ -24,9 +27,11 @@ from batchbench.drive.driver import (
 from batchbench.drive.oracle import PromptOracle, server_root
 from batchbench.drive.shutdown import Shutdown
 from batchbench.drive.wire import request_headers
+from batchbench.errors import UsageError
 from batchbench.results.events import JsonlFile, LifecycleWriter
 from batchbench.results.lifecycle import EngineResult, TrajectoryRecord
 from batchbench.results.progress import Progress, progress_wanted
+from batchbench.results.promendpoints import combined_document
 from batchbench.results.recording import Recorder
 from batchbench.results.scrape import ServerMetricsScraper
 from batchbench.stages.admission import Sink, admit, planned_counts, stoppable
@@ -80,6 +85,7 @@ async def drive_live(
         agents.clock_listeners.append(end.schedule)
         if config.server_metrics:
             scraping = MetricsScraping(config)
+            await scraping.take_baselines()
             agents.clock_listeners.append(scraping.start)
         if hosting.handle_signals:
             shutdown.install()  # after the oracle's detection, which Ctrl+C interrupts as usual
@@ -226,30 +232,50 @@ def trajectory_sink(
 
 
 class MetricsScraping:
-    """The ``--server-metrics`` scraper, on the benchmark clock from its first instant: the
-    baseline scrape is the first thing the loop does once the clock runs."""
+    """The ``--server-metrics`` scrapers (one per endpoint), on the benchmark clock: their
+    baselines are fetched before the first request and stored once the clock runs."""
 
     def __init__(self, config: RunConfig) -> None:
-        assert config.server_metrics is not None
-        self.scraper = ServerMetricsScraper(
-            config.server_metrics, config.server_metrics_interval, config.server_metrics_jsonl
-        )
+        assert config.server_metrics
+        urls, path = config.server_metrics, config.server_metrics_jsonl
+        self.sink: IO[bytes] | None = None
+        if path is not None and len(urls) > 1:  # one file, each line naming its URL
+            try:
+                self.sink = Path(path).open("wb")  # noqa: SIM115 - closed by close()
+            except OSError as exc:
+                raise UsageError(f"--server-metrics-jsonl {path}: {exc.strerror or exc}") from None
+        interval = config.server_metrics_interval
+        self.scrapers = [ServerMetricsScraper(u, interval, path, sink=self.sink) for u in urls]
         self.task: asyncio.Future | None = None
 
+    async def take_baselines(self) -> None:
+        """Every endpoint's page before the first request (see ``take_baseline``)."""
+        await asyncio.gather(*(scraper.take_baseline() for scraper in self.scrapers))
+
     def start(self, origin: float) -> None:
-        self.scraper.origin = origin
-        self.task = asyncio.ensure_future(self.scraper.start())
+        for scraper in self.scrapers:
+            scraper.origin = origin
+        self.task = asyncio.gather(*(scraper.start() for scraper in self.scrapers))
 
     async def finish(self) -> None:
-        """After the last request: the last scrape."""
+        """After the last request: the last scrape of every endpoint."""
         if self.task is not None:
             await self.task
-        await self.scraper.stop()
+        await asyncio.gather(*(scraper.stop() for scraper in self.scrapers))
 
     async def close(self) -> None:
         if self.task is not None and not self.task.done():
             self.task.cancel()
-        await self.scraper.close()
+        for scraper in self.scrapers:
+            await scraper.close()
+        if self.sink is not None:
+            sink, self.sink = self.sink, None
+            with contextlib.suppress(OSError):
+                sink.close()
+
+    def document(self, start: float, end: float) -> dict:
+        """The results JSON ``server_metrics`` section (``promendpoints``)."""
+        return combined_document([s.document(start, end) for s in self.scrapers])
 
 
 async def stop_background(tasks: Sequence[asyncio.Future]) -> None:
@@ -276,7 +302,7 @@ def live_run(
     )
     metrics = None
     if scraping is not None:
-        metrics = scraping.scraper.document(min(config.warmup, window_end), window_end)
+        metrics = scraping.document(min(config.warmup, window_end), window_end)
     return LiveRun(
         engine,
         recorder,

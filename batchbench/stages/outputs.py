@@ -130,8 +130,9 @@ def _as_given(config: RunConfig) -> RunConfig:
     """The options a user would pass again: with --sim, no host (the simulator's URL is
     new every run)."""
     if config.sim:
-        metrics = config.server_metrics
-        if metrics is not None and config.host and metrics.startswith(config.host):
-            metrics = SIM_METRICS  # the simulator's URL is new every run
+        metrics = tuple(  # the simulator's URL is new every run
+            SIM_METRICS if config.host and url.startswith(config.host) else url
+            for url in config.server_metrics
+        )
         return replace(config, host=None, server_metrics=metrics)
     return config

@@ -60,9 +60,7 @@ def start_sim(config: RunConfig) -> tuple[SimProcess, RunConfig]:
 def targeting_sim(config: RunConfig, sim: SimProcess) -> RunConfig:
     """The config of a run against the started simulator: its URL as host (and as the
     metrics endpoint with --server-metrics sim)."""
-    metrics = config.server_metrics
-    if metrics == SIM_METRICS:
-        metrics = f"{sim.url}/metrics"
+    metrics = tuple(f"{sim.url}/metrics" if u == SIM_METRICS else u for u in config.server_metrics)
     return replace(config, host=sim.url, tokenizer_model=config.tokenizer, server_metrics=metrics)
 
 
