@@ -175,12 +175,12 @@ def test_a_shard_split_over_workers_merges_with_the_other_shards(tmp_path, capsy
     the single run's lines; the workers' shard keeps its banner line."""
     manifest = write_manifest(tmp_path / "m.jsonl")
     cap = ["--max-active-agents", "4"]
-    assert main(["--agent-plans-jsonl", str(manifest), *DRY, *cap]) == 0
+    assert main(["--agent-plans-jsonl", str(manifest), *overriding(DRY, *cap)]) == 0
     single = dry_lines(capsys.readouterr().out)
     first = dry_shard(tmp_path / "s0", manifest, "0/2", *cap)
     (tmp_path / "s1").mkdir()
     second = tmp_path / "s1" / "r.json"
-    command = agent_command("--agent-plans-jsonl", str(manifest), *DRY, *cap, "--shard", "1/2",
+    command = agent_command("--agent-plans-jsonl", str(manifest), *overriding(DRY, *cap), "--shard", "1/2",
                             "--workers", "2", "--results-json", str(second))  # fmt: skip
     out, _ = finish(
         subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -194,11 +194,23 @@ def test_a_shard_split_over_workers_merges_with_the_other_shards(tmp_path, capsy
     assert line_starting(lines, "Agents:") == "Agents: 7 completed / 7 total"
 
 
+def overriding(argv: list[str], *pairs: str) -> list[str]:
+    """``argv`` with each ``flag value`` of ``pairs`` replacing that flag's value (a
+    single-value flag given twice is refused)."""
+    out = list(argv)
+    for flag, value in zip(pairs[::2], pairs[1::2], strict=True):
+        if flag in out:
+            out[out.index(flag) + 1] = value
+        else:
+            out += [flag, value]
+    return out
+
+
 def dry_shard(folder: Path, manifest: Path, shard: str, *extra: str) -> Path:
     folder.mkdir()
     results = folder / "r.json"
-    argv = ["--agent-plans-jsonl", str(manifest), *DRY, "--shard", shard,
-            "--results-json", str(results), *extra]  # fmt: skip
+    argv = ["--agent-plans-jsonl", str(manifest), *overriding(DRY, *extra), "--shard", shard,
+            "--results-json", str(results)]  # fmt: skip
     with contextlib.redirect_stdout(io.StringIO()):
         assert main(argv) == 0
     return results
@@ -526,9 +538,11 @@ def test_an_interrupted_workers_run_stops_gracefully_and_writes_its_results(
     hidden folder left."""
     folder = tmp_path / "w"
     folder.mkdir()
-    argv = [*live_args(sim_url), "--agents", "40", "--max-active-agents", "4",
-            "--tool-invocations", "5", "--tool-call-latency-ms", "1500", "--workers", "2",
-            "--results-json", str(folder / "r.json")]  # fmt: skip
+    argv = overriding(
+        live_args(sim_url), "--agents", "40", "--max-active-agents", "4",
+        "--tool-invocations", "5", "--tool-call-latency-ms", "1500", "--workers", "2",
+        "--results-json", str(folder / "r.json"),
+    )  # fmt: skip
     process = subprocess.Popen(
         agent_command(*argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

@@ -171,7 +171,8 @@ def test_a_rank_past_smgs_workers_is_refused(two_sims, tmp_path, capsys):
     gateway = Gateway(two_sims, "consistent_hashing")
     try:
         gateway.wait_ready()
-        args = [*COMMON, "--host", gateway.url, "--dp-rank-perfect-routing-num", "3"]
+        args = [*COMMON, "--host", gateway.url]
+        args[args.index("--dp-rank-perfect-routing-num") + 1] = "3"
         with pytest.raises(PreflightError) as caught:
             main(args)
     finally:
