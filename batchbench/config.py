@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 from urllib.parse import urlsplit
 
+from batchbench.drive.failover import DEFAULT_RANK_FAILOVER, RANK_FAILOVER_POLICIES
 from batchbench.drive.transport import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_WORKER_HEADER
 from batchbench.drive.wire import DEFAULT_DP_RANK_HEADER, DP_RANK_HEADERS
 from batchbench.errors import UsageError
@@ -486,6 +487,21 @@ class RunConfig:
             "(default: %(default)s)",
             ROUTING,
             choices=tuple(DP_RANK_HEADERS),
+        ),
+    )
+    rank_failover: str = option(
+        DEFAULT_RANK_FAILOVER,
+        Flag(
+            "rank-failover",
+            "what the agents of a DP rank do once its requests fail to connect or the "
+            "gateway answers that no worker is available (smg's no_available_workers or "
+            "call_upstream_connection_failed): none, they fail as their requests do; "
+            "rehash, each continues on the next live rank, its failed request sent again "
+            "there, carrying its routing key (and X-data-parallel-rank) but no "
+            "X-SMG-Target-Worker. Either way the summary names the down ranks and the "
+            "failed agents per rank (default: %(default)s)",
+            ROUTING,
+            choices=RANK_FAILOVER_POLICIES,
         ),
     )
     routed_worker_header: str = option(
@@ -1130,6 +1146,8 @@ class RunConfig:
             raise UsageError(
                 f"--routed-worker-header {self.routed_worker_header!r} is not an HTTP header name"
             )
+        if self.rank_failover not in RANK_FAILOVER_POLICIES:
+            raise UsageError(f'invalid --rank-failover "{self.rank_failover}" (none or rehash)')
         if self.dp_rank_header not in DP_RANK_HEADERS:
             raise UsageError(
                 f'invalid --dp-rank-header "{self.dp_rank_header}" (smg, vllm or both)'
@@ -1220,6 +1238,11 @@ class RunConfig:
             raise UsageError(
                 "--window-trajectories must be an integer of at least 1, "
                 f"not {self.window_trajectories!r}"
+            )
+        if self.rank_failover != DEFAULT_RANK_FAILOVER and self.dp_ranks is None:
+            raise UsageError(
+                f"--rank-failover {self.rank_failover} needs --dp-rank-perfect-routing "
+                "(without it the gateway already picks every request's worker)"
             )
         if self.server_metrics_jsonl is not None and not self.server_metrics:
             raise UsageError("--server-metrics-jsonl needs --server-metrics (the URL to scrape)")

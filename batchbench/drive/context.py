@@ -16,6 +16,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from batchbench.drive.failover import DEFAULT_RANK_FAILOVER
 from batchbench.drive.oracle import ORACLE_ROUNDS, PromptOracle
 from batchbench.drive.sizing import Sizing, TrajectorySizer
 from batchbench.drive.transport import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_WORKER_HEADER
@@ -46,6 +47,7 @@ class DriverSettings:
     seed: int | None = None
     dp_ranks: int | None = None
     dp_rank_header: str = DEFAULT_DP_RANK_HEADER  # which header(s) name the rank
+    rank_failover: str = DEFAULT_RANK_FAILOVER  # what a down rank's agents do (none, rehash)
     worker_header: str = DEFAULT_WORKER_HEADER  # the response header naming the worker
     timeout_seconds: float = 60.0
     max_retries: int = 2

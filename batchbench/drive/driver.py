@@ -30,6 +30,7 @@ from batchbench.drive.context import (
     RequestBuilder,
     RequestSizing,
 )
+from batchbench.drive.failover import RankFailover, down_code, down_reason
 from batchbench.drive.growth import GrowthRequests, Prepared, prepare_growth
 from batchbench.drive.shutdown import CANCELLED_IN_FLIGHT, CANCELLED_WAITING, Shutdown, abandon
 from batchbench.drive.transport import (
@@ -74,15 +75,19 @@ class _Final(Exception):
     def __init__(self, text: str, status: int) -> None:
         super().__init__(text)
         self.status = status
+        self.down: str | None = None  # 4xx never says the rank's worker is down
 
 
 class _Retry(Exception):
     """An HTTP status that is retried; may carry a Retry-After in seconds."""
 
-    def __init__(self, text: str, status: int, retry_after: float | None = None) -> None:
+    def __init__(
+        self, text: str, status: int, retry_after: float | None = None, down: str | None = None
+    ) -> None:
         super().__init__(text)
         self.status = status
         self.retry_after = retry_after
+        self.down = down  # the gateway's code when it says the rank's worker is unreachable
 
 
 def raise_open_file_limit(connections: int) -> str | None:
@@ -140,10 +145,11 @@ class AgentIdentity:
     agent: int
     trajectory_id: str
     slot: int
-    rank: int | None  # the DP rank its routing slot maps to (--dp-ranks)
+    rank: int | None  # the DP rank its requests go to (its slot's, until a failover)
     tag: str | None  # the user tag in every body
     tag_error: bool  # the tag cannot travel as a header: every request fails unsent
     headers: dict[str, str]
+    home_rank: int | None  # the DP rank its routing slot maps to (--dp-ranks)
 
 
 @dataclass(slots=True)
@@ -193,6 +199,18 @@ class HttpAgentLoop:
         self._run_parts = AgentRun(settings, workload, factory, pool, recorder, self.fidelity)
         self._blocks = BlockRun(self._run_parts) if workload.blocks is not None else None
         self._origin = time.perf_counter()
+        self._failover = (
+            RankFailover(
+                settings.dp_ranks,
+                settings.rank_failover,
+                settings.dp_rank_header,
+                settings.api_key,
+                settings.seed,
+                settings.user_prefix,
+            )
+            if settings.dp_ranks
+            else None
+        )
         self.clock_listeners: list[Callable[[float], None]] = []
         self._stream = settings.body.stream
         self._attempts = settings.max_retries + 1
@@ -236,7 +254,14 @@ class HttpAgentLoop:
                 builder = BlockRequests(self._blocks, agent, prepared)
             else:
                 builder = GrowthRequests(self._run_parts, agent, prepared)
-            return await self._trajectory(self._identity(agent, slot), builder, figures)
+            identity = self._identity(agent, slot)
+            outcome = await self._trajectory(identity, builder, figures)
+            if identity.home_rank is not None:
+                self.recorder.rank_agent_ended(
+                    identity.home_rank, identity.rank, outcome == Outcome.FAILED,
+                    outcome == Outcome.COMPLETED,
+                )  # fmt: skip
+            return outcome
         finally:
             # Requests never sent: after a failure, or once a shutdown stopped the agent.
             self.recorder.requests_skipped(figures, planned - figures.settled)
@@ -363,7 +388,21 @@ class HttpAgentLoop:
             settings.api_key, None if tag_error else tag, rank, settings.dp_rank_header
         )
         ident = self.workload.trajectory_ids[agent]
-        return AgentIdentity(agent, ident, slot, rank, tag, tag_error, headers)
+        return AgentIdentity(agent, ident, slot, rank, tag, tag_error, headers, rank)
+
+    def _move(self, identity: AgentIdentity) -> bool:
+        """--rank-failover rehash: the agent leaves its down rank for the next live one;
+        False when every rank is down (it stays, and its request fails)."""
+        failover = self._failover
+        assert failover is not None and identity.rank is not None
+        target = failover.live_rank_after(identity.rank)
+        if target is None:
+            return False
+        if identity.rank == identity.home_rank:
+            self.recorder.rank_agent_moved(identity.rank)
+        identity.rank = target
+        identity.headers = failover.headers(identity.agent, target, identity.tag)
+        return True
 
     async def _exchange(
         self,
@@ -377,14 +416,29 @@ class HttpAgentLoop:
         succeed (the successful one's are the caller's: they need the reply's count)."""
         recorder = self.recorder
         errors: list[AttemptError] = []
+        failover = self._failover
         if identity.tag_error:
             errors.append(AttemptError(0, ErrorKind.INVALID_REQUEST, ROUTING_KEY_HEADER_ERROR))
             reply, attempts, started, elapsed = None, 0, 0.0, 0.0
         else:
             try:
+                if failover is not None and failover.rehash and identity.rank in failover.down:
+                    self._move(identity)
                 reply, attempts, started, elapsed = await self._send(
                     body, identity.headers, errors, streamed
                 )
+                while (
+                    reply is None
+                    and failover is not None
+                    and self._rank_went_down(identity, errors)
+                ):
+                    # Sent again on the live rank: one request, timed from its first attempt.
+                    first_started = started
+                    reply, attempts, started, elapsed = await self._send(
+                        body, identity.headers, errors, streamed, attempts
+                    )
+                    elapsed += started - first_started
+                    started = first_started
             except asyncio.CancelledError:
                 # Cut off after the grace period: neither successful nor failed.
                 attempts = len(errors) + 1
@@ -409,22 +463,40 @@ class HttpAgentLoop:
         self._write_event(identity, planned, ended, None)
         return ended
 
+    def _rank_went_down(self, identity: AgentIdentity, errors: list[AttemptError]) -> bool:
+        """After a failed request: when its last attempt says the agent's rank is down,
+        record that; True when the agent moved on to a live rank (--rank-failover rehash)
+        and the request is to be sent again there."""
+        failover = self._failover
+        rank = identity.rank
+        if failover is None or rank is None or not errors:
+            return False
+        reason = down_reason(errors[-1])
+        if reason is None:
+            return False
+        if failover.mark_down(rank, reason, time.perf_counter() - self._origin):
+            self.recorder.rank_down(rank, reason, failover.down[rank].at_seconds)
+        return failover.rehash and self._move(identity)
+
     async def _send(
         self,
         body: bytes,
         headers: dict[str, str],
         errors: list[AttemptError],
         stream: bool | None = None,
+        attempted: int = 0,
     ):
         """(reply | None, attempts, start offset, latency) after the last attempt; every
         failed attempt is appended to ``errors`` (the last one ``cancelled`` when a shutdown
-        ended the wait before a retry)."""
+        ended the wait before a retry). ``attempted``: attempts the request already made on
+        a rank that went down; they count towards its attempts, not its retries."""
         settings = self.settings
         recorder = self.recorder
         start = time.perf_counter()
         started = start - self._origin
         streamed = self._stream if stream is None else stream
-        attempt = 0
+        attempt = attempted
+        last_attempt = attempted + self._attempts
         while True:
             attempt += 1
             if settings.verbose:
@@ -442,7 +514,9 @@ class HttpAgentLoop:
                 errors.append(AttemptError(attempt, ErrorKind.HTTP_STATUS, str(exc), exc.status))
                 return None, attempt, started, time.perf_counter() - start
             except _Retry as exc:
-                errors.append(AttemptError(attempt, ErrorKind.HTTP_STATUS, str(exc), exc.status))
+                errors.append(
+                    AttemptError(attempt, ErrorKind.HTTP_STATUS, str(exc), exc.status, exc.down)
+                )
                 retry_after = exc.retry_after
             except ResponseError as exc:
                 errors.append(AttemptError(attempt, exc.kind, str(exc)))
@@ -463,11 +537,11 @@ class HttpAgentLoop:
                 errors.append(AttemptError(attempt, ErrorKind.CLIENT_ERROR, text))
             finally:
                 recorder.attempt_ended()
-            if attempt >= self._attempts or self._planned_end():
+            if attempt >= last_attempt or self._planned_end():
                 # After a planned end no retry starts: the attempt that just failed was the
                 # request's last, so the request failed (it was not cut short).
                 return None, attempt, started, time.perf_counter() - start
-            wait = backoff_ms(settings.retry_delay_ms, attempt - 1, retry_after)
+            wait = backoff_ms(settings.retry_delay_ms, attempt - attempted - 1, retry_after)
             if wait > self._max_retry_wait_ms:
                 recorder.retry_wait_capped()
                 errors[-1] = replace(
@@ -573,7 +647,7 @@ def _raise_status(status: int, raw: bytes, retry_after: str | None) -> None:
     text = http_error_text(status, raw)
     if is_retryable_status(status):
         wait = parse_retry_after(retry_after) if status in (429, 503) else None
-        raise _Retry(text, status, wait)
+        raise _Retry(text, status, wait, down_code(status, raw) if status >= 500 else None)
     raise _Final(text, status)
 
 

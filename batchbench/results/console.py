@@ -27,7 +27,12 @@ from batchbench.results.documents import (
 from batchbench.results.formatting import MISSING, csv_cell, fixed, flag
 from batchbench.results.lifecycle import EngineResult
 from batchbench.results.metrics import percentile
-from batchbench.results.placement import placement_lines, probe_lines, rank_layout_lines
+from batchbench.results.placement import (
+    placement_lines,
+    probe_lines,
+    rank_health_lines,
+    rank_layout_lines,
+)
 from batchbench.results.recording import DriftFigures
 from batchbench.results.summary import (
     ALL_CSV_COLUMNS,
@@ -464,6 +469,7 @@ def live_lines(live: LiveFigures) -> list[str]:
         tok = rank_imbalance([r.input_tokens for r in live.ranks])
         lines.append(f"Rank imbalance (max/mean): requests {fixed(req)}, input tokens {fixed(tok)}")
         lines += placement_lines(live.ranks, live.worker_header, live.rank_headers)
+        lines += rank_health_lines(live.ranks, live.rank_failover)
     health = live.health
     if health is not None:
         per_k = health.cpu_seconds_per_1000_requests

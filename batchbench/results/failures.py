@@ -37,6 +37,9 @@ class AttemptError:
     kind: ErrorKind
     message: str
     status: int | None = None  # HTTP status for http_status
+    # A gateway's code saying no worker behind the request's rank answers (see
+    # ``batchbench.drive.failover``); kept for the run's rank bookkeeping, not written.
+    down_code: str | None = None
 
     def __post_init__(self) -> None:
         # Every stored and printed error text passes here: a server may echo the key.

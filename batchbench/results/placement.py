@@ -116,3 +116,43 @@ def probe_lines(probes: dict[str, int] | None) -> list[str]:
         f"{probes['calibration']} with rank 0's headers; rank layout "
         f"{probes['rank_layout']}, one per rank)"
     ]
+
+
+def rank_health_lines(ranks: Sequence[RankFigures], failover: str) -> list[str]:
+    """Under the placement table: the ranks seen down (when, why), the failed agents per
+    rank, and what --rank-failover did with a down rank's agents; nothing when every rank
+    stayed up and no agent failed."""
+    down = [(i, rank) for i, rank in enumerate(ranks) if rank.down_reason]
+    failed = sum(rank.failed_agents for rank in ranks)
+    moved = sum(rank.moved_agents for rank in ranks)
+    if not down and not failed and not moved:
+        return []
+    lines = []
+    if down:
+        named = ", ".join(
+            f"rank {i} from {rank.down_at_seconds:.2f} s ({rank.down_reason})" for i, rank in down
+        )
+        lines.append(f"Down ranks: {named}")
+    lines.append(
+        "Failed agents per rank: "
+        + ", ".join(f"rank {i}: {rank.failed_agents}" for i, rank in enumerate(ranks))
+    )
+    if failover == "rehash":
+        if moved:
+            completed = sum(rank.moved_completed for rank in ranks)
+            left = ", ".join(
+                f"{rank.moved_agents} of rank {i}"
+                for i, rank in enumerate(ranks)
+                if rank.moved_agents
+            )
+            lines.append(
+                f"Rank failover (rehash): {moved} {'agent' if moved == 1 else 'agents'} "
+                f"({left}) moved on to a live rank with their routing key; {completed} of "
+                f"them completed"
+            )
+    elif down:
+        lines.append(
+            "Rank failover: none (--rank-failover rehash moves a down rank's agents on to a "
+            "live rank)"
+        )
+    return lines

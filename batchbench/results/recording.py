@@ -135,6 +135,14 @@ class RankFigures:
     workers: dict[str, int] = field(default_factory=dict)
     switches: int = 0
     switching_agents: int = 0
+    # Its health (see ``batchbench.drive.failover``): when it was first seen down and why
+    # (-1.0 and "" while up); its agents that failed (counted where they failed); its agents
+    # that left it for a live rank (--rank-failover rehash), and how many of those completed.
+    down_at_seconds: float = -1.0
+    down_reason: str = ""
+    failed_agents: int = 0
+    moved_agents: int = 0
+    moved_completed: int = 0
 
     def add(self, other: RankFigures) -> None:
         """Count another process's figures for the same rank in (merged shards)."""
@@ -147,6 +155,13 @@ class RankFigures:
             self.workers[worker] = self.workers.get(worker, 0) + count
         self.switches += other.switches
         self.switching_agents += other.switching_agents
+        if other.down_reason and (
+            not self.down_reason or other.down_at_seconds < self.down_at_seconds
+        ):
+            self.down_at_seconds, self.down_reason = other.down_at_seconds, other.down_reason
+        self.failed_agents += other.failed_agents
+        self.moved_agents += other.moved_agents
+        self.moved_completed += other.moved_completed
 
     def as_row(self) -> dict[str, Any]:
         """Its fields and its placement figures, as the results JSON's ``ranks`` rows."""
@@ -161,14 +176,29 @@ class RankFigures:
             "misplaced": self.misplaced,
             "switches": self.switches,
             "switching_agents": self.switching_agents,
+            "down": bool(self.down_reason),
+            "down_at_seconds": self.down_at_seconds if self.down_reason else None,
+            "down_reason": self.down_reason or None,
+            "failed_agents": self.failed_agents,
+            "moved_agents": self.moved_agents,
+            "moved_completed": self.moved_completed,
         }
 
     @classmethod
     def from_json(cls, document: dict[str, Any]) -> RankFigures:
         """The figures as ``dataclasses.asdict`` wrote them (a shard's document)."""
         workers = document.get("workers") or {}
-        counts = {name: int(value) for name, value in document.items() if name != "workers"}
-        return cls(**counts, workers={str(w): int(n) for w, n in workers.items()})
+        counts = {
+            name: int(value)
+            for name, value in document.items()
+            if name not in ("workers", "down_at_seconds", "down_reason")
+        }
+        return cls(
+            **counts,
+            workers={str(w): int(n) for w, n in workers.items()},
+            down_at_seconds=float(document.get("down_at_seconds", -1.0)),
+            down_reason=str(document.get("down_reason") or ""),
+        )
 
     @property
     def placed(self) -> int:
@@ -335,6 +365,24 @@ class Recorder:
             load.switches += 1
             if figures.worker_switches == 1:
                 load.switching_agents += 1
+
+    def rank_down(self, rank: int, reason: str, at_seconds: float) -> None:
+        """A request's last attempt said no worker behind ``rank`` answers."""
+        load = self.ranks[rank]
+        if not load.down_reason:
+            load.down_at_seconds, load.down_reason = at_seconds, reason
+
+    def rank_agent_moved(self, rank: int) -> None:
+        """An agent of ``rank`` (by its slot) left it for a live rank."""
+        self.ranks[rank].moved_agents += 1
+
+    def rank_agent_ended(self, home: int, rank: int | None, failed: bool, completed: bool) -> None:
+        """An agent admitted on rank ``home`` ended on ``rank``: failed, completed, or
+        neither (a shutdown stopped it)."""
+        if failed:
+            self.ranks[home if rank is None else rank].failed_agents += 1
+        elif completed and rank != home:
+            self.ranks[home].moved_completed += 1
 
     def request_fidelity(
         self,

@@ -64,6 +64,7 @@ class LiveFigures:
     # The header naming each reply's worker, and the ones that named each request's rank.
     worker_header: str = DEFAULT_WORKER_HEADER
     rank_headers: tuple[str, ...] = ()
+    rank_failover: str = "none"  # --rank-failover
 
 
 # Column groups, in CSV order: the original tool's columns, then this package's streaming

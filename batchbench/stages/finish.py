@@ -160,6 +160,7 @@ def finish_run(
             input_tokens=totals.total_input_tokens,
             worker_header=config.routed_worker_header,
             rank_headers=DP_RANK_HEADERS[config.dp_rank_header],
+            rank_failover=config.rank_failover,
         )
     if live is not None and never_started_requests:
         live.recorder.requests_skipped(None, never_started_requests)

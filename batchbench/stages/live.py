@@ -128,6 +128,7 @@ def driver_settings(config: RunConfig) -> DriverSettings:
         seed=config.seed,
         dp_ranks=config.dp_ranks,
         dp_rank_header=config.dp_rank_header,
+        rank_failover=config.rank_failover,
         worker_header=config.routed_worker_header,
         timeout_seconds=float(config.request_timeout_secs),
         max_retries=config.max_retries,
