@@ -1,0 +1,253 @@
+"""--rank-failover: what a rank's agents do once the worker behind it goes away.
+
+The end-to-end tests run the real smg gateway (consistent_hashing) in front of two
+simulators and stop rank 1's simulator once both of its first agents have been served:
+with ``none`` its agents fail and the summary names the rank; with ``rehash`` they continue
+on rank 0 and every trajectory completes. The unit tests pin the rules and the texts."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from smggateway import Gateway, require_smg, smg_gateway
+
+from batchbench.config import RunConfig
+from batchbench.drive.failover import RankFailover, down_code, down_reason
+from batchbench.errors import UsageError
+from batchbench.results.failures import AttemptError, ErrorKind
+from batchbench.results.placement import rank_health_lines
+from batchbench.results.recording import RankFigures
+
+SMG_DOWN = (
+    b'{"error":{"type":"server_error","code":"call_upstream_connection_failed",'
+    b'"message":"error sending request for url (http://127.0.0.1:1/v1/chat/completions)",'
+    b'"param":null}}'
+)
+SMG_NO_WORKERS = (
+    b'{"error":{"type":"service_unavailable","code":"no_available_workers",'
+    b'"message":"All workers are unavailable","param":null}}'
+)
+
+
+# -- rules -------------------------------------------------------------------------------
+def test_a_gateways_worker_down_codes_are_read_from_a_5xx_body_only():
+    assert down_code(500, SMG_DOWN) == "call_upstream_connection_failed"
+    assert down_code(503, SMG_NO_WORKERS) == "no_available_workers"
+    assert down_code(404, SMG_NO_WORKERS) is None  # a 4xx says nothing of the worker
+    assert down_code(503, b'{"error":{"code":"overloaded"}}') is None
+    # the code named in the message, not as the code, is not a verdict
+    assert down_code(500, b'{"error":{"code":"x","message":"no_available_workers"}}') is None
+    assert down_code(502, b"no_available_workers, not JSON") is None
+
+
+def test_a_failed_attempt_says_its_rank_is_down_when_unreachable():
+    assert down_reason(AttemptError(1, ErrorKind.CONNECT, "refused")) == "connect failed"
+    assert down_reason(
+        AttemptError(1, ErrorKind.HTTP_STATUS, "x", 503, "no_available_workers")
+    ) == ("no_available_workers")
+    assert down_reason(AttemptError(1, ErrorKind.HTTP_STATUS, "x", 503)) is None
+    assert down_reason(AttemptError(1, ErrorKind.TIMEOUT, "slow")) is None
+    assert down_reason(AttemptError(1, ErrorKind.DISCONNECT, "reset")) is None
+
+
+def test_the_next_live_rank_wraps_around_and_runs_out():
+    failover = RankFailover(3, "rehash", "smg", None, 5, None)
+    assert failover.mark_down(1, "connect failed", 2.0)
+    assert not failover.mark_down(1, "no_available_workers", 3.0)  # the first one stays
+    assert failover.down[1].reason == "connect failed"
+    assert failover.live_rank_after(1) == 2
+    assert failover.live_rank_after(0) == 2
+    failover.mark_down(2, "connect failed", 4.0)
+    assert failover.live_rank_after(2) == 0
+    failover.mark_down(0, "connect failed", 5.0)
+    assert failover.live_rank_after(0) is None
+
+
+@pytest.mark.parametrize(
+    ("rank_header", "expected"),
+    [
+        ("smg", {}),
+        ("vllm", {"x-data-parallel-rank": "2"}),
+        ("both", {"x-data-parallel-rank": "2"}),
+    ],
+)
+def test_a_moved_agent_keeps_its_routing_key_and_drops_the_target_index(rank_header, expected):
+    failover = RankFailover(3, "rehash", rank_header, "sk-1", 5, "team")
+    assert failover.headers(7, 2, None) == {
+        "content-type": "application/json",
+        "authorization": "Bearer sk-1",
+        "x-smg-routing-key": "team-7",  # the tag it would have had
+        **expected,
+    }
+    assert failover.headers(7, 2, "own-tag")["x-smg-routing-key"] == "own-tag"
+
+
+def test_rank_health_lines_name_down_ranks_failed_agents_and_moves():
+    up = RankFigures()
+    down = RankFigures(down_at_seconds=1.5, down_reason="connect failed", failed_agents=3)
+    assert rank_health_lines([RankFigures(), RankFigures()], "none") == []
+    assert rank_health_lines([up, down], "none") == [
+        "Down ranks: rank 1 from 1.50 s (connect failed)",
+        "Failed agents per rank: rank 0: 0, rank 1: 3",
+        "Rank failover: none (--rank-failover rehash moves a down rank's agents on to a live rank)",
+    ]
+    moved = RankFigures(
+        down_at_seconds=0.25, down_reason="no_available_workers", moved_agents=4,
+        moved_completed=3,
+    )  # fmt: skip
+    assert rank_health_lines([RankFigures(failed_agents=1), moved], "rehash") == [
+        "Down ranks: rank 1 from 0.25 s (no_available_workers)",
+        "Failed agents per rank: rank 0: 1, rank 1: 0",
+        "Rank failover (rehash): 4 agents (4 of rank 1) moved on to a live rank with their "
+        "routing key; 3 of them completed",
+    ]
+
+
+def test_rank_health_merges_over_processes_and_survives_a_shard_document():
+    first = RankFigures(down_at_seconds=2.0, down_reason="connect failed", failed_agents=1)
+    second = RankFigures(
+        down_at_seconds=1.0, down_reason="no_available_workers", moved_agents=2,
+        moved_completed=2,
+    )  # fmt: skip
+    first.add(second)
+    assert (first.down_at_seconds, first.down_reason) == (1.0, "no_available_workers")
+    assert (first.failed_agents, first.moved_agents, first.moved_completed) == (1, 2, 2)
+    first.add(RankFigures())  # an up rank keeps the earliest sighting
+    assert first.down_reason == "no_available_workers"
+    from dataclasses import asdict
+
+    assert RankFigures.from_json(json.loads(json.dumps(asdict(first)))) == first
+    row = first.as_row()
+    assert (row["down"], row["down_at_seconds"], row["down_reason"]) == (
+        True, 1.0, "no_available_workers",
+    )  # fmt: skip
+    assert (RankFigures().as_row()["down"], RankFigures().as_row()["down_at_seconds"]) == (
+        False, None,
+    )  # fmt: skip
+
+
+def test_rank_failover_is_checked():
+    with pytest.raises(
+        UsageError, match=r"^invalid --rank-failover \"sometimes\" \(none or rehash\)$"
+    ):
+        RunConfig(host="http://h", model="m", dp_ranks=2, rank_failover="sometimes").check()
+    with pytest.raises(UsageError) as caught:
+        RunConfig(host="http://h", model="m", rank_failover="rehash").check()
+    assert str(caught.value) == (
+        "--rank-failover rehash needs --dp-rank-perfect-routing (without it the gateway "
+        "already picks every request's worker)"
+    )
+
+
+# -- against the real gateway -------------------------------------------------------------
+def served(url: str) -> int:
+    """Chat completions a simulator has served (its own /metrics)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+        text = response.read().decode()
+    found = re.findall(r'^batchbench_sim_requests_total\{rank="\d+"\} (\S+)$', text, re.M)
+    return sum(int(float(value)) for value in found)
+
+
+def rank_worker(gateway: Gateway, rank: int) -> str:
+    """The worker smg sends ``X-SMG-Target-Worker: rank`` to (registration order varies)."""
+    body = {"model": "batchbench-sim", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 1}  # fmt: skip
+    request = urllib.request.Request(
+        gateway.url + "/v1/chat/completions", json.dumps(body).encode(),
+        {"content-type": "application/json", "x-smg-target-worker": str(rank)},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.headers["x-smg-routed-worker-id"]
+
+
+def run_losing_rank_1(tmp_path: Path, failover: str) -> tuple[dict, list[dict], list[str], str]:
+    """8 agents of 4 requests on 4 slots over 2 ranks behind smg; rank 1's simulator is
+    stopped once it has served both of its first agents' first requests (and the rank
+    layout probe). Returns the results JSON, the request events, the console lines and
+    the surviving worker's URL."""
+    require_smg()
+    results, events = tmp_path / f"{failover}.json", tmp_path / f"{failover}.jsonl"
+    with smg_gateway(2, "consistent_hashing") as gateway:
+        victim_url = rank_worker(gateway, 1)
+        survivor = next(url for url in gateway.worker_urls if url != victim_url)
+        victim = gateway.sims[gateway.worker_urls.index(victim_url)]
+        before = served(victim.url)
+        command = [
+            sys.executable, "-m", "batchbench", "agent", "--host", gateway.url,
+            "--model", "batchbench-sim", "--tokenizer-model", "deepseek-v3", "--no-progress",
+            "--agents", "8", "--max-active-agents", "4", "--tool-invocations", "4",
+            "--input-tokens", "64", "--output-tokens", "8", "--tool-call-latency-ms", "300",
+            "--seed", "5", "--user-prefix", "a", "--max-retries", "1",
+            "--dp-rank-perfect-routing", "--dp-rank-perfect-routing-num", "2",
+            "--rank-failover", failover,
+            "--results-json", str(results), "--request-events-jsonl", str(events),
+        ]  # fmt: skip
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        reader = threading.Thread(target=lambda: setattr(reader, "out", process.stdout.read()))
+        reader.start()
+        deadline = time.monotonic() + 60
+        while served(victim.url) < before + 3:  # the layout probe and two first requests
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        victim.stop()
+        # 0 when every request succeeded, 3 when some failed
+        assert process.wait(timeout=60) == (0 if failover == "rehash" else 3)
+        reader.join()
+    rows = [json.loads(line) for line in events.read_text().splitlines()]
+    return json.loads(results.read_text()), rows, reader.out.splitlines(), survivor
+
+
+@pytest.mark.native_pass_only
+def test_without_failover_a_lost_ranks_agents_fail_and_the_summary_names_it(tmp_path):
+    document, events, out, _ = run_losing_rank_1(tmp_path, "none")
+    failed_agents = {e["agent_id"] for e in events if e["status"] == "failed"}
+    completed = 8 - len(failed_agents)
+    assert f"Agents: {completed} completed / 8 total" in out
+    assert len(failed_agents) >= 2  # at least the two that were running on rank 1
+    assert {e["dp_rank"] for e in events if e["status"] == "failed"} == {1}
+    ranks = document["ranks"]
+    assert [r["failed_agents"] for r in ranks] == [0, len(failed_agents)]
+    assert [r["down"] for r in ranks] == [False, True]
+    assert ranks[1]["down_reason"] == "call_upstream_connection_failed"
+    assert [r["moved_agents"] for r in ranks] == [0, 0]
+    down = f"Down ranks: rank 1 from {ranks[1]['down_at_seconds']:.2f} s "
+    assert down + "(call_upstream_connection_failed)" in out
+    assert f"Failed agents per rank: rank 0: 0, rank 1: {len(failed_agents)}" in out
+    assert any(line.startswith("Rank failover: none (--rank-failover rehash") for line in out)
+
+
+@pytest.mark.native_pass_only
+def test_with_rehash_a_lost_ranks_agents_complete_on_the_live_rank(tmp_path):
+    document, events, out, survivor = run_losing_rank_1(tmp_path, "rehash")
+    assert "Agents: 8 completed / 8 total" in out
+    assert all(e["status"] == "ok" for e in events) and len(events) == 32
+    ranks = document["ranks"]
+    moved = ranks[1]["moved_agents"]
+    assert moved >= 2 and ranks[1]["moved_completed"] == moved
+    assert [r["failed_agents"] for r in ranks] == [0, 0]
+    assert ranks[1]["down_reason"] == "call_upstream_connection_failed"
+    # every request after the loss was served by the survivor, as rank 0
+    first_down = ranks[1]["down_at_seconds"]
+    late = [e for e in events if e["start_offset_seconds"] > first_down]
+    assert late and {(e["dp_rank"], e["worker"]) for e in late} == {(0, survivor)}
+    # the request that found the rank down was sent again: its attempts on rank 1 are kept
+    resent = [e for e in events if e["errors"]]
+    assert resent and all(e["dp_rank"] == 0 for e in resent)
+    assert all(
+        err["status"] == 500 and "call_upstream_connection_failed" in err["message"]
+        for e in resent
+        for err in e["errors"]
+    )
+    assert (
+        f"Rank failover (rehash): {moved} agents ({moved} of rank 1) moved on to a live rank "
+        f"with their routing key; {moved} of them completed"
+    ) in out
+    assert "Failed agents per rank: rank 0: 0, rank 1: 0" in out
