@@ -474,9 +474,14 @@ def test_c84_the_cli_exports_rows_and_applies_the_filters(tmp_path, capsys):
 
 
 def _argv(tmp_path: Path, *args: str) -> list[str]:
+    """The export's command line, with ``args`` after it; a flag among them replaces the
+    default value (a flag is given once)."""
     rows = tmp_path / "rows.jsonl"
     out = tmp_path / "plans.jsonl"
-    return ["--rows-jsonl", str(rows), "--start", START, "--end", END, "--output", str(out), *args]
+    flags = {"--rows-jsonl": str(rows), "--start": START, "--end": END, "--output": str(out)}
+    for flag, value in zip(args[::2], args[1::2], strict=True):  # flag-value pairs
+        flags[flag] = value
+    return [item for pair in flags.items() for item in pair]
 
 
 def test_c85_an_empty_export_or_a_bad_window_writes_nothing(tmp_path, capsys):
