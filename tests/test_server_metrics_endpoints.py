@@ -15,7 +15,9 @@ from batchbench.cli.agent import main as agent_main
 from batchbench.errors import UsageError
 from batchbench.options.parser import CommandParser, SingleValue
 from batchbench.report import render_html
+from batchbench.results.console import server_rank_lines
 from batchbench.results.promendpoints import combined_document
+from batchbench.results.sections import rank_rows
 from batchbench.results.windowreport import server_metrics_lines
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "trajectory-replay" / "plans.jsonl"
@@ -123,6 +125,29 @@ def test_one_endpoint_is_its_own_document_and_several_keep_every_rank():
         "Server metrics of http://a:1/metrics (vllm, 3 scrapes every 1s): no known metric found",
         "Server metrics of http://b:1/metrics (vllm, 3 scrapes every 1s): no known metric found",
     ]
+
+
+def test_server_reported_ranks_of_several_pages_are_named_by_url_and_rank():
+    """Without client routing the per-rank table comes from the pages' rank labels; with
+    several pages each row is named "<url> <rank>" (a page without ranks by its URL)."""
+    a = endpoint("http://a:1/metrics", {"0": 4.0, "1": 5.0})
+    b = endpoint("http://b:1/metrics", {"all": 6.0})
+    rows, source = rank_rows([], None, combined_document([a, b]))  # no client ranks: no inputs
+    assert source == "server"
+    assert [(row["label"], row["rank"], row["requests"]) for row in rows] == [
+        ("http://a:1/metrics 0", 1 << 30, 4.0),
+        ("http://a:1/metrics 1", 1 << 30, 5.0),
+        ("http://b:1/metrics", 1 << 30, 6.0),
+    ]
+    lines = server_rank_lines(rows)
+    assert [line.split()[:3] for line in lines[2:5]] == [
+        ["http://a:1/metrics", "0", "4"],
+        ["http://a:1/metrics", "1", "5"],
+        ["http://b:1/metrics", "6", "n/a"],
+    ]
+    single, _ = rank_rows([], None, a)
+    assert [(row["label"], row["rank"]) for row in single] == [("0", 0), ("1", 1)]
+    assert [line.split()[0] for line in server_rank_lines(single)[2:4]] == ["0", "1"]
 
 
 # -- a repeated flag --------------------------------------------------------------------------

@@ -296,7 +296,16 @@ def ranks_chart(series: list[tuple[str, list[dict[str, Any]]]]) -> Chart | None:
         if not rows:
             continue
         drawn = True
-        x = [f"rank {r['rank']}" for r in rows]
+        # a server-reported row is named as its metrics name it ("<url> <rank>" when several
+        # pages were scraped); the client's rows by their index
+        x = [
+            f"rank {r['label']}"
+            if str(r.get("label", "x")).isdigit()
+            else str(r["label"])
+            if r.get("label")
+            else f"rank {r['rank']}"
+            for r in rows
+        ]
         panels = (
             (1, 1, "requests", "", 1.0),
             (1, 2, "input_tokens", "", 1.0),

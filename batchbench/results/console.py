@@ -504,7 +504,10 @@ def server_rank_lines(rows: Sequence[dict]) -> list[str]:
             else (str(int(value)))
         )
 
-    table = [tuple(cell(row.get(name)) for name in header) for row in rows]
+    table = [
+        (str(row.get("label", row.get("rank"))), *(cell(row.get(name)) for name in header[1:]))
+        for row in rows
+    ]
     widths = [max(len(h), *(len(r[c]) for r in table)) for c, h in enumerate(header)]
     lines = [
         f"Per-rank load ({len(rows)} {'rank' if len(rows) == 1 else 'ranks'}, from the "

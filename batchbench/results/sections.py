@@ -64,6 +64,7 @@ def rank_rows(
         rows.append(
             {
                 "rank": _rank_number(label),
+                "label": label,  # the metrics' own name: "<url> <rank>" over several pages
                 "trajectories": None,
                 "requests": value("requests", label),
                 "input_tokens": prompt,
