@@ -1239,6 +1239,11 @@ class RunConfig:
                 "--window-trajectories must be an integer of at least 1, "
                 f"not {self.window_trajectories!r}"
             )
+        if self.dp_rank_header != DEFAULT_DP_RANK_HEADER and self.dp_ranks is None:
+            raise UsageError(
+                f"--dp-rank-header {self.dp_rank_header} needs --dp-rank-perfect-routing "
+                "(the header names the rank perfect routing gives each agent)"
+            )
         if self.rank_failover != DEFAULT_RANK_FAILOVER and self.dp_ranks is None:
             raise UsageError(
                 f"--rank-failover {self.rank_failover} needs --dp-rank-perfect-routing "

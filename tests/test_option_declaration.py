@@ -108,9 +108,9 @@ def test_every_field_of_the_run_configuration_is_declared_once():
     assert declared_fields == [spec.name for spec in dataclasses.fields(RunConfig)]
     strings = [s for flag in all_flags(RunConfig) for s in flag.option_strings]
     assert len(strings) == len(set(strings))
-    # as batchbench-agent has always had, but -h, --config, --version; plus --dp-rank-header
-    # and --routed-worker-header
-    assert len(all_flags(RunConfig)) == 89
+    # as batchbench-agent has always had, but -h, --config, --version; plus --dp-rank-header,
+    # --routed-worker-header and --rank-failover
+    assert len(all_flags(RunConfig)) == 90
 
 
 def test_a_command_line_run_checks_its_options_once(monkeypatch, capsys):

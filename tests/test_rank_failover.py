@@ -145,6 +145,12 @@ def test_rank_failover_is_checked():
         "--rank-failover rehash needs --dp-rank-perfect-routing (without it the gateway "
         "already picks every request's worker)"
     )
+    with pytest.raises(UsageError) as caught:
+        RunConfig(host="http://h", model="m", dp_rank_header="vllm").check()
+    assert str(caught.value) == (
+        "--dp-rank-header vllm needs --dp-rank-perfect-routing (the header names the rank "
+        "perfect routing gives each agent)"
+    )
 
 
 # -- against the real gateway -------------------------------------------------------------

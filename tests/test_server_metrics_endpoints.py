@@ -42,6 +42,7 @@ def run_through_gateway(gateway, out: Path, capsys) -> tuple[dict, list[str]]:
     return json.loads(out.read_text()), console
 
 
+@pytest.mark.native_pass_only
 def test_gateway_and_each_worker_scraped_and_labelled(tmp_path, capsys):
     # modelled time (--speed 4): no request is answered before the baseline scrapes
     with smg_gateway(2, "consistent_hashing", "--speed 4") as gateway:

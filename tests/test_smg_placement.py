@@ -142,6 +142,7 @@ def behind_smg(two_sims, policy: str, tmp_path, capsys, *args: str):
 
 
 @needs_smg
+@pytest.mark.native_pass_only
 def test_consistent_hashing_places_every_request_on_its_rank(two_sims, tmp_path, capsys):
     status, document, events, out, own = behind_smg(
         two_sims, "consistent_hashing", tmp_path, capsys
@@ -166,6 +167,7 @@ def test_consistent_hashing_places_every_request_on_its_rank(two_sims, tmp_path,
 
 
 @needs_smg
+@pytest.mark.native_pass_only
 def test_a_rank_past_smgs_workers_is_refused(two_sims, tmp_path, capsys):
     before = served_since(two_sims, dict.fromkeys(two_sims, 0))
     gateway = Gateway(two_sims, "consistent_hashing")
@@ -188,6 +190,7 @@ def test_a_rank_past_smgs_workers_is_refused(two_sims, tmp_path, capsys):
 
 
 @needs_smg
+@pytest.mark.native_pass_only
 def test_cache_aware_misplacement_is_detected_and_warned(two_sims, tmp_path, capsys):
     status, document, events, out, own = behind_smg(two_sims, "cache_aware", tmp_path, capsys)
     assert status == 0
