@@ -493,8 +493,8 @@ class RunConfig:
         DEFAULT_RANK_FAILOVER,
         Flag(
             "rank-failover",
-            "what the agents of a DP rank do once its requests fail to connect or the "
-            "gateway answers that no worker is available (smg's no_available_workers or "
+            "what the agents of a DP rank do once the gateway answers one of its requests "
+            "that no worker is available (smg's no_available_workers or "
             "call_upstream_connection_failed): none, they fail as their requests do; "
             "rehash, each continues on the next live rank, its failed request sent again "
             "there, carrying its routing key (and X-data-parallel-rank) but no "

@@ -5,7 +5,11 @@ answering as smg 1.13.0 does in front of its workers.
 ``x-smg-routed-worker-id``; an index past the last worker is answered 503
 ``no_available_workers`` with smg's body and header. ``misroute(tag, messages, index)`` says
 which requests go to the next worker instead (as a policy that ignores the header would).
-``GET`` answers the model list, for the preflight.
+``GET`` answers the model list, for the preflight. ``down`` holds indices whose worker is
+gone: a request naming one is answered 500 ``call_upstream_connection_failed``, as smg
+answers while its health check still lists the worker; then a request without a target
+goes to a live worker chosen from its routing key, as consistent hashing does (with every
+worker up, to worker 0).
 """
 
 from __future__ import annotations
@@ -31,6 +35,14 @@ NO_WORKERS_BODY = {
     }
 }
 
+UPSTREAM_FAILED_BODY = {
+    "error": {
+        "type": "server_error",
+        "code": "call_upstream_connection_failed",
+        "message": "error sending request for url (http://127.0.0.1:1/v1/chat/completions)",
+    }
+}
+
 
 class FakeGateway:
     """Answers with the worker a request was placed on; counts each worker's requests."""
@@ -47,6 +59,7 @@ class FakeGateway:
         self.misroute = misroute
         self.worker_header = worker_header
         self.served: dict[str, int] = dict.fromkeys(workers, 0)
+        self.down: set[int] = set()
         self.server = StubServer(self.answer)
 
     def answer(self, recorded: Recorded) -> Reply | Stream:
@@ -54,7 +67,20 @@ class FakeGateway:
             return Reply(body={"object": "list", "data": [{"id": self.model}]})
         body = recorded.json()
         target = recorded.headers.get("x-smg-target-worker")
-        index = int(target) if target is not None else 0
+        if target is None and not self.down:
+            index = 0
+        elif target is None:  # hashed over the live workers by its routing key
+            live = [i for i in range(len(self.workers)) if i not in self.down]
+            key = recorded.headers.get("x-smg-routing-key", "")
+            index = live[sum(key.encode()) % len(live)]
+        else:
+            index = int(target)
+        if index in self.down:
+            return Reply(
+                500,
+                UPSTREAM_FAILED_BODY,
+                headers={"x-smg-error-code": "call_upstream_connection_failed"},
+            )
         if index >= len(self.workers):
             return Reply(503, NO_WORKERS_BODY, headers={"x-smg-error-code": "no_available_workers"})
         if self.misroute(body.get("user"), len(body["messages"]), index):

@@ -17,7 +17,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from fakegateway import FakeGateway
 from smggateway import Gateway, require_smg, smg_gateway
+from test_driver import argv, read_jsonl, req, run_agent, write_plans
 
 from batchbench.config import RunConfig
 from batchbench.drive.failover import RankFailover, down_code, down_reason
@@ -49,7 +51,8 @@ def test_a_gateways_worker_down_codes_are_read_from_a_5xx_body_only():
 
 
 def test_a_failed_attempt_says_its_rank_is_down_when_unreachable():
-    assert down_reason(AttemptError(1, ErrorKind.CONNECT, "refused")) == "connect failed"
+    # the client connects to the gateway alone: its own failure says nothing of one rank
+    assert down_reason(AttemptError(1, ErrorKind.CONNECT, "refused")) is None
     assert down_reason(
         AttemptError(1, ErrorKind.HTTP_STATUS, "x", 503, "no_available_workers")
     ) == ("no_available_workers")
@@ -60,14 +63,14 @@ def test_a_failed_attempt_says_its_rank_is_down_when_unreachable():
 
 def test_the_next_live_rank_wraps_around_and_runs_out():
     failover = RankFailover(3, "rehash", "smg", None, 5, None)
-    assert failover.mark_down(1, "connect failed", 2.0)
+    assert failover.mark_down(1, "no_available_workers", 2.0)
     assert not failover.mark_down(1, "no_available_workers", 3.0)  # the first one stays
-    assert failover.down[1].reason == "connect failed"
+    assert failover.down[1].reason == "no_available_workers"
     assert failover.live_rank_after(1) == 2
     assert failover.live_rank_after(0) == 2
-    failover.mark_down(2, "connect failed", 4.0)
+    failover.mark_down(2, "no_available_workers", 4.0)
     assert failover.live_rank_after(2) == 0
-    failover.mark_down(0, "connect failed", 5.0)
+    failover.mark_down(0, "no_available_workers", 5.0)
     assert failover.live_rank_after(0) is None
 
 
@@ -88,14 +91,18 @@ def test_a_moved_agent_keeps_its_routing_key_and_drops_the_target_index(rank_hea
         **expected,
     }
     assert failover.headers(7, 2, "own-tag")["x-smg-routing-key"] == "own-tag"
+    # a key that cannot travel as a header value is left out, not sent raw
+    assert "x-smg-routing-key" not in RankFailover(3, "rehash", "smg", None, 5, "a\nb").headers(
+        1, 2, None
+    )
 
 
 def test_rank_health_lines_name_down_ranks_failed_agents_and_moves():
     up = RankFigures()
-    down = RankFigures(down_at_seconds=1.5, down_reason="connect failed", failed_agents=3)
+    down = RankFigures(down_at_seconds=1.5, down_reason="no_available_workers", failed_agents=3)
     assert rank_health_lines([RankFigures(), RankFigures()], "none") == []
     assert rank_health_lines([up, down], "none") == [
-        "Down ranks: rank 1 from 1.50 s (connect failed)",
+        "Down ranks: rank 1 from 1.50 s (no_available_workers)",
         "Failed agents per rank: rank 0: 0, rank 1: 3",
         "Rank failover: none (--rank-failover rehash moves a down rank's agents on to a live rank)",
     ]
@@ -112,7 +119,7 @@ def test_rank_health_lines_name_down_ranks_failed_agents_and_moves():
 
 
 def test_rank_health_merges_over_processes_and_survives_a_shard_document():
-    first = RankFigures(down_at_seconds=2.0, down_reason="connect failed", failed_agents=1)
+    first = RankFigures(down_at_seconds=2.0, down_reason="no_available_workers", failed_agents=1)
     second = RankFigures(
         down_at_seconds=1.0, down_reason="no_available_workers", moved_agents=2,
         moved_completed=2,
@@ -257,3 +264,76 @@ def test_with_rehash_a_lost_ranks_agents_complete_on_the_live_rank(tmp_path):
         f"with their routing key; {moved} of them completed"
     ) in out
     assert "Failed agents per rank: rank 0: 0, rank 1: 0" in out
+
+
+# -- against a fake gateway: rules that need no real worker to die --------------------------
+W = ["http://127.0.0.1:41101", "http://127.0.0.1:41102", "http://127.0.0.1:41103"]
+
+
+def fake_run(tmp_path: Path, capsys, gateway: FakeGateway, *extra: str):
+    """Six agents r-0..r-5 of three requests over three ranks (rank = agent % 3 at first)."""
+    plans = write_plans(
+        tmp_path / "p.jsonl", {f"t{i}": [req(24, 4), req(40, 4), req(56, 4)] for i in range(6)}
+    )
+    results, events = tmp_path / "run.json", tmp_path / "events.jsonl"
+    run = run_agent(
+        capsys,
+        argv(
+            gateway.server, plans, "--user-prefix", "r", "--no-preflight", "--max-retries", "0",
+            "--dp-rank-perfect-routing", "--dp-rank-perfect-routing-num", "3",
+            "--request-events-jsonl", str(events), "--results-json", str(results), *extra,
+        ),
+    )  # fmt: skip
+    return run, read_jsonl(events), json.loads(results.read_text())
+
+
+def test_moved_agents_replies_stay_out_of_the_placement_table(tmp_path, capsys):
+    """Rank 1's worker is gone from the start: its agents move on to rank 2 with their
+    routing key only; the gateway hashes them onto some live worker, which is not rank 2's
+    usual one for every agent, and that is no misplacement."""
+    with FakeGateway(W) as gateway:
+        gateway.down = {1}
+        run, events, document = fake_run(tmp_path, capsys, gateway, "--rank-failover", "rehash")
+    assert "Agents: 6 completed / 6 total" in run.lines
+    ranks = document["ranks"]
+    assert [r["moved_agents"] for r in ranks] == [0, 2, 0]
+    assert [r["moved_completed"] for r in ranks] == [0, 2, 0]
+    # the moved agents' requests are counted on rank 2, but their replies are not placed
+    assert [r["requests"] for r in ranks] == [6, 0, 12]
+    assert [sum(r["workers"].values()) for r in ranks] == [6, 0, 6]
+    assert [r["misplaced"] for r in ranks] == [0, 0, 0]
+    assert not any(line.startswith("Warning:") for line in run.lines)
+    moved = [e for e in events if e["agent_id"] in (1, 4)]
+    assert {e["dp_rank"] for e in moved} == {2}
+    first = [e for e in moved if e["invocation"] == 1]
+    # r-1's first request found the rank down and was sent again on rank 2; r-4's did too,
+    # unless it was sent after rank 1 was marked down (then it went to rank 2 at once)
+    outcomes = sorted((e["attempts"], len(e["errors"])) for e in first)
+    assert outcomes in ([(1, 0), (2, 1)], [(2, 1), (2, 1)])
+    assert all(err["status"] == 500 for e in first for err in e["errors"])
+    assert "Down ranks: rank 1 from" in "\n".join(run.lines)
+
+
+def test_a_moved_agent_names_its_new_rank_to_engines_that_number_their_own(tmp_path, capsys):
+    """Under --dp-rank-header both the moved agents still send X-data-parallel-rank (2), so
+    their replies count in the placement table."""
+    with FakeGateway(W) as gateway:
+        gateway.down = {1}
+        run, _events, document = fake_run(
+            tmp_path, capsys, gateway, "--rank-failover", "rehash", "--dp-rank-header", "both"
+        )
+        sent = [r.headers for r in gateway.server.requests if r.method == "POST"]
+    assert "Agents: 6 completed / 6 total" in run.lines
+    moved = [h for h in sent if h.get("x-smg-routing-key") in ("r-1", "r-4")]
+    assert {h.get("x-data-parallel-rank") for h in moved} == {"1", "2"}
+    assert all("x-smg-target-worker" not in h for h in moved if h["x-data-parallel-rank"] == "2")
+    assert sum(document["ranks"][2]["workers"].values()) == 12
+
+
+def test_without_failover_the_down_ranks_agents_fail_and_later_ones_too(tmp_path, capsys):
+    with FakeGateway(W) as gateway:
+        gateway.down = {1}
+        run, _events, document = fake_run(tmp_path, capsys, gateway)
+    assert "Agents: 4 completed / 6 total" in run.lines
+    assert [r["failed_agents"] for r in document["ranks"]] == [0, 2, 0]
+    assert "Failed agents per rank: rank 0: 0, rank 1: 2, rank 2: 0" in run.lines

@@ -30,7 +30,7 @@ from batchbench.drive.context import (
     RequestBuilder,
     RequestSizing,
 )
-from batchbench.drive.failover import RankFailover, down_code, down_reason
+from batchbench.drive.failover import ROUTING_KEY_HEADER, RankFailover, down_code, down_reason
 from batchbench.drive.growth import GrowthRequests, Prepared, prepare_growth
 from batchbench.drive.shutdown import CANCELLED_IN_FLIGHT, CANCELLED_WAITING, Shutdown, abandon
 from batchbench.drive.transport import (
@@ -150,6 +150,11 @@ class AgentIdentity:
     tag_error: bool  # the tag cannot travel as a header: every request fails unsent
     headers: dict[str, str]
     home_rank: int | None  # the DP rank its routing slot maps to (--dp-ranks)
+    # After a move (--rank-failover rehash): whether its replies still count in the rank's
+    # placement (only when the rank index is still sent), and whether its next request is
+    # the first on the new rank (no cache of its conversation there).
+    placed: bool = True
+    new_rank: bool = False
 
 
 @dataclass(slots=True)
@@ -174,6 +179,7 @@ class Exchange:
     errors: list[AttemptError]  # every failed attempt
     status: str  # ok, failed or cancelled (as its request event says)
     ended: Outcome | None = None  # how the agent ends after it; None: it goes on
+    moved_attempts: int = 0  # attempts on a rank found down before it moved on (rehash)
 
 
 class HttpAgentLoop:
@@ -320,12 +326,14 @@ class HttpAgentLoop:
                     reply.ttft, reply.gaps, reply.tpot, exchange.attempts, exchange.errors,
                     started,
                 )  # fmt: skip
-                if reply.worker is not None:
+                if reply.worker is not None and identity.placed:
                     recorder.request_placed(figures, identity.rank, reply.worker)
                 recorder.request_fidelity(
-                    figures, turn, sizing.target, served, completion, planned_output, fresh,
-                    explainable, exchange.attempts,
+                    figures, turn, sizing.target, served, completion, planned_output,
+                    fresh or identity.new_rank, explainable,
+                    exchange.attempts - exchange.moved_attempts,
                 )  # fmt: skip
+                identity.new_rank = False
                 recorder.request_done(figures, served, completion)
                 rendered = builder.replied(turn, request, reply)
                 counting = None  # a long reply's count, made on a worker thread
@@ -400,8 +408,11 @@ class HttpAgentLoop:
             return False
         if identity.rank == identity.home_rank:
             self.recorder.rank_agent_moved(identity.rank)
+        key = identity.headers.get(ROUTING_KEY_HEADER, identity.tag)
         identity.rank = target
-        identity.headers = failover.headers(identity.agent, target, identity.tag)
+        identity.headers = failover.headers(identity.agent, target, key)
+        identity.placed = failover.sends_index
+        identity.new_rank = True
         return True
 
     async def _exchange(
@@ -417,6 +428,7 @@ class HttpAgentLoop:
         recorder = self.recorder
         errors: list[AttemptError] = []
         failover = self._failover
+        moved_attempts = 0  # attempts on ranks found down; they reached no worker
         if identity.tag_error:
             errors.append(AttemptError(0, ErrorKind.INVALID_REQUEST, ROUTING_KEY_HEADER_ERROR))
             reply, attempts, started, elapsed = None, 0, 0.0, 0.0
@@ -433,6 +445,7 @@ class HttpAgentLoop:
                     and self._rank_went_down(identity, errors)
                 ):
                     # Sent again on the live rank: one request, timed from its first attempt.
+                    moved_attempts = attempts
                     first_started = started
                     reply, attempts, started, elapsed = await self._send(
                         body, identity.headers, errors, streamed, attempts
@@ -448,7 +461,7 @@ class HttpAgentLoop:
                 self._write_event(identity, planned, cut, None)
                 raise
         if reply is not None:
-            return Exchange(reply, attempts, started, elapsed, errors, "ok")
+            return Exchange(reply, attempts, started, elapsed, errors, "ok", None, moved_attempts)
         if errors[-1].kind is ErrorKind.CANCELLED:  # the shutdown ended a retry wait
             recorder.request_cancelled(figures, errors, attempts)
             ended = Exchange(
@@ -476,7 +489,9 @@ class HttpAgentLoop:
             return False
         if failover.mark_down(rank, reason, time.perf_counter() - self._origin):
             self.recorder.rank_down(rank, reason, failover.down[rank].at_seconds)
-        return failover.rehash and self._move(identity)
+        if not failover.rehash or self.shutdown.stopped or self._planned_end():
+            return False  # no new attempt starts once the run is ending
+        return self._move(identity)
 
     async def _send(
         self,
@@ -489,7 +504,8 @@ class HttpAgentLoop:
         """(reply | None, attempts, start offset, latency) after the last attempt; every
         failed attempt is appended to ``errors`` (the last one ``cancelled`` when a shutdown
         ended the wait before a retry). ``attempted``: attempts the request already made on
-        a rank that went down; they count towards its attempts, not its retries."""
+        a rank that went down; numbering goes on from them, and this rank gets its own
+        retries (the summary counts the resend as a retry)."""
         settings = self.settings
         recorder = self.recorder
         start = time.perf_counter()

@@ -3,11 +3,12 @@
 Under perfect routing every agent keeps its rank: the slot it was admitted into names it.
 When the worker behind a rank goes away, each freed slot would send the next agent to the
 same dead rank, so a run could fail half its trajectories while the other ranks idle. A
-rank counts as down once one of its requests fails (its retries spent) without reaching a
-worker: the connection could not be made, or the gateway said so (smg answers 500
-``call_upstream_connection_failed`` while its worker is unreachable, and 503
-``no_available_workers`` once its health check has dropped it, or for an index past its
-last worker).
+rank counts as down once one of its requests fails (its retries spent) because no worker
+behind it could be reached, as the gateway says: smg answers 500
+``call_upstream_connection_failed`` when it cannot connect to the rank's worker, and 503
+``no_available_workers`` once its health check has dropped it (or for an index past its
+last worker). The client's own connection failures say nothing about one rank: it
+connects only to ``--host``, the gateway, for every rank alike.
 
 With ``none`` (the default, the behaviour before this option) the agents of a down rank
 fail as they did; the summary names the rank. With ``rehash`` an agent whose rank is down
@@ -25,15 +26,15 @@ from dataclasses import dataclass
 
 import orjson
 
-from batchbench.drive.wire import DP_RANK_HEADERS, request_headers, user_tag
-from batchbench.results.failures import AttemptError, ErrorKind
+from batchbench.drive.wire import DP_RANK_HEADERS, request_headers, user_tag, valid_header_value
+from batchbench.results.failures import AttemptError
 
 RANK_FAILOVER_POLICIES = ("none", "rehash")
 DEFAULT_RANK_FAILOVER = "none"
 SMG_TARGET_HEADER = "x-smg-target-worker"
 # A gateway's error codes that mean "no worker behind this rank answers".
 WORKER_DOWN_CODES = (b"no_available_workers", b"call_upstream_connection_failed")
-CONNECT_FAILED = "connect failed"
+ROUTING_KEY_HEADER = "x-smg-routing-key"  # as request_headers names it
 
 
 def down_code(status: int, raw: bytes) -> str | None:
@@ -50,10 +51,8 @@ def down_code(status: int, raw: bytes) -> str | None:
 
 
 def down_reason(error: AttemptError) -> str | None:
-    """Why a failed attempt says its rank is down (``connect failed`` or the gateway's
-    code), or None when it says nothing about the rank."""
-    if error.kind is ErrorKind.CONNECT:
-        return CONNECT_FAILED
+    """The gateway's code when a failed attempt says its rank's worker is unreachable, or
+    None when it says nothing about the rank."""
     return error.down_code
 
 
@@ -103,11 +102,18 @@ class RankFailover:
                 return candidate
         return None
 
-    def headers(self, agent: int, rank: int, tag: str | None) -> dict[str, str]:
-        """A moved agent's headers: its routing key (the user tag it has, else the one it
-        would have) and the rank index only in headers whose engines keep their numbering."""
-        key = tag if tag is not None else user_tag(agent, self._seed, self._user_prefix)
-        headers = request_headers(self._api_key, key, None)
+    @property
+    def sends_index(self) -> bool:
+        """Whether a moved agent's requests still name their rank (X-data-parallel-rank)."""
+        return bool(self._keeps_index)
+
+    def headers(self, agent: int, rank: int, key: str | None) -> dict[str, str]:
+        """A moved agent's headers: its routing key (``key``, the one it sent before, else
+        the user tag it would have; left out if it cannot travel as a header) and the rank
+        index only in headers whose engines keep their numbering."""
+        if key is None:
+            key = user_tag(agent, self._seed, self._user_prefix)
+        headers = request_headers(self._api_key, key if valid_header_value(key) else None, None)
         for name in self._keeps_index:
             headers[name] = str(rank)
         return headers

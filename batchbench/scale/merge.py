@@ -252,7 +252,7 @@ def _recorder(
     totals = recorder.totals
     errors = ErrorTally()
     server_cached: int | None = None
-    for live in lives:
+    for live, offset in zip(lives, offsets, strict=True):
         counted = live.totals
         for name, value in counted.scalars.items():
             setattr(totals, name, getattr(totals, name) + value)
@@ -266,6 +266,8 @@ def _recorder(
         if live.server_cached_tokens is not None:
             server_cached = (server_cached or 0) + live.server_cached_tokens
         for rank, figures in zip(recorder.ranks, live.ranks, strict=False):
+            if figures.down_reason:  # seen down on the shard's clock: onto the run's
+                figures = replace(figures, down_at_seconds=figures.down_at_seconds + offset)
             rank.add(figures)
         recorder.started_agents.update(live.started_agents)
         recorder.cpu_seconds += live.cpu_seconds
