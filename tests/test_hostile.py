@@ -213,11 +213,15 @@ def run_agent(
         "requests": out_dir / "requests.jsonl",
         "agents": out_dir / "agents.jsonl",
     }
+    # defaults a case may set otherwise (a single-value flag is given once)
+    defaults = {"--max-retries": "0", "--retry-delay-ms": "0", "--request-timeout-secs": "10"}
+    overridable = [item for flag, value in defaults.items() if flag not in extra
+                   for item in (flag, value)]  # fmt: skip
     argv = [
         "--host", server.url, "--agent-plans-jsonl", str(plans),
         "--tokenizer-model", "deepseek-v3", "--model", "m", "--no-progress",
         "--no-prompt-correction", "--content-salt", "hostile", "--user-prefix", "hb",
-        "--max-retries", "0", "--retry-delay-ms", "0", "--request-timeout-secs", "10",
+        *overridable,
         "--results-json", str(files["json"]), "--results-csv", str(files["csv"]),
         "--request-events-jsonl", str(files["requests"]),
         "--agent-events-jsonl", str(files["agents"]),

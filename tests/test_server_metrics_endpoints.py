@@ -13,7 +13,7 @@ from smggateway import smg_gateway
 
 from batchbench.cli.agent import main as agent_main
 from batchbench.errors import UsageError
-from batchbench.options.parser import CommandParser, SingleValue
+from batchbench.options.parser import CommandParser, Repeated, SingleValue
 from batchbench.report import render_html
 from batchbench.results.console import server_rank_lines
 from batchbench.results.promendpoints import combined_document
@@ -196,7 +196,7 @@ def test_every_single_value_option_refuses_a_repeat():
                 continue  # positionals and switches
             name = action.option_strings[0]
             if (command, name) in REPEATABLE:
-                assert isinstance(action, argparse._AppendAction), (command, name)
+                assert isinstance(action, Repeated), (command, name)
                 continue
             assert isinstance(action, SingleValue), (command, name, type(action).__name__)
             parser.given_options = set()

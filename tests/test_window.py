@@ -1053,7 +1053,7 @@ def test_the_options_file_keeps_server_metrics_sim(tmp_path):
     ]  # fmt: skip
     run(RunConfig.from_args(argv))
     options = (tmp_path / "r.config.toml").read_text().splitlines()
-    assert 'server-metrics = "sim"' in options
+    assert 'server-metrics = ["sim"]' in options
     document = json.loads(path.read_text())
     assert document["server_metrics"]["url"].endswith("/metrics")
     assert document["server_metrics"]["failed_scrapes"] == 0

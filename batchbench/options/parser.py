@@ -35,12 +35,25 @@ class SingleValue(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+class Repeated(argparse.Action):
+    """A repeatable option: every value given, in order (argparse's ``append``, as a class
+    of this module so that the options file can tell a repeatable option by it)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        items = list(getattr(namespace, self.dest, None) or [])
+        items.append(values)
+        setattr(namespace, self.dest, items)
+
+
 def _single_value(kwargs: dict[str, Any], args: tuple[Any, ...]) -> dict[str, Any]:
     """``kwargs`` with SingleValue for an option that stores one value (argparse's default
-    ``store`` action without ``nargs``); positionals and other actions as declared."""
+    ``store`` action without ``nargs``) and Repeated for ``append``; positionals and other
+    actions as declared."""
     is_option = bool(args) and isinstance(args[0], str) and args[0].startswith("-")
     if is_option and kwargs.get("action", "store") == "store" and "nargs" not in kwargs:
         return {**kwargs, "action": SingleValue}
+    if is_option and kwargs.get("action") == "append":
+        return {**kwargs, "action": Repeated}
     return kwargs
 
 
@@ -180,7 +193,7 @@ def toml_defaults(parser: CommandParser, path: str) -> dict[str, object]:
 
 
 def _toml_option(path: str, name: str, action: argparse.Action, value: object) -> object:
-    if isinstance(action, argparse._AppendAction):  # a repeatable option: one or a list
+    if isinstance(action, Repeated):  # a repeatable option: one or a list
         items = value if isinstance(value, list) else [value]
         return [_toml_scalar(path, name, action, item) for item in items]
     return _toml_scalar(path, name, action, value)
