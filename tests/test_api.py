@@ -175,6 +175,16 @@ def test_readme_example_runs(monkeypatch, capsys):
     assert first[:2] == ["7", "100.0"]
 
 
+def test_readme_python_section_runs(tmp_path, monkeypatch, capsys):
+    readme = (EXAMPLE.parents[2] / "README.md").read_text()
+    section = readme.split("### Python: construct, run, run_async, load\n", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    assert capsys.readouterr().out.splitlines() == ["12 ok", "12 12 7"]
+    assert sorted(os.listdir(tmp_path)) == ["r.config.toml", "r.json"]
+
+
 def test_each_stage_hands_on_a_frozen_value():
     """plans -> target -> prepare -> execute -> finish: every stage's output is frozen, and
     the public face re-exports the result types rather than copying them."""
