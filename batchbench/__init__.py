@@ -1,7 +1,8 @@
 """batchbench: replay agent trajectories against OpenAI-compatible serving stacks.
 
 From Python: ``batchbench.run(RunConfig(...)) -> RunResult`` (``run_async`` inside an event
-loop); ``RunConfig.from_args([...])`` takes ``batchbench-agent`` options.
+loop); ``RunConfig.from_args([...])`` takes ``batchbench-agent`` options;
+``batchbench.load(path)`` reads a results or capacity JSON back as its typed document.
 """
 
 from __future__ import annotations
@@ -9,11 +10,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["ApiKey", "RunConfig", "RunResult", "Summary", "__version__", "run", "run_async"]
+__all__ = [
+    "ApiKey",
+    "CapacityDocument",
+    "RunConfig",
+    "RunResult",
+    "Summary",
+    "SummaryDocument",
+    "__version__",
+    "load",
+    "run",
+    "run_async",
+]
 
 if TYPE_CHECKING:
     from batchbench.api import RunResult, run, run_async
     from batchbench.config import ApiKey, RunConfig
+    from batchbench.documents import CapacityDocument, SummaryDocument, load
     from batchbench.results.summary import Summary
 
 _EXPORTS = {
@@ -23,6 +36,9 @@ _EXPORTS = {
     "run": "batchbench.api",
     "run_async": "batchbench.api",
     "Summary": "batchbench.results.summary",
+    "load": "batchbench.documents",
+    "SummaryDocument": "batchbench.documents",
+    "CapacityDocument": "batchbench.documents",
 }
 
 

@@ -28,7 +28,16 @@ def run(config: RunConfig, *, output: RunOutput | None = None) -> RunResult:
     Ctrl+C and SIGTERM stop admission, let requests in flight finish for the grace period,
     and return what was measured (``exit_status`` 130/143). For its duration the garbage
     collector is tuned for many short-lived objects. With ``workers`` above 1 the run is
-    split over that many processes and their results merged."""
+    split over that many processes and their results merged.
+
+    Called while this thread runs an event loop (a Jupyter notebook, an async program) it
+    raises UsageError before anything starts: ``await run_async(config)`` is the way
+    there."""
+    if _loop_running():
+        raise UsageError(
+            "run() cannot start a run while an event loop is running in this thread (as in a "
+            "Jupyter notebook): use `await run_async(config)` instead"
+        )
     if config.worker_count > 1:
         from batchbench.scale.workers import run_workers  # lazy: multiprocessing only for workers
 
@@ -51,3 +60,11 @@ async def run_async(
 
         return await asyncio.to_thread(run_workers, config, output)
     return await run_stages(config, output, guest(handle_signals))
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

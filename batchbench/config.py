@@ -9,19 +9,21 @@ files, ``RunConfig.options()`` and the resolved-options file all derive from it.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import math
 import os
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from batchbench.drive.failover import DEFAULT_RANK_FAILOVER, RANK_FAILOVER_POLICIES
 from batchbench.drive.transport import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_WORKER_HEADER
 from batchbench.drive.wire import DEFAULT_DP_RANK_HEADER, DP_RANK_HEADERS
-from batchbench.errors import UsageError
+from batchbench.errors import KeywordError, UsageError
 from batchbench.options.agent import config_from_argv
 from batchbench.options.checks import (
     check_api_key,
@@ -29,7 +31,14 @@ from batchbench.options.checks import (
     check_output_path,
     check_url,
 )
-from batchbench.options.declare import Flag, Variant, option, option_values, output_fields
+from batchbench.options.declare import (
+    Flag,
+    Variant,
+    closest,
+    option,
+    option_values,
+    output_fields,
+)
 from batchbench.options.sections import (
     AGENT_ONLY,
     CALIBRATE_SIM,
@@ -47,7 +56,13 @@ from batchbench.options.sections import (
     WITH_CALIBRATE,
     Group,
 )
-from batchbench.options.shape import SHAPE_FLAGS, resolve_shape, shape_option_names
+from batchbench.options.shape import (
+    SHAPE_FLAGS,
+    SHAPE_KEYWORDS,
+    in_flag_order,
+    resolve_shape,
+    shape_option_names,
+)
 from batchbench.options.values import admission as admission_mode
 from batchbench.options.values import (
     byte_size,
@@ -162,6 +177,13 @@ class RunConfig:
     (``max_active_agents`` is ``--max-active-agents``); None means "not given" where the
     reports must show that. ``RunConfig.from_args`` builds one from ``batchbench-agent``
     arguments; ``batchbench.run(config)`` runs it.
+
+    The 25 sampled-shape options are one field, ``shape_options`` ((name, value) pairs, kept
+    in command-line order), and are also taken as keywords by their Python names:
+    ``RunConfig(agents=20, tool_invocations=3, input_tokens=512)`` is
+    ``RunConfig(agents=20, shape_options=(("input-tokens", 512), ("tool-invocations", 3)))``
+    (see ``_init`` below). A keyword it does not take raises KeywordError, a TypeError
+    whose one line names the keyword probably meant.
 
     Each field is also the declaration of its command-line option(s) (see
     ``batchbench.options.declare``): the parsers, the options file and ``options()`` are
@@ -1013,6 +1035,12 @@ class RunConfig:
         return config
 
     def __post_init__(self) -> None:
+        pairs = self.shape_options
+        if isinstance(pairs, tuple | list) and all(_is_pair(pair) for pair in pairs):
+            # command-line order: equal options make equal configs, however they were given
+            object.__setattr__(
+                self, "shape_options", in_flag_order(tuple((n, v) for n, v in pairs))
+            )
         if isinstance(self.api_key, str):  # a plain string from Python: hide it at once
             object.__setattr__(self, "api_key", ApiKey(self.api_key) if self.api_key else None)
         parsers = (("slo", parse_slo), ("goodput", parse_goodput))
@@ -1158,7 +1186,9 @@ class RunConfig:
         known = set(shape_option_names())
         for name, value in self.shape_options:
             if name not in known:
-                raise UsageError(f"unknown shape option {name!r}")
+                hint = closest(name, known) if isinstance(name, str) else None
+                meant = f" (did you mean {hint}?)" if hint else ""
+                raise UsageError(f"unknown shape option {name!r}{meant}")
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise UsageError(f"shape option {name!r} must be a number, not {value!r}")
         at_least = (
@@ -1381,6 +1411,61 @@ class RunConfig:
             lines.append(f"{prefix}{name} = {toml_value(value)}")
         return "\n".join(lines) + "\n"
 
+
+def _is_pair(pair: object) -> bool:
+    return isinstance(pair, tuple | list) and len(pair) == 2 and isinstance(pair[0], str)
+
+
+# -- the shape options as keywords ------------------------------------------------------------
+# Why a wrapper of the generated __init__ rather than 25 more fields or a factory: the 25
+# shape options stay one declared field (the parsers, TOML, options() and the resolved
+# options file keep reading it as before), the keywords come from the same declaration
+# (SHAPE_FLAGS), and ``RunConfig(...)`` itself, which every caller and ``dataclasses.replace``
+# use, takes them; a factory would leave the plain constructor with the bare TypeError.
+# Type checkers see the generated signature; ``inspect.signature`` (and so a notebook's
+# completion) shows the keywords.
+_FIELDS = frozenset(spec.name for spec in dataclasses.fields(RunConfig) if spec.init)
+_KEYWORDS = sorted(_FIELDS | {flag.dest for flag in SHAPE_FLAGS})
+_generated_init = RunConfig.__init__
+
+
+def _init(self: RunConfig, **given: Any) -> None:
+    """The dataclass's __init__, taking each shape option also as a keyword (None: not
+    given); a keyword overrides the same option in ``shape_options`` (so
+    ``dataclasses.replace(config, input_tokens=512)`` replaces it)."""
+    keywords: dict[str, float | int] = {}
+    for name in [name for name in given if name not in _FIELDS]:
+        option_name = SHAPE_KEYWORDS.get(name)
+        if option_name is None:
+            hint = closest(name, _KEYWORDS)
+            meant = f" (did you mean {hint}?)" if hint else ""
+            raise KeywordError(f"RunConfig() got an unexpected keyword argument {name!r}{meant}")
+        value = given.pop(name)
+        if value is not None:
+            keywords[option_name] = value
+    if keywords:
+        pairs = given.get("shape_options") or ()
+        kept = [pair for pair in pairs if not (_is_pair(pair) and pair[0] in keywords)]
+        given["shape_options"] = (*kept, *keywords.items())
+    _generated_init(self, **given)
+
+
+_init.__qualname__ = "RunConfig.__init__"  # as Python's own errors name it
+_init.__signature__ = inspect.signature(_generated_init).replace(  # type: ignore[attr-defined]
+    parameters=[
+        *inspect.signature(_generated_init).parameters.values(),
+        *(
+            inspect.Parameter(
+                flag.dest,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=None,
+                annotation="int | float | None",
+            )
+            for flag in SHAPE_FLAGS
+        ),
+    ]
+)
+setattr(RunConfig, "__init__", _init)  # noqa: B010 - mypy refuses assigning a method
 
 # the options that name a file the run writes (an options file shows them as comments)
 OUTPUT_OPTIONS = tuple(name for name, _field in output_fields(RunConfig))

@@ -21,6 +21,11 @@ class UsageError(BatchbenchError):
     """Bad command-line usage: printed as ``Error: ...`` with exit status 2."""
 
 
+class KeywordError(UsageError, TypeError):
+    """A keyword ``RunConfig`` does not take (a TypeError, as Python's own would be, and a
+    UsageError, whose one line says which keyword was probably meant)."""
+
+
 class ManifestError(BatchbenchError):
     """An invalid or unreadable trajectory manifest."""
 

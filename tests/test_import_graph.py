@@ -44,6 +44,7 @@ runs over processes    | batchbench.scale.merge batchbench.scale.combine
                        | batchbench.scale.workers
 public face            | batchbench.api
 capacity search        | batchbench.capacity
+documents read back    | batchbench.documents
 commands               | batchbench.cli batchbench.agent batchbench.__main__
                        | batchbench.export_plans
 """

@@ -14,7 +14,7 @@ from typing import Any
 
 from batchbench.capacity.render import Answer
 from batchbench.capacity.search import StepRecord
-from batchbench.results.documents import ManifestSection
+from batchbench.results.documents import ManifestSection, section_from
 
 KIND = "capacity"
 
@@ -64,9 +64,41 @@ class CapacityDocument:
             "answer": self.answer.as_dict(),
         }
 
+    def to_dict(self) -> dict[str, Any]:
+        """The capacity document (``to_json``; the name the Python API uses)."""
+        return self.to_json()
+
+    @classmethod
+    def read(cls, document: dict[str, Any]) -> CapacityDocument:
+        """A capacity document (``to_json``'s output, parsed) as typed sections; ValueError
+        names a step entry that is not one. A field the document lacks is None."""
+        manifest = _mapping(document.get("manifest"))
+        search = _mapping(document.get("search"))
+        answer = _mapping(document.get("answer"))
+        slo = document.get("slo")
+        steps = document.get("steps")
+        return cls(
+            batchbench_version=document.get("batchbench_version"),  # type: ignore[arg-type]
+            timestamp=document.get("timestamp"),  # type: ignore[arg-type]
+            slo=tuple(slo) if isinstance(slo, list) else (),
+            goodput_thresholds_ms=_mapping(document.get("goodput_thresholds_ms")),
+            configuration=_mapping(document.get("configuration")) or {},
+            manifest=None if manifest is None else section_from(ManifestSection, manifest),
+            search=section_from(SearchSettings, search),
+            steps=tuple(
+                StepRecord.from_dict(entry) if isinstance(entry, dict) else _not_a_step(entry)
+                for entry in (steps if isinstance(steps, list) else [])
+            ),
+            answer=section_from(Answer, answer),
+        )
+
 
 def _mapping(value: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
+
+
+def _not_a_step(entry: Any) -> StepRecord:
+    raise ValueError(f"a step entry that is not an object ({type(entry).__name__})")
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -227,3 +227,21 @@ def output_fields(cls: type) -> list[tuple[str, str]]:
         for flag in spec.flags
         if flag.output
     ]
+
+
+def closest(name: str, known: Iterable[str]) -> str | None:
+    """The known name a misspelled one most likely meant: the same name spelled with
+    dashes for underscores (or the other way round, or in other case), else the closest
+    by ``difflib``; None when none is close."""
+    candidates = list(known)
+    plain = {_plain(candidate): candidate for candidate in candidates}
+    if _plain(name) in plain:
+        return plain[_plain(name)]
+    import difflib  # lazy: only a misspelled name needs it
+
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def _plain(name: str) -> str:
+    return name.replace("-", "_").lower()

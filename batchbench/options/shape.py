@@ -109,6 +109,23 @@ def _size_flags(family: SizeFamily) -> list[Flag]:
 SHAPE_FLAGS = (*(flag for family in SIZE_FAMILIES for flag in _size_flags(family)), *LATENCY_FLAGS)
 
 
+# Each shape option's keyword in Python (its name with underscores; aliases too) -> its name.
+SHAPE_KEYWORDS = {
+    option.lstrip("-").replace("-", "_"): flag.name
+    for flag in SHAPE_FLAGS
+    for option in flag.option_strings
+}
+_ORDER = {flag.name: index for index, flag in enumerate(SHAPE_FLAGS)}
+
+
+def in_flag_order(
+    pairs: tuple[tuple[str, float | int], ...],
+) -> tuple[tuple[str, float | int], ...]:
+    """Shape options (name, value) in command-line order, as a command line gives them;
+    names that are no shape option follow in their own order (the checks name them)."""
+    return tuple(sorted(pairs, key=lambda pair: _ORDER.get(pair[0], len(_ORDER))))
+
+
 def shape_option_names() -> list[str]:
     """The 25 sampled-shape options by their main names, in command-line order."""
     return [flag.name for flag in SHAPE_FLAGS]

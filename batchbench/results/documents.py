@@ -21,8 +21,8 @@ validation beyond what its reader checks (a damaged shard is reported by
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, TypeVar
 
 from batchbench.results.recording import DriftFigures, FidelityFigures
 
@@ -262,6 +262,72 @@ class SummaryDocument:
         if self.shard is not None:
             document["shard"] = asdict(self.shard)
         return document
+
+    def to_dict(self) -> dict[str, Any]:
+        """The results JSON document (``to_json``; the name the Python API uses)."""
+        return self.to_json()
+
+    @classmethod
+    def read(cls, document: dict[str, Any]) -> SummaryDocument:
+        """A results JSON document (``to_json``'s output, parsed) as typed sections; the
+        keys beyond the summary's own go to ``sections`` in their order, so ``to_json``
+        gives the document back. A field the document lacks (an earlier version's) is
+        None."""
+        live = None
+        if "fidelity" in document or "ranks" in document:
+            live = LiveSections(
+                fidelity=document.get("fidelity"),  # type: ignore[arg-type]
+                ranks=document.get("ranks"),  # type: ignore[arg-type]
+                client_health=document.get("client_health"),
+            )
+        failures = document.get("failures")
+        shard = document.get("shard")
+        own = {*_SUMMARY_KEYS, *(_LIVE_KEYS if live is not None else ()), "shard"}
+        return cls(
+            batchbench_version=document.get("batchbench_version"),  # type: ignore[arg-type]
+            timestamp=document.get("timestamp"),  # type: ignore[arg-type]
+            interrupted=document.get("interrupted"),  # type: ignore[arg-type]
+            interrupted_by=document.get("interrupted_by"),
+            dry_run=document.get("dry_run"),  # type: ignore[arg-type]
+            manifest=section_from(ManifestSection, document.get("manifest")),
+            configuration=section_from(ConfigurationSection, document.get("configuration")),
+            metrics=_mapping(document.get("metrics")),
+            failures=tuple(
+                section_from(FailureRow, row)
+                for row in (failures if isinstance(failures, list) else [])
+                if isinstance(row, dict)
+            ),
+            live=live,
+            sections={key: value for key, value in document.items() if key not in own},
+            shard=section_from(ShardSection, shard) if isinstance(shard, dict) else None,
+        )
+
+    @property
+    def window(self) -> WindowView:
+        """The measured window (live runs; every figure None when there is none)."""
+        return WindowView.read(self.sections.get("window"))
+
+
+_SUMMARY_KEYS = (
+    "batchbench_version",
+    "timestamp",
+    "interrupted",
+    "interrupted_by",
+    "dry_run",
+    "manifest",
+    "configuration",
+    "metrics",
+    "failures",
+)
+_LIVE_KEYS = ("fidelity", "ranks", "client_health")
+_Section = TypeVar("_Section")
+
+
+def section_from(kind: type[_Section], document: Any) -> _Section:
+    """A section dataclass from a JSON object, field by field (a missing one is None: the
+    document's reader checked the kinds it needs, as ``batchbench report`` does)."""
+    values = document if isinstance(document, dict) else {}
+    return kind(**{spec.name: values.get(spec.name) for spec in fields(kind)})  # type: ignore[arg-type]
 
 
 # -- the measured window, read back ---------------------------------------------------------

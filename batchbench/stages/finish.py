@@ -8,10 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from batchbench.config import RunConfig
 from batchbench.drive.wire import DP_RANK_HEADERS, MISSING_USAGE, NO_STREAM_USAGE
 from batchbench.plan.workload import Workload
-from batchbench.results.console import dry_run_lines
+from batchbench.results.console import dry_run_lines, summary_model
+from batchbench.results.documents import SummaryDocument
 from batchbench.results.lifecycle import EngineResult
 from batchbench.results.metrics import RunTotals, StreamSamples
 from batchbench.results.recording import ClientHealth, FidelityFigures, RankFigures
@@ -91,6 +94,17 @@ class RunResult:
     def interrupted_by(self) -> str | None:
         """ "SIGINT" or "SIGTERM" when a signal stopped the run."""
         return self.live.interrupted_by if self.live is not None else None
+
+    def document(self) -> SummaryDocument:
+        """The results JSON as the typed document ``--results-json`` writes (a shard's
+        ``shard`` section, which names the raw data file, only in the file)."""
+        model = summary_model(self.config, self.setup, self.summary, self.failures, self.live)
+        return replace(model, sections=dict(self.sections or {}))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The results JSON document, exactly as ``--results-json`` holds it: plain JSON
+        values (lists, dicts, str, int, float, bool, None), with or without that file."""
+        return orjson.loads(orjson.dumps(self.document().to_json()))
 
     def __repr__(self) -> str:
         return (

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from batchbench.config import RunConfig
 from batchbench.errors import BatchbenchError
-from batchbench.results.console import csv_row, summary_model, write_csv, write_json
+from batchbench.results.console import csv_row, write_csv, write_json
 from batchbench.results.documents import ShardSection
 from batchbench.results.windowreport import window_csv
 from batchbench.stages.console import RunOutput
@@ -57,8 +57,7 @@ def write_outputs(result: RunResult, out: RunOutput | None = None) -> RunResult:
             errors.append(str(exc))
     document = None
     if config.results_json or config.report_html:
-        model = summary_model(config, result.setup, result.summary, result.failures, result.live)
-        model = replace(model, sections=dict(result.sections or {}))
+        model = result.document()
         if config.results_json and result.shard_data is not None and config.shard is not None:
             try:
                 shard = _write_shard_data(result, config.results_json)
