@@ -82,6 +82,40 @@ def packaged(packaged_tokenizer_dir):
     return get
 
 
+class _ParsedOnce:
+    """``tokenizers.Tokenizer`` as ``batchbench.text.tokenizer`` uses it, except that each
+    tokenizer file (by real path, size and mtime) is parsed once per test process. Every
+    in-process run (``batchbench-agent``, ``batchbench sim``...) loads its tokenizer; the
+    DeepSeek-V3 file alone takes ~0.5-1.3 s to parse, hundreds of times a pass. The loaded
+    tokenizer is never mutated (``LoadedTokenizer.wrap`` switches off truncation and padding,
+    idempotently; ``with_markers`` adds its markers to a copy made with ``from_str``, which
+    is not cached). A file that fails to parse is parsed, and fails, every time."""
+
+    def __init__(self, real: type[Tokenizer]) -> None:
+        self.real = real
+        self.parsed: dict[tuple[str, int, int], Tokenizer] = {}
+
+    def from_file(self, path: str) -> Tokenizer:
+        stat = os.stat(path)
+        key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+        if key not in self.parsed:
+            self.parsed[key] = self.real.from_file(path)
+        return self.parsed[key]
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _tokenizer_files_parsed_once():
+    from batchbench.text import tokenizer as module
+
+    real = module.Tokenizer
+    module.Tokenizer = _ParsedOnce(real)  # type: ignore[misc]
+    yield
+    module.Tokenizer = real  # type: ignore[misc]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _text_table_ready_for_serial_tests(request, deepseek) -> None:
     """Serial tests bound a whole run's wall clock; the first run of a session prepares the
