@@ -108,12 +108,35 @@ class _ParsedOnce:
 
 @pytest.fixture(scope="session", autouse=True)
 def _tokenizer_files_parsed_once():
+    """Each tokenizer file parsed once (``_ParsedOnce``), and each marker copy of such a
+    parsed tokenizer made once: ``with_markers`` serializes and re-parses the whole
+    tokenizer (~1-2 s for DeepSeek-V3) in every run with a built-in template. Only copies of
+    the parsed-once tokenizers are kept, which nothing mutates; the copies themselves are
+    only read (encoded with) by their users. A tokenizer built in memory by a test gets a
+    fresh copy every time, as before."""
+    from batchbench.stages import prepare
+    from batchbench.text import promptcount
     from batchbench.text import tokenizer as module
 
-    real = module.Tokenizer
-    module.Tokenizer = _ParsedOnce(real)  # type: ignore[misc]
+    real, real_with_markers = module.Tokenizer, module.with_markers
+    parsed_once = _ParsedOnce(real)
+    copies: dict[tuple[int, frozenset[str]], Tokenizer] = {}
+
+    def with_markers(tokenizer: Tokenizer, markers: frozenset[str]) -> Tokenizer:
+        if not any(tokenizer is kept for kept in parsed_once.parsed.values()):
+            return real_with_markers(tokenizer, markers)
+        key = (id(tokenizer), frozenset(markers))
+        if key not in copies:
+            copies[key] = real_with_markers(tokenizer, markers)
+        return copies[key]
+
+    module.Tokenizer = parsed_once  # type: ignore[misc]
+    for namespace in (module, promptcount, prepare):
+        namespace.with_markers = with_markers  # type: ignore[attr-defined]
     yield
     module.Tokenizer = real  # type: ignore[misc]
+    for namespace in (module, promptcount, prepare):
+        namespace.with_markers = real_with_markers  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session", autouse=True)
