@@ -185,6 +185,7 @@ def test_arguments_are_parsed_on_copies():
     assert for_template(odd)[0]["tool_calls"][0]["function"]["arguments"] == "{x"
 
 
+@pytest.mark.native_pass_only  # pure Python: no compiled module or twin on its path
 def test_chat_template_jinja_is_preferred_over_tokenizer_config(tmp_path):
     loaded = model_dir(tmp_path, "qwen-3", "qwen-3")
     directory = Path(loaded.source).parent
@@ -455,6 +456,7 @@ def test_tokenizer_template_endpoints_agree(tmp_path, tokenizer, template, prefi
     assert prefix + prompt == counter.render(messages)
 
 
+@pytest.mark.native_pass_only  # pure Python: no compiled module or twin on its path
 def test_llama_cpp_tokenize_parse_special(deepseek):
     """Without parse_special, marker text is encoded as text; add_special still adds the
     template's BOS as its token."""

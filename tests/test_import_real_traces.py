@@ -31,6 +31,7 @@ def _inputs(fmt: str) -> list[list[str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.native_pass_only  # the importer and validate are pure Python: no compiled module
 @pytest.mark.parametrize("fmt", sorted(SAMPLES))
 def test_a_public_trace_imports_whole(fmt: str, tmp_path: Path) -> None:
     for n, inputs in enumerate(_inputs(fmt)):

@@ -20,6 +20,10 @@ from batchbench.errors import BatchbenchError, ManifestError
 from batchbench.plan import manifest as manifest_module
 from batchbench.plan.manifest import Manifest, hash_manifest, load_manifest, parse_manifest
 
+# The manifest parser and validator are pure Python: no compiled module or twin serves them
+# (the pure-twin pass would run the same code again; see the marker in conftest).
+pytestmark = pytest.mark.native_pass_only
+
 CONTEXT = "invalid trajectory plan at plans.jsonl"
 
 

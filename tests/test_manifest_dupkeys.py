@@ -15,6 +15,10 @@ from batchbench.plan import manifest as manifest_module
 from batchbench.plan.dupkeys import first_repeat
 from batchbench.plan.manifest import parse_manifest
 
+# Manifest parsing and `batchbench validate` are pure Python: no compiled module or twin
+# (the pure-twin pass would run the same code again; see the marker in conftest).
+pytestmark = pytest.mark.native_pass_only
+
 V1 = '{"schema_version":1,"trajectory_id":"t","requests":[%s]}'
 V2 = '{"schema_version":2,"trajectory_id":"t","requests":[%s]}'
 REQ = '{"prompt_tokens":100,"output_tokens":5}'

@@ -21,6 +21,10 @@ from batchbench.plan.manifest import (
     validate_manifest,
 )
 
+# The manifest parser and validator are pure Python: no compiled module or twin serves them
+# (the pure-twin pass would run the same code again; see the marker in conftest).
+pytestmark = pytest.mark.native_pass_only
+
 SOURCE = "p.jsonl"
 CONTEXT = f"invalid trajectory plan at {SOURCE}"
 ROLES_LISTED = "tool_definition, system, user, assistant, tool, tool_call"

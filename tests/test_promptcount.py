@@ -22,6 +22,10 @@ from batchbench.text.chat_templates import BUILTIN_TEMPLATES, BUILTINS, load_cha
 from batchbench.text.promptcount import SegmentCounter, load_counter, template_counter
 from batchbench.text.tokenizer import LoadedTokenizer
 
+# Template counting (client and simulator) is pure Python: no compiled module or twin
+# (the pure-twin pass would run the same code again; see the marker in conftest).
+pytestmark = pytest.mark.native_pass_only
+
 CALL = {
     "id": "call_batchbench_00000001_000001",
     "type": "function",

