@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from batchbench.drive.failover import DEFAULT_RANK_FAILOVER, RANK_FAILOVER_POLICIES
 from batchbench.drive.transport import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_WORKER_HEADER
@@ -119,6 +119,21 @@ def host_ends_in_v1(host: str | None, endpoint: str) -> bool:
         and not endpoint.startswith(("http://", "https://"))
         and endpoint.lstrip("/").startswith("v1/")
     )
+
+
+def check_base_url(host: str, endpoint: str) -> None:
+    """Refuse a --host that carries an API path past ``/v1`` (``…/v1/chat``,
+    ``…/v1/chat/completions``): requests go to --host plus --endpoint, so such a host
+    would double the path. A trailing ``/v1`` alone is the SDK's base_url, dropped."""
+    parts = urlsplit(host)
+    segments = [s for s in parts.path.split("/") if s]
+    if "v1" in segments and segments[-1] != "v1":
+        path = "/" + "/".join(segments[segments.index("v1") :])
+        base = urlunsplit((parts.scheme, parts.netloc, parts.path[: parts.path.index(path)], "", ""))
+        raise UsageError(
+            f"--host {host} carries the API path {path}: give the server's base URL "
+            f"(e.g. --host {base}); requests go to --host plus --endpoint ({endpoint})"
+        )
 
 
 def resolve_endpoint(host: str, endpoint: str) -> str:
@@ -1340,6 +1355,7 @@ class RunConfig:
             )
         if self.host is not None and not full:
             check_url("--host", self.host)
+            check_base_url(self.host, self.endpoint)
         if full:
             check_url("--endpoint", self.endpoint)
         _ = self.endpoint_url  # an unusable URL is a usage error before anything runs
