@@ -505,8 +505,14 @@ def live_lines(live: LiveFigures) -> list[str]:
     return lines
 
 
-def server_rank_lines(rows: Sequence[dict]) -> list[str]:
-    """Per-rank load from the server's own metrics, when the client does not route."""
+# A baseline scrape this close before the window's start is its start (a scrape is taken
+# there, a little early: see MARK_LEAD_SECONDS in batchbench.results.scrape).
+COVERED_SLACK_SECONDS = 0.1
+
+
+def server_rank_lines(rows: Sequence[dict], window: dict | None = None) -> list[str]:
+    """Per-rank load from the server's own metrics, when the client does not route;
+    ``window`` (the server_metrics document's) names the scrapes the counts run between."""
     if not rows:
         return []
     header = ("rank", "requests", "input_tokens", "output_tokens", "ttft_p50_ms", "ttft_p99_ms")
@@ -525,9 +531,17 @@ def server_rank_lines(rows: Sequence[dict]) -> list[str]:
         for row in rows
     ]
     widths = [max(len(h), *(len(r[c]) for r in table)) for c, h in enumerate(header)]
+    covered = "over the measured window"
+    low = (window or {}).get("counters_from_seconds")
+    high = (window or {}).get("counters_to_seconds")
+    if low is not None and high is not None:
+        covered = f"counted between scrapes at {low:.2f}s and {high:.2f}s"
+        start = (window or {}).get("start_seconds")
+        if isinstance(start, int | float) and start - low > COVERED_SLACK_SECONDS:
+            covered += f" (the measured window starts at {start:.2f}s)"
     lines = [
         f"Per-rank load ({len(rows)} {'rank' if len(rows) == 1 else 'ranks'}, from the "
-        "server's metrics over the measured window; completions counted at scrape times):"
+        f"server's metrics {covered}; completions counted at scrape times):"
     ]
     lines.append("  " + "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
     for row in table:
