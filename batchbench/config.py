@@ -129,7 +129,9 @@ def check_base_url(host: str, endpoint: str) -> None:
     segments = [s for s in parts.path.split("/") if s]
     if "v1" in segments and segments[-1] != "v1":
         path = "/" + "/".join(segments[segments.index("v1") :])
-        base = urlunsplit((parts.scheme, parts.netloc, parts.path[: parts.path.index(path)], "", ""))
+        base = urlunsplit(
+            (parts.scheme, parts.netloc, parts.path[: parts.path.index(path)], "", "")
+        )
         raise UsageError(
             f"--host {host} carries the API path {path}: give the server's base URL "
             f"(e.g. --host {base}); requests go to --host plus --endpoint ({endpoint})"

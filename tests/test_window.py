@@ -5,10 +5,9 @@ lines and CSV cells, the time series, and runs against the real simulator stoppe
 
 from __future__ import annotations
 
-import dataclasses
-
 import contextlib
 import csv
+import dataclasses
 import io
 import json
 import math
