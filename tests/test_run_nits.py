@@ -16,6 +16,7 @@ import pytest
 from batchbench.cli.agent import main
 from batchbench.config import RunConfig
 from batchbench.errors import UsageError
+from batchbench.results.console import server_rank_lines
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "trajectory-replay" / "plans-v2.jsonl"
 TOOLS = {"seed": "tools/editor-shell-v1", "tokens": 600, "role": "tool_definition"}
@@ -183,3 +184,22 @@ def test_server_rank_counts_start_at_the_warm_up_end(capsys, tmp_path):
     # The sessions due at 1.2, 1.5, 1.8 and 2.1 s are the window's requests (not all 8).
     rows = result["summary"]["ranks"]
     assert sum(row["requests"] for row in rows) == 4
+
+
+def test_server_rank_lines_name_the_scrapes_counted_between():
+    rows = [{"rank": 0, "label": "0", "requests": 3.0}, {"rank": 1, "label": "1", "requests": 1.0}]
+    header = "Per-rank load (2 ranks, from the server's metrics "
+    tail = "; completions counted at scrape times):"
+    # No window known: the old wording.
+    assert server_rank_lines(rows)[0] == f"{header}over the measured window{tail}"
+    # A baseline taken where the warm-up ends (a little early): the scrapes alone.
+    at_start = {"start_seconds": 2.0, "counters_from_seconds": 1.96, "counters_to_seconds": 9.5}
+    assert server_rank_lines(rows, at_start)[0] == (
+        f"{header}counted between scrapes at 1.96s and 9.50s{tail}"
+    )
+    # A baseline well before the window's start: said so.
+    early = {**at_start, "counters_from_seconds": 0.0}
+    assert server_rank_lines(rows, early)[0] == (
+        f"{header}counted between scrapes at 0.00s and 9.50s (the measured window starts at "
+        f"2.00s){tail}"
+    )
