@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -123,19 +124,22 @@ def host_ends_in_v1(host: str | None, endpoint: str) -> bool:
 
 def check_base_url(host: str, endpoint: str) -> None:
     """Refuse a --host that carries an API path past ``/v1`` (``…/v1/chat``,
-    ``…/v1/chat/completions``): requests go to --host plus --endpoint, so such a host
-    would double the path. A trailing ``/v1`` alone is the SDK's base_url, dropped."""
+    ``…/v1/chat/completions``) when --endpoint is a ``/v1/...`` path: requests go to
+    --host plus --endpoint, so such a host would double the path. A trailing ``/v1`` alone
+    is the SDK's base_url, dropped (``host_ends_in_v1``)."""
+    if not endpoint.lstrip("/").startswith("v1/"):
+        return  # a custom path: the host's own path may be the gateway's
+    path = urlsplit(host).path
+    found = re.search(r"/v1/+[^/]", path)
+    if found is None:
+        return
+    api = "/" + "/".join(part for part in path[found.start() :].split("/") if part)
     parts = urlsplit(host)
-    segments = [s for s in parts.path.split("/") if s]
-    if "v1" in segments and segments[-1] != "v1":
-        path = "/" + "/".join(segments[segments.index("v1") :])
-        base = urlunsplit(
-            (parts.scheme, parts.netloc, parts.path[: parts.path.index(path)], "", "")
-        )
-        raise UsageError(
-            f"--host {host} carries the API path {path}: give the server's base URL "
-            f"(e.g. --host {base}); requests go to --host plus --endpoint ({endpoint})"
-        )
+    base = urlunsplit((parts.scheme, parts.netloc, path[: found.start()], "", ""))
+    raise UsageError(
+        f"--host {host} carries the API path {api}: give the server's base URL "
+        f"(e.g. --host {base}); requests go to --host plus --endpoint ({endpoint})"
+    )
 
 
 def resolve_endpoint(host: str, endpoint: str) -> str:

@@ -140,7 +140,15 @@ def test_host_with_an_api_path_is_one_error():
         )
     # A trailing /v1 (the OpenAI SDK's base_url) stays accepted.
     config = RunConfig(host="http://127.0.0.1:18012/v1", agent_plans_jsonl=str(EXAMPLE))
+    config.check()
     assert config.endpoint_url == "http://127.0.0.1:18012/v1/chat/completions"
+    # With an --endpoint that is no /v1/... path, the host's path is the gateway's own.
+    config = RunConfig(
+        host="http://gw:8000/v1/deployments/m", endpoint="chat/completions",
+        agent_plans_jsonl=str(EXAMPLE),
+    )  # fmt: skip
+    config.check()
+    assert config.endpoint_url == "http://gw:8000/v1/deployments/m/chat/completions"
 
 
 def test_all_failed_run_says_no_request_succeeded(capsys, tmp_path):
