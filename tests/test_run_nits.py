@@ -16,6 +16,7 @@ import pytest
 from batchbench.cli.agent import main
 from batchbench.config import RunConfig
 from batchbench.errors import UsageError
+from batchbench.report.page import _interval
 from batchbench.results.console import server_rank_lines
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "trajectory-replay" / "plans-v2.jsonl"
@@ -211,3 +212,10 @@ def test_server_rank_lines_name_the_scrapes_counted_between():
         f"{header}counted between scrapes at 0.00s and 9.50s (the measured window starts at "
         f"2.00s){tail}"
     )
+
+
+def test_the_report_prints_an_open_interval_as_a_bound():
+    assert _interval(700.0, 614.6, None) == "700.0 (≥ 614.6)"
+    assert _interval(700.0, None, 800.0) == "700.0 (≤ 800.0)"
+    assert _interval(700.0, 614.6, 800.0) == "700.0 (614.6 – 800.0)"
+    assert _interval(700.0, None, None) == "700.0"
