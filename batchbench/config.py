@@ -14,11 +14,12 @@ import inspect
 import json
 import math
 import os
+import re
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from batchbench.drive.failover import DEFAULT_RANK_FAILOVER, RANK_FAILOVER_POLICIES
 from batchbench.drive.transport import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_WORKER_HEADER
@@ -133,6 +134,26 @@ def host_ends_in_v1(host: str | None, endpoint: str) -> bool:
         and host.rstrip("/").endswith("/v1")
         and not endpoint.startswith(("http://", "https://"))
         and endpoint.lstrip("/").startswith("v1/")
+    )
+
+
+def check_base_url(host: str, endpoint: str) -> None:
+    """Refuse a --host that carries an API path past ``/v1`` (``…/v1/chat``,
+    ``…/v1/chat/completions``) when --endpoint is a ``/v1/...`` path: requests go to
+    --host plus --endpoint, so such a host would double the path. A trailing ``/v1`` alone
+    is the SDK's base_url, dropped (``host_ends_in_v1``)."""
+    if not endpoint.lstrip("/").startswith("v1/"):
+        return  # a custom path: the host's own path may be the gateway's
+    path = urlsplit(host).path
+    found = re.search(r"/v1/+[^/]", path)
+    if found is None:
+        return
+    api = "/" + "/".join(part for part in path[found.start() :].split("/") if part)
+    parts = urlsplit(host)
+    base = urlunsplit((parts.scheme, parts.netloc, path[: found.start()], "", ""))
+    raise UsageError(
+        f"--host {host} carries the API path {api}: give the server's base URL "
+        f"(e.g. --host {base}); requests go to --host plus --endpoint ({endpoint})"
     )
 
 
@@ -1370,6 +1391,7 @@ class RunConfig:
             )
         if self.host is not None and not full:
             check_url("--host", self.host)
+            check_base_url(self.host, self.endpoint)
         if full:
             check_url("--endpoint", self.endpoint)
         _ = self.endpoint_url  # an unusable URL is a usage error before anything runs

@@ -467,7 +467,13 @@ def test_scraper_counts_failures_and_writes_jsonl(tmp_path: Path):
         "scrapes": 2,
         "failed_scrapes": 2,
         "file": str(path),
-        "window": {"start_seconds": 0.0, "end_seconds": 60.0},
+        "window": {
+            "start_seconds": 0.0,
+            "end_seconds": 60.0,
+            # the counts run between the two scrapes read (the first and the last)
+            "counters_from_seconds": scraper.timeline.times[0],
+            "counters_to_seconds": scraper.timeline.times[1],
+        },
     }
     lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
     assert [sorted(line) for line in lines] == [["samples", "t"], ["samples", "t"]]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -618,7 +619,7 @@ def test_window_console_lines():
     lines = window_lines(known_window(), (50.0, 99.0), 5.0, "duration")
     assert lines == [
         "Measured window: 5.00s to 35.25s (warm-up 5s excluded; stopped: --duration reached): "
-        "500 requests, 16.50 req/s, output 1234.50 tok/s",
+        "500 requests (2 failed), 16.50 req/s, output 1234.50 tok/s",
         "Prefix cache hit rate: 41.3% of input tokens (4130 of 10000, server-reported)",
         "Latency in the measured window:",
         *TABLE,
@@ -626,7 +627,7 @@ def test_window_console_lines():
         "trajectory goodput 10/12 finished trajectories all good (20.00 per minute)",
         "SLO ttft_p99 ≤ 2 s: pass (1.83 s, 95% CI 1.70 s–1.95 s; 99.4% within [98.2, 99.8], "
         "500 samples)",
-        "SLO itl_p99 ≤ 100 ms: unresolved (250.5 ms, 95% CI ?–?; 33.3% within [6.1, 79.2], "
+        "SLO itl_p99 ≤ 100 ms: unresolved (250.5 ms, 95% CI unbounded; 33.3% within [6.1, 79.2], "
         "3 samples)",
         "SLO e2e_p95 ≤ 30 s: unresolved (n/a; n/a within [0.0, 100.0], 0 samples)",
         "SLO goodput ≥ 95%: fail (90.0% good [87.1, 92.4], 500 samples)",
@@ -635,13 +636,26 @@ def test_window_console_lines():
         "Server: server-bound: requests queued at the server (waiting mean 1.5, max 2)",
     ]
     assert outcome_text(known_window().slo[0]) == lines[7].removeprefix("SLO ")
+    # An interval open on one side reads as a bound, not "614.6 ms–?".
+    ttft = known_window().slo[0]
+    assert outcome_text(dataclasses.replace(ttft, value_high_ms=None)) == (
+        "ttft_p99 ≤ 2 s: pass (1.83 s, 95% CI ≥ 1.70 s; 99.4% within [98.2, 99.8], 500 samples)"
+    )
+    assert outcome_text(dataclasses.replace(ttft, value_low_ms=None)).startswith(
+        "ttft_p99 ≤ 2 s: pass (1.83 s, 95% CI ≤ 1.95 s; "
+    )
+    none_failed = dataclasses.replace(known_window(), failed_requests=0, successful_requests=500)
+    assert window_lines(none_failed, (50.0,), 5.0, None)[0] == (
+        "Measured window: 5.00s to 35.25s (warm-up 5s excluded): 500 requests, "
+        "16.50 req/s, output 1234.50 tok/s"
+    )
     bare = known_window(
         cache_hit_percent=None, cached_tokens=None, latency={}, goodput=None, slo=(),
         slo_verdict=None, client=Verdict(None, None), server=Verdict(None, None),
         start_seconds=0.0,
     )  # fmt: skip
     assert window_lines(bare, (50.0,), 0.0, None) == [
-        "Measured window: 0.00s to 35.25s (warm-up 0s excluded): 500 requests, 16.50 req/s, "
+        "Measured window: 0.00s to 35.25s (warm-up 0s excluded): 500 requests (2 failed), 16.50 req/s, "
         "output 1234.50 tok/s"
     ]
     assert window_lines(bare, (50.0,), 0.25, "window")[0].startswith(

@@ -66,7 +66,8 @@ def render(result: RunResult) -> None:
         write_lines(live_lines(result.live))
         sections = result.sections or {}
         if sections.get("ranks_source") == "server":
-            write_lines(server_rank_lines(sections["ranks"]))
+            metrics = sections.get("server_metrics") or {}
+            write_lines(server_rank_lines(sections["ranks"], metrics.get("window")))
     if result.window is not None:
         config = result.config
         write_lines(

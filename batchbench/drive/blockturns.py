@@ -232,7 +232,10 @@ class BlockRequests:
             else:
                 framing.observe(state.shape(request), residual, overhead)
         state.previous = (residual, overhead)
-        return self._explain + max(overhead, 0)
+        # Perfect caching can hold the blocks sent before and the template's framing around
+        # them: bounded by all of this request's framing as the server counted it (the
+        # manifest's overhead may undercount it), never below the manifest's figure.
+        return self._explain + max(residual, overhead, 0)
 
     def replied(self, turn: int, request: int, reply: Reply) -> int | None:
         """Keep the reply for the next live block; its rendered size when correcting and

@@ -23,6 +23,7 @@ from batchbench.errors import BatchbenchError, UsageError
 
 PREFLIGHT_TIMEOUT_SECONDS = 10.0
 SKIP_HINT = "--no-preflight skips this check"
+MODEL_CHOSEN_NOTE = "note: --model not given; using"  # not printed for --sim: its one model
 
 
 class PreflightError(BatchbenchError):
@@ -72,7 +73,7 @@ async def preflight(
             listed = ", ".join(models) if models else "none"
             raise UsageError(f"give --model: the server lists {len(models)} models ({listed})")
         model = models[0]
-        notes.append(f"note: --model not given; using {model}, the one model the server lists")
+        notes.append(f"{MODEL_CHOSEN_NOTE} {model}, the one model the server lists")
     elif models is not None and model not in models:
         notes.append(
             f"warning: the server does not list model {model!r} (it lists: "

@@ -582,8 +582,11 @@ def _interval(value: Any, low: Any, high: Any, fmt: Callable[[Any], str] = numbe
         return MISSING
     if finite(low) is None and finite(high) is None:
         return fmt(value)
-    bounds = [fmt(b) if finite(b) is not None else "?" for b in (low, high)]
-    return f"{fmt(value)} ({bounds[0]} – {bounds[1]})"  # "?": too few samples to bound
+    if finite(high) is None:  # too few samples to bound the upper side
+        return f"{fmt(value)} (≥ {fmt(low)})"
+    if finite(low) is None:
+        return f"{fmt(value)} (≤ {fmt(high)})"
+    return f"{fmt(value)} ({fmt(low)} – {fmt(high)})"
 
 
 def concept_cells(value: Any) -> list[tuple[str, str]]:

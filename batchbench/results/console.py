@@ -228,6 +228,16 @@ def dry_run_lines(workload: Workload, result: EngineResult) -> Iterable[str]:
             yield line
 
 
+def _failed_throughput(s: Summary) -> str:
+    """After ``requests <x> req/s`` (sent requests, failed ones included: its compatibility
+    definition), when some failed: the rate of successful ones."""
+    if not s.failed_requests:
+        return ""
+    duration = s.total_duration_seconds
+    succeeded = s.successful_requests / duration if duration > 0 else 0.0
+    return f" (failed included; {succeeded:.2f} req/s succeeded)"
+
+
 def _percentile_line(label: str, p50: float | None, p90: float | None, p99: float | None) -> str:
     return f"{label}: p50={fixed(p50)} p90={fixed(p90)} p99={fixed(p99)}"
 
@@ -285,7 +295,7 @@ def summary_lines(
         f"Total duration: {s.total_duration_seconds:.2f}s; throughput: input "
         f"{s.input_tokens_per_second:.2f} tok/s, output "
         f"{s.output_tokens_per_second:.2f} tok/s, requests "
-        f"{s.requests_per_second:.2f} req/s",
+        f"{s.requests_per_second:.2f} req/s{_failed_throughput(s)}",
         _percentile_line(
             "Request latency (ms)", s.latency_p50_ms, s.latency_p90_ms, s.latency_p99_ms
         ),
@@ -439,7 +449,7 @@ def live_lines(live: LiveFigures) -> list[str]:
     """After the summary, what only a live run has: fidelity, server-reported cache hits,
     the per-rank table (perfect routing) and the client-health line."""
     lines = fidelity_lines(live)
-    if not live.streaming:
+    if not live.streamed_requests and not live.stream.ttft_ms:  # no request streamed
         lines.append(
             "Time to first token, inter-token latency, TPOT: not measured "
             "(they need streamed replies: add --stream)"
@@ -452,6 +462,12 @@ def live_lines(live: LiveFigures) -> list[str]:
         lines.append(
             f"Server-reported cached input tokens (usage.prompt_tokens_details): "
             f"{live.server_cached_tokens}{share}"
+        )
+    if live.shared_blocks and live.server_cached_tokens is not None:
+        lines.append(
+            "Cached input tokens with the blocks trajectories share (perfect prefix caching, "
+            f"at most): {live.fidelity.explainable_cached_tokens}; the estimate above counts "
+            "each trajectory's own earlier prompts only"
         )
     if live.ranks:
         lines.append(f"Per-rank load ({len(live.ranks)} ranks, perfect routing):")
@@ -489,8 +505,14 @@ def live_lines(live: LiveFigures) -> list[str]:
     return lines
 
 
-def server_rank_lines(rows: Sequence[dict]) -> list[str]:
-    """Per-rank load from the server's own metrics, when the client does not route."""
+# A baseline scrape this close before the window's start is its start (a scrape is taken
+# there, a little early: see MARK_LEAD_SECONDS in batchbench.results.scrape).
+COVERED_SLACK_SECONDS = 0.1
+
+
+def server_rank_lines(rows: Sequence[dict], window: dict | None = None) -> list[str]:
+    """Per-rank load from the server's own metrics, when the client does not route;
+    ``window`` (the server_metrics document's) names the scrapes the counts run between."""
     if not rows:
         return []
     header = ("rank", "requests", "input_tokens", "output_tokens", "ttft_p50_ms", "ttft_p99_ms")
@@ -509,9 +531,17 @@ def server_rank_lines(rows: Sequence[dict]) -> list[str]:
         for row in rows
     ]
     widths = [max(len(h), *(len(r[c]) for r in table)) for c, h in enumerate(header)]
+    covered = "over the measured window"
+    low = (window or {}).get("counters_from_seconds")
+    high = (window or {}).get("counters_to_seconds")
+    if low is not None and high is not None:
+        covered = f"counted between scrapes at {low:.2f}s and {high:.2f}s"
+        start = (window or {}).get("start_seconds")
+        if isinstance(start, int | float) and start - low > COVERED_SLACK_SECONDS:
+            covered += f" (the measured window starts at {start:.2f}s)"
     lines = [
         f"Per-rank load ({len(rows)} {'rank' if len(rows) == 1 else 'ranks'}, from the "
-        "server's metrics over the measured window; completions counted at scrape times):"
+        f"server's metrics {covered}; completions counted at scrape times):"
     ]
     lines.append("  " + "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
     for row in table:
@@ -598,7 +628,9 @@ def summary_model(
             stream=live.streaming if live is not None else False,
             dp_rank_perfect_routing_num=config.dp_ranks,
             user_tagging=config.user_tagging,
-            seed=config.seed,
+            # The seed the run used: --seed, or the one drawn when it was not given (the
+            # CSV's seed column keeps its compatibility meaning: --seed as given).
+            seed=config.seed if config.seed is not None else setup.root_seed,
             content_salt=setup.content_salt,
             prompt_correction=config.prompt_correction,
             replay_reasoning=config.replay_reasoning,

@@ -303,7 +303,12 @@ class Timeline:
         for concept, candidates in HISTOGRAMS.items():
             concepts[concept] = self._quantiles(candidates, bounds)
         concepts["policy_branches"] = self._policy_branches(bounds)
-        return {"dialect": self.dialect(), "concepts": concepts, "series": series_out}
+        return {
+            "dialect": self.dialect(),
+            "concepts": concepts,
+            "series": series_out,
+            "counter_bounds": bounds,  # the scrapes whose difference the counters are
+        }
 
     def _chosen(self, candidates: Iterable[str], kind: str) -> list[Series]:
         """The series of the first candidate name the server exposes."""

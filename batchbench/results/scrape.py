@@ -30,6 +30,7 @@ from batchbench.results.promsummary import Timeline
 
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"  # the classic text format, not OpenMetrics
 MIN_TIMEOUT_SECONDS = 5.0
+MARK_LEAD_SECONDS = 0.05  # a mark's scrape starts this early (see _scrape_marks)
 
 
 def check_metrics_url(url: str) -> None:
@@ -88,6 +89,11 @@ class ServerMetricsScraper:
         self._own_file = sink is None
         self._task: asyncio.Task[None] | None = None
         self._baseline: tuple[float, bytes] | None = None  # (perf_counter time, page)
+        # Seconds since the origin to scrape at besides every interval (the measured
+        # window's start after a warm-up: the counts' baseline), and their task.
+        self.marks: tuple[float, ...] = ()
+        self._marks_task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
         self._closed = False
         if path is not None and sink is None:
             try:
@@ -111,15 +117,28 @@ class ServerMetricsScraper:
             self.ingest(baseline[0] - self.origin, baseline[1])
         else:
             await self.scrape_once()
-        self._task = asyncio.get_running_loop().create_task(self.run(scrape_now=False))
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self.run(scrape_now=False))
+        if self.marks:
+            self._marks_task = loop.create_task(self._scrape_marks())
+
+    async def _scrape_marks(self) -> None:
+        """A scrape at each mark, started a little early so that the page stands for a
+        time at or just before the mark (a page's time is the middle of its fetch)."""
+        for mark in sorted(self.marks):
+            wait = self.origin + mark - MARK_LEAD_SECONDS - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            await self.scrape_once()
 
     async def stop(self) -> None:
         """End the background scraping, take the final scrape and close (idempotent)."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for task in (self._task, self._marks_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._marks_task = None
         if not self._closed:
             await self.final_scrape()
 
@@ -164,8 +183,9 @@ class ServerMetricsScraper:
     async def scrape_once(self) -> bool:
         """One scrape; True when its page was read and parsed. Never raises (but
         cancellation)."""
-        fetched = await self._fetch()
-        return fetched is not None and self.ingest(fetched[0] - self.origin, fetched[1])
+        async with self._lock:  # one fetch at a time: pages arrive in time order
+            fetched = await self._fetch()
+            return fetched is not None and self.ingest(fetched[0] - self.origin, fetched[1])
 
     async def _fetch(self) -> tuple[float, bytes] | None:
         """(``perf_counter`` time the page stood for, the page); None when it failed (counted)."""
@@ -234,6 +254,7 @@ class ServerMetricsScraper:
     def document(self, start: float, end: float) -> dict[str, Any]:
         """The results JSON ``server_metrics`` document of the window ``[start, end]``."""
         summary = self.timeline.summary(start, end)
+        bounds = summary["counter_bounds"]
         return {
             "url": self.url,
             "interval_seconds": self.interval,
@@ -241,7 +262,14 @@ class ServerMetricsScraper:
             "failed_scrapes": self.failed_scrapes,
             "last_error": self.last_error,
             "file": self.path,
-            "window": {"start_seconds": start, "end_seconds": end},
+            "window": {
+                "start_seconds": start,
+                "end_seconds": end,
+                # The scrapes the counts run between (None: no scrape): the last at or
+                # before the window's start, the first at or after its end.
+                "counters_from_seconds": bounds[0] if bounds is not None else None,
+                "counters_to_seconds": bounds[1] if bounds is not None else None,
+            },
             "dialect": summary["dialect"],
             "concepts": summary["concepts"],
             "series": summary["series"],

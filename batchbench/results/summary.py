@@ -55,7 +55,11 @@ class LiveFigures:
     ranks: list[RankFigures] = field(default_factory=list)
     health: ClientHealth | None = None
     interrupted_by: str | None = None
-    streaming: bool = False
+    streaming: bool = False  # --stream (the run's default)
+    # Some request streamed (--stream, or a manifest request's own "stream": true).
+    streamed_requests: bool = False
+    # Some block seed is shared by several trajectories (schema v2).
+    shared_blocks: bool = False
     fidelity: FidelityFigures = field(default_factory=FidelityFigures)
     framing: dict | None = None  # what the run learned of the server's framing
     no_usage_failures: int = 0  # failed requests whose server sent no usage

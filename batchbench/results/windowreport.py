@@ -67,7 +67,7 @@ def outcome_text(outcome: ObjectiveOutcome, objective: Objective | None = None) 
         target = f"{outcome.objective} ≤ {duration_text(outcome.limit_ms or 0.0, ' ')}"
         value = MISSING if outcome.value_ms is None else measured_latency(outcome.value_ms)
         low, high = outcome.value_low_ms, outcome.value_high_ms
-        interval = f", 95% CI {_bound(low)}–{_bound(high)}" if outcome.samples else ""
+        interval = f", 95% CI {_interval(low, high)}" if outcome.samples else ""
         measured = f"{value}{interval}; {ratio_percent(outcome.attainment)} within"
     return (
         f"{target}: {outcome.verdict} ({measured} "
@@ -76,8 +76,16 @@ def outcome_text(outcome: ObjectiveOutcome, objective: Objective | None = None) 
     )
 
 
-def _bound(value: float | None) -> str:
-    return "?" if value is None else measured_latency(value)
+def _interval(low: float | None, high: float | None) -> str:
+    """``1.70 s–1.95 s``; an open side (too few samples to bound it) as ``≥ 1.70 s``,
+    ``≤ 1.95 s`` or ``unbounded``."""
+    if low is not None and high is not None:
+        return f"{measured_latency(low)}–{measured_latency(high)}"
+    if low is not None:
+        return f"≥ {measured_latency(low)}"
+    if high is not None:
+        return f"≤ {measured_latency(high)}"
+    return "unbounded"
 
 
 def window_lines(
@@ -89,7 +97,8 @@ def window_lines(
     end_note = f"; stopped: {why[finished_by]}" if finished_by in why else ""
     lines = [
         f"Measured window: {w.start_seconds:.2f}s to {w.end_seconds:.2f}s "
-        f"(warm-up {warmup:g}s excluded{end_note}): {w.requests} requests, "
+        f"(warm-up {warmup:g}s excluded{end_note}): {w.requests} requests"
+        f"{f' ({w.failed_requests} failed)' if w.failed_requests else ''}, "
         f"{w.requests_per_second:.2f} req/s, output {w.output_tokens_per_second:.2f} tok/s",
     ]
     if w.cache_hit_percent is not None:

@@ -167,6 +167,12 @@ def finish_run(
             health=recorder.health(),
             interrupted_by=live.interrupted_by,
             streaming=config.stream,
+            streamed_requests=_streamed_requests(config, workload),
+            shared_blocks=(
+                workload is not None
+                and workload.blocks is not None
+                and bool(workload.blocks.shared.any())
+            ),
             fidelity=recorder.fidelity,
             framing=live.framing.learned() if config.prompt_correction else None,
             no_usage_failures=sum(1 for f in totals.failures if f[3] in NO_USAGE_ERRORS),
@@ -204,6 +210,15 @@ def finish_run(
         sections=sections,
         finished_by=live.finished_by if live is not None else None,
     )
+
+
+def _streamed_requests(config: RunConfig, workload: Workload | None) -> bool:
+    """Whether some request of the run streams: the run's --stream, unless every request
+    sets its own ``stream``; a manifest request with ``"stream": true``."""
+    column = workload.request_stream if workload is not None else None
+    if column is None or len(column) == 0:
+        return config.stream
+    return bool((column == 1).any() or (config.stream and (column < 0).any()))
 
 
 def _measured(

@@ -247,6 +247,9 @@ class MetricsScraping:
                 raise UsageError(f"--server-metrics-jsonl {path}: {exc.strerror or exc}") from None
         interval = config.server_metrics_interval
         self.scrapers = [ServerMetricsScraper(u, interval, path, sink=self.sink) for u in urls]
+        if config.warmup > 0:  # the counts' baseline: a scrape where the window starts
+            for scraper in self.scrapers:
+                scraper.marks = (config.warmup,)
         self.task: asyncio.Future | None = None
 
     async def take_baselines(self) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 import aiohttp
 
 from batchbench.config import RunConfig, host_ends_in_v1
-from batchbench.drive.preflight import preflight
+from batchbench.drive.preflight import MODEL_CHOSEN_NOTE, preflight
 from batchbench.drive.rankcheck import RankLayout, probe_ranks
 from batchbench.drive.simlaunch import SimProcess, sim_command
 from batchbench.drive.wire import BodyOptions, request_headers
@@ -109,6 +109,8 @@ async def check_target(config: RunConfig, out: RunOutput) -> RunConfig:
             session, url, headers, config.model, body_options(config), key_source
         )
     for note in found.notes:
+        if config.sim and note.startswith(MODEL_CHOSEN_NOTE):
+            continue  # the embedded simulator serves one known model: nothing to note
         out.warning(note)
     return config if found.model == config.model else replace(config, model=found.model)
 
