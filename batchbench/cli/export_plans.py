@@ -78,7 +78,7 @@ def build_parser(prog: str) -> CommandParser:
         metavar="X",
         help="divide every written start offset and delay by X (default: 1)",
     )
-    add("--output", required=True, metavar="PATH", help="the manifest to write")
+    add("-o", "--output", required=True, metavar="PATH", help="the manifest to write")
     add_describe_html(parser)
     return parser
 
