@@ -56,8 +56,7 @@ def check_sim_command(command: list[str]) -> None:
     words = command[4:]
     if "-h" in words or "--help" in words:
         raise UsageError(
-            "--sim-args: --help is not a simulator option here; `batchbench sim --help` "
-            "lists them"
+            "--sim-args: --help is not a simulator option here; `batchbench sim --help` lists them"
         )
     parser = build_parser()
     try:
