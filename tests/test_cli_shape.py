@@ -93,9 +93,15 @@ def test_concurrency_is_max_active_agents():
     assert parse_agent_args(["--max-active-agents", "5"]).max_active_agents == 5
     with pytest.raises(UsageError) as caught:
         parse_agent_args(["--concurrency", "0"])
-    assert str(caught.value) == (
-        "argument --max-active-agents/--concurrency: value must be greater than zero"
+    assert str(caught.value) == "argument --concurrency: value must be greater than zero"
+    with pytest.raises(UsageError) as caught:
+        parse_agent_args(["--max-active-agents=two"])
+    assert (
+        str(caught.value) == 'argument --max-active-agents: "two" is not a valid positive integer'
     )
+    with pytest.raises(UsageError) as caught:  # an older alias: named as typed too
+        parse_agent_args(["--initial-prompt-tokens", "x"])
+    assert str(caught.value).startswith("argument --initial-prompt-tokens: ")
 
 
 @pytest.mark.parametrize(

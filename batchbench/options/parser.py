@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 from batchbench.errors import UsageError
 
 _UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
+_ALIASED = re.compile(r"argument (-[^ :/]+(?:/-[^ :/]+)+):")
 _NO_VALUE = re.compile(r"argument ([^ :/]+)(?:/[^ :]+)?: expected one argument")
 # options whose value is another program's command line (options starting with -)
 COMMAND_LINE_VALUES = {"--sim-args": "the simulator's"}
@@ -104,6 +105,7 @@ class CommandParser(argparse.ArgumentParser):
         return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
+        message = as_typed(getattr(self, "words", []), message)
         raise UsageError(quoting_hint(self, suggestion(self, message)))
 
     def exit_with_usage(self, message: str) -> NoReturn:
@@ -131,6 +133,19 @@ def suggestion(parser: CommandParser, message: str) -> str:
         return f"{message} (did you mean {hints[0][1]}?)"
     listed = ", ".join(f"{close} for {name}" for name, close in hints)
     return f"{message} (did you mean {listed}?)"
+
+
+def as_typed(words: Sequence[str], message: str) -> str:
+    """argparse names an option with aliases by all its spellings (``argument
+    --max-active-agents/--concurrency: ...``): name it as the command line spelled it (the
+    first spelling when it used several)."""
+    match = _ALIASED.match(message)
+    if match is None:
+        return message
+    spellings = match.group(1).split("/")
+    typed = [s for s in spellings if any(w == s or w.startswith(s + "=") for w in words)]
+    name = typed[0] if len(typed) == 1 else spellings[0]
+    return f"argument {name}:{message[match.end() :]}"
 
 
 def quoting_hint(parser: CommandParser, message: str) -> str:
