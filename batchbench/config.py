@@ -422,10 +422,12 @@ class RunConfig:
         Flag(
             "max-active-agents",
             "concurrent agents; closed loop refills freed slots in FIFO order, open loop "
-            "delays an arrival until one is free (default: all)",
+            "delays an arrival until one is free (default: all). --concurrency is the same "
+            "option (the name other benchmarks use)",
             REPLAY,
             parse=positive_uint,
             metavar="N",
+            aliases=("--concurrency",),
             commands=AGENT_ONLY,  # a capacity search sets it per step
         ),
     )
@@ -962,6 +964,7 @@ class RunConfig:
             "Needs --results-json; `batchbench merge` joins the shards' results",
             SCALE,
             metavar="I/N",
+            commands=AGENT_ONLY,  # needs --results-json, which a capacity search refuses
         ),
     )
     start_at: float | None = option(
@@ -974,6 +977,7 @@ class RunConfig:
             SCALE,
             parse=start_time,
             metavar="TIME",
+            commands=AGENT_ONLY,  # for shards; a search's steps start one after another
         ),
     )
     ramp_up: float | None = option(
@@ -1125,6 +1129,10 @@ class RunConfig:
         self._check_choices()
         self._check_window()
         self._check_scale()
+        if self.sim and self.sim_args:  # the simulator's options, as it will read them
+            from batchbench.stages.target import sim_process  # lazy: only with --sim-args
+
+            sim_process(self)
         if not self.sim:
             self._check_target()
         key = self.resolved_api_key()

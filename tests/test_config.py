@@ -218,7 +218,7 @@ def test_a_misspelled_command_gets_a_suggestion(capsys):
 
     assert batchbench(["calibrat"]) == 2
     assert capsys.readouterr().err == (
-        "Error: unknown command 'calibrat' (did you mean calibrate?); expected agent, sim, "
+        "Error: unknown command 'calibrat' (did you mean calibrate?); expected run, agent, sim, "
         "calibrate, validate, capacity, report, merge, import, export-plans, record or "
         "tokenizers\n"
     )

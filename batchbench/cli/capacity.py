@@ -71,6 +71,8 @@ step, so ITL p50 <= 260 ms holds up to 6 agents):
 REFUSED = (
     ("--max-active-agents", "max_active_agents", "the search sets it per step; use --min-agents "
      "and --max-agents"),
+    ("--concurrency", "concurrency", "the search sets it per step; use --min-agents "
+     "and --max-agents"),
     ("--duration", "duration", "each step runs --warmup plus --window seconds"),
     ("--results-json", "results_json", "each step's results JSON is kept in --output-dir"),
     ("--results-csv", "results_csv", "each step's results JSON is kept in --output-dir"),
@@ -78,6 +80,10 @@ REFUSED = (
     ("--request-events-jsonl", "request_events_jsonl", "not written by a capacity search"),
     ("--server-metrics-jsonl", "server_metrics_jsonl", "each step's results JSON holds its "
      "server metrics"),
+    ("--shard", "shard", "a shard needs --results-json, and a search runs its steps itself "
+     "(--workers spreads each step over processes)"),
+    ("--start-at", "start_at", "it starts the shards of one run together; a search starts "
+     "each step when the previous one ends"),
 )  # fmt: skip
 
 

@@ -16,7 +16,7 @@ from batchbench.options.values import number
 
 DESCRIPTION = """\
 Rebuild agent sessions from logged chat requests and write them as a schema v2 trajectory
-manifest that `batchbench agent --agent-plans-jsonl` replays (docs/import.md).
+manifest that `batchbench run --agent-plans-jsonl` replays (docs/import.md).
 
 Each input line is one request: ts, principal_id, correlation_id, model, chain (cumulative
 per-block hashes), block_roles, block_tokens, prompt_tokens, completion_tokens, stream,
@@ -78,7 +78,7 @@ def build_parser(prog: str) -> CommandParser:
         metavar="X",
         help="divide every written start offset and delay by X (default: 1)",
     )
-    add("--output", required=True, metavar="PATH", help="the manifest to write")
+    add("-o", "--output", required=True, metavar="PATH", help="the manifest to write")
     add_describe_html(parser)
     return parser
 

@@ -22,7 +22,7 @@ from batchbench.options.values import number
 from batchbench.results.progress import progress_wanted
 
 DESCRIPTION = """\
-Turn a public LLM trace into a schema v2 trajectory manifest that `batchbench agent
+Turn a public LLM trace into a schema v2 trajectory manifest that `batchbench run
 --agent-plans-jsonl` replays, keeping the trace's sessions, prefix sharing, growth and
 timing (docs/import.md has a section per format).
 

@@ -1,4 +1,4 @@
-"""``batchbench``: one command for the package's tools (``agent``, ``validate``, ...)."""
+"""``batchbench``: one command for the package's tools (``run``, ``validate``, ...)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from batchbench.text.tokenizer import describe_builtins
 USAGE = """usage: batchbench <command> [options]
 
 commands:
-  agent        replay trajectories or sampled agents (same as batchbench-agent)
+  run          the benchmark: replay trajectories or sampled agents against a server
+  agent        the same as run (and as the batchbench-agent script), kept for existing scripts
   sim          run the OpenAI-compatible serving simulator (DP ranks, prefix caches, faults)
   calibrate    measure a server's chat-template overheads with probe requests
   validate     check trajectory manifests, report every invalid line, summarize valid files
@@ -31,7 +32,7 @@ options:
   --version    print the version and which implementation (native or pure Python) is active
   -h, --help   show this help
 
-Run `batchbench agent --help` for the benchmark's options.
+Run `batchbench run --help` for the benchmark's options.
 """
 
 
@@ -43,9 +44,9 @@ def run(argv: Sequence[str]) -> int:
     if command == "--version":
         print(version_text())
         return 0
-    if command == "agent":
+    if command in ("run", "agent"):  # one benchmark, two names
         hold_late_signals()
-        return run_console(rest, "batchbench agent")
+        return run_console(rest, f"batchbench {command}")
     if command == "sim":
         from batchbench.cli.sim import run as run_sim  # lazy: one command's modules
 
@@ -83,6 +84,8 @@ def run(argv: Sequence[str]) -> int:
 
         return run_import(rest)
     if command == "tokenizers":
+        if rest:
+            return tokenizers_usage(rest)
         for name, path in describe_builtins():
             print(f"{name}\t{path}")
         return 0
@@ -96,7 +99,28 @@ def run(argv: Sequence[str]) -> int:
     return 2
 
 
+TOKENIZERS_USAGE = """usage: batchbench tokenizers
+
+List the built-in tokenizer names usable with --tokenizer-model (they ship with the package
+and load offline), one a line: the name, a tab, and the tokenizer.json it loads (or "not
+installed").
+
+options:
+  -h, --help   show this help
+"""
+
+
+def tokenizers_usage(rest: Sequence[str]) -> int:
+    """``batchbench tokenizers --help``: its help; any other argument: a usage error."""
+    if rest[0] in ("-h", "--help") and len(rest) == 1:
+        sys.stdout.write(TOKENIZERS_USAGE)
+        return 0
+    print(f"Error: batchbench tokenizers takes no arguments, not {rest[0]!r}", file=sys.stderr)
+    return 2
+
+
 COMMANDS = (
+    "run",
     "agent",
     "sim",
     "calibrate",

@@ -43,8 +43,13 @@ def build_parser(prog: str) -> CommandParser:
         "results", nargs="+", metavar="SHARD_RESULTS", help="every shard's results JSON"
     )
     parser.add_argument(
-        "-o", "--output-dir", required=True, metavar="DIR", help="where the merged outputs go"
+        "--output-dir",
+        metavar="DIR",
+        help="the directory the merged outputs go into (created when missing); required",
     )
+    # the spelling of earlier releases: -o names a file everywhere else (report, import,
+    # export-plans), so it is no longer shown here, but scripts that merge with -o DIR work
+    parser.add_argument("-o", dest="output_dir", metavar="DIR", help=argparse.SUPPRESS)
     parser.add_argument("--report-html", metavar="PATH", help="also write the HTML report")
     return parser
 
@@ -81,6 +86,12 @@ def run(argv: Sequence[str], prog: str = "batchbench merge") -> int:
     args = parsed_or_status(build_parser(prog), argv)
     if isinstance(args, int):
         return args
+    if args.output_dir is None:
+        print(
+            f"Error: {prog} needs --output-dir DIR (the directory the merged outputs go into)",
+            file=sys.stderr,
+        )
+        return 2
     # lazy: the merge's modules load once the arguments parsed (--help answers at once)
     from batchbench.cli.agent import ConsoleOutput, render
     from batchbench.scale.combine import finish_merged

@@ -1,7 +1,7 @@
-"""The command line of ``batchbench-agent`` (and ``batchbench agent``): its parser, the
-parse-time checks, and the configuration a parsed command line makes. Every function takes
-the configuration class whose fields declare the options (``RunConfig``), so this module
-does not import it and ``RunConfig.from_args`` can use it."""
+"""The command line of ``batchbench run`` (also ``batchbench agent``, ``batchbench-agent``):
+its parser, the parse-time checks, and the configuration a parsed command line makes. Every
+function takes the configuration class whose fields declare the options (``RunConfig``), so
+this module does not import it and ``RunConfig.from_args`` can use it."""
 
 from __future__ import annotations
 

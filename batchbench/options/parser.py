@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import re
+import shlex
+import sys
 import tomllib
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -13,6 +15,10 @@ from typing import Any, NoReturn
 from batchbench.errors import UsageError
 
 _UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
+_ALIASED = re.compile(r"argument (-[^ :/]+(?:/-[^ :/]+)+):")
+_NO_VALUE = re.compile(r"argument ([^ :/]+)(?:/[^ :]+)?: expected one argument")
+# options whose value is another program's command line (options starting with -)
+COMMAND_LINE_VALUES = {"--sim-args": "the simulator's"}
 
 
 class SingleValue(argparse.Action):
@@ -28,10 +34,18 @@ class SingleValue(argparse.Action):
         option_string: str | None = None,
     ) -> None:
         given: set[str] = getattr(parser, "given_options", set())
+        spelled: dict[str, str] = getattr(parser, "given_spellings", {})
+        name = option_string or self.dest
         if self.dest in given:
-            name = option_string or self.dest
+            first = spelled.get(self.dest)
+            if first is not None and first != name:  # an alias: both spellings are one option
+                raise UsageError(
+                    f"{name} given twice (as {first} and {name}, the same option): it takes "
+                    "one value, so give it once"
+                )
             raise UsageError(f"{name} given twice: it takes one value, so give it once")
         given.add(self.dest)
+        spelled[self.dest] = name
         setattr(namespace, self.dest, values)
 
 
@@ -98,11 +112,14 @@ class CommandParser(argparse.ArgumentParser):
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
+        self.words = list(sys.argv[1:] if args is None else args)  # for error()'s hints
         self.given_options: set[str] = set()  # SingleValue's record of this parse
+        self.given_spellings: dict[str, str] = {}  # ... and how each was spelled
         return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(suggestion(self, message))
+        message = as_typed(getattr(self, "words", []), message)
+        raise UsageError(quoting_hint(self, suggestion(self, message)))
 
     def exit_with_usage(self, message: str) -> NoReturn:
         """argparse's usage error: the usage line and ``prog: error: message``, status 2."""
@@ -129,6 +146,42 @@ def suggestion(parser: CommandParser, message: str) -> str:
         return f"{message} (did you mean {hints[0][1]}?)"
     listed = ", ".join(f"{close} for {name}" for name, close in hints)
     return f"{message} (did you mean {listed}?)"
+
+
+def as_typed(words: Sequence[str], message: str) -> str:
+    """argparse names an option with aliases by all its spellings (``argument
+    --max-active-agents/--concurrency: ...``): name it as the command line spelled it (the
+    first spelling when it used several)."""
+    match = _ALIASED.match(message)
+    if match is None:
+        return message
+    spellings = match.group(1).split("/")
+    typed = [s for s in spellings if any(w == s or w.startswith(s + "=") for w in words)]
+    name = typed[0] if len(typed) == 1 else spellings[0]
+    return f"argument {name}:{message[match.end() :]}"
+
+
+def quoting_hint(parser: CommandParser, message: str) -> str:
+    """``message`` with how to quote the value of an option that takes another program's
+    options (``--sim-args --max-batch 4`` left them unquoted: argparse took them for its
+    own and gave --sim-args no value)."""
+    match = _NO_VALUE.match(message)
+    if match is None or match.group(1) not in COMMAND_LINE_VALUES:
+        return message
+    option = match.group(1)
+    words = getattr(parser, "words", [])
+    given = [i for i, word in enumerate(words) if word == option]
+    known = set(parser.long_options()) | {"-h", "-v"}
+    following: list[str] = []
+    for word in words[given[-1] + 1 :] if given else []:
+        if word.split("=", 1)[0] in known or word == "--":
+            break
+        following.append(word)
+    whose = COMMAND_LINE_VALUES[option]
+    if len(following) == 1:  # one word: quotes do not help, argparse needs the = form
+        return f"{message}: give {whose} option with =, as in {option}={following[0]}"
+    example = shlex.join(following) if following else "--max-batch 4"
+    return f'{message}: quote {whose} options as one value, as in {option} "{example}"'
 
 
 def parse_or_help(parser: CommandParser, argv: Sequence[str]) -> argparse.Namespace | None:

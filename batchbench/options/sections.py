@@ -9,9 +9,11 @@ AGENT_ONLY = ("agent",)  # options a capacity search sets itself, per step, or c
 WITH_CALIBRATE = (*RUN_COMMANDS, "calibrate")  # the target, and what a probe request sends
 
 # --help sections, in the order batchbench-agent shows them (``order``: the options that
-# predate the declaration keep their place in a section)
+# predate the declaration keep their place in a section). "(not in the Rust
+# batchbench-agent)": options the Rust tool this package replaces does not have (see the
+# README's "One command line"); the other sections hold its options, and ours beside them.
 TARGET = Group("target and model")
-FIDELITY = Group("prompt fidelity (batchbench additions)")
+FIDELITY = Group("prompt fidelity (not in the Rust batchbench-agent)")
 SHAPE = Group("sampled workload shape (without --agent-plans-jsonl)")
 REPLAY = Group("agents, replay and admission", order=("agents",))
 ROUTING = Group("routing and identity")
@@ -32,7 +34,7 @@ HTTP = Group(
     ),
 )
 LIVE = Group(
-    "live runs (batchbench additions)",
+    "live runs (not in the Rust batchbench-agent)",
     order=(
         "stream",
         "request-events-jsonl",
@@ -43,8 +45,8 @@ LIVE = Group(
     ),
 )
 WINDOW = Group("objectives, measured window and report")
-SCALE = Group("scale-out (batchbench additions)")
-SIM = Group("embedded simulator (batchbench additions)")
+SCALE = Group("scale-out (not in the Rust batchbench-agent)")
+SIM = Group("embedded simulator (not in the Rust batchbench-agent)")
 OPTION_GROUPS = (TARGET, FIDELITY, SHAPE, REPLAY, ROUTING, HTTP, LIVE, WINDOW, SCALE, SIM)
 # batchbench calibrate's sections
 PROBES = Group(

@@ -11,7 +11,7 @@ import aiohttp
 from batchbench.config import RunConfig, host_ends_in_v1
 from batchbench.drive.preflight import MODEL_CHOSEN_NOTE, preflight
 from batchbench.drive.rankcheck import RankLayout, probe_ranks
-from batchbench.drive.simlaunch import SimProcess, sim_command
+from batchbench.drive.simlaunch import SimProcess, check_sim_command, sim_command
 from batchbench.drive.wire import BodyOptions, request_headers
 from batchbench.errors import UsageError
 from batchbench.stages.console import RunOutput
@@ -73,7 +73,10 @@ def sim_process(config: RunConfig) -> SimProcess:
         extra = f"--chat-template {shlex.quote(config.chat_template)} {extra}"
     tokenizer = config.tokenizer
     assert tokenizer is not None  # with --sim: the simulator's when not given
-    return SimProcess(sim_command(tokenizer, config.sim_dp_ranks, extra or None))
+    command = sim_command(tokenizer, config.sim_dp_ranks, extra or None)
+    if config.sim_args:
+        check_sim_command(command)  # a mistake in it: one line, before anything starts
+    return SimProcess(command)
 
 
 def sim_chat_template(config: RunConfig) -> str:
