@@ -82,63 +82,6 @@ def packaged(packaged_tokenizer_dir):
     return get
 
 
-class _ParsedOnce:
-    """``tokenizers.Tokenizer`` as ``batchbench.text.tokenizer`` uses it, except that each
-    tokenizer file (by real path, size and mtime) is parsed once per test process. Every
-    in-process run (``batchbench-agent``, ``batchbench sim``...) loads its tokenizer; the
-    DeepSeek-V3 file alone takes ~0.5-1.3 s to parse, hundreds of times a pass. The loaded
-    tokenizer is never mutated (``LoadedTokenizer.wrap`` switches off truncation and padding,
-    idempotently; ``with_markers`` adds its markers to a copy made with ``from_str``, which
-    is not cached). A file that fails to parse is parsed, and fails, every time."""
-
-    def __init__(self, real: type[Tokenizer]) -> None:
-        self.real = real
-        self.parsed: dict[tuple[str, int, int], Tokenizer] = {}
-
-    def from_file(self, path: str) -> Tokenizer:
-        stat = os.stat(path)
-        key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
-        if key not in self.parsed:
-            self.parsed[key] = self.real.from_file(path)
-        return self.parsed[key]
-
-    def __getattr__(self, name: str):
-        return getattr(self.real, name)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _tokenizer_files_parsed_once():
-    """Each tokenizer file parsed once (``_ParsedOnce``), and each marker copy of such a
-    parsed tokenizer made once: ``with_markers`` serializes and re-parses the whole
-    tokenizer (~1-2 s for DeepSeek-V3) in every run with a built-in template. Only copies of
-    the parsed-once tokenizers are kept, which nothing mutates; the copies themselves are
-    only read (encoded with) by their users. A tokenizer built in memory by a test gets a
-    fresh copy every time, as before."""
-    from batchbench.stages import prepare
-    from batchbench.text import promptcount
-    from batchbench.text import tokenizer as module
-
-    real, real_with_markers = module.Tokenizer, module.with_markers
-    parsed_once = _ParsedOnce(real)
-    copies: dict[tuple[int, frozenset[str]], Tokenizer] = {}
-
-    def with_markers(tokenizer: Tokenizer, markers: frozenset[str]) -> Tokenizer:
-        if not any(tokenizer is kept for kept in parsed_once.parsed.values()):
-            return real_with_markers(tokenizer, markers)
-        key = (id(tokenizer), frozenset(markers))
-        if key not in copies:
-            copies[key] = real_with_markers(tokenizer, markers)
-        return copies[key]
-
-    module.Tokenizer = parsed_once  # type: ignore[misc]
-    for namespace in (module, promptcount, prepare):
-        namespace.with_markers = with_markers  # type: ignore[attr-defined]
-    yield
-    module.Tokenizer = real  # type: ignore[misc]
-    for namespace in (module, promptcount, prepare):
-        namespace.with_markers = real_with_markers  # type: ignore[attr-defined]
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _text_table_ready_for_serial_tests(request, deepseek) -> None:
     """Serial tests bound a whole run's wall clock; the first run of a session prepares the

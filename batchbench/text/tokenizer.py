@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,9 +65,40 @@ def builtin_tokenizer_path(name: str) -> Path | None:
     return None
 
 
+# Parsed tokenizer files, newest last, by (real path, size, mtime): parsing DeepSeek-V3's
+# takes 0.5-1.3 s, and one process may start many runs (a capacity search's steps, a
+# notebook's run() calls). A parsed tokenizer is only read after ``wrap`` (which sets the
+# same options every time), so runs can share it; a changed file is parsed again.
+_PARSED: OrderedDict[tuple[str, int, int], Tokenizer] = OrderedDict()
+_PARSED_KEPT = 4
+# Marker copies of those (``with_markers``), by (id of the parsed tokenizer, markers).
+_MARKED: OrderedDict[tuple[int, frozenset[str]], Tokenizer] = OrderedDict()
+_MARKED_KEPT = 8
+_CACHE_LOCK = threading.Lock()
+
+
+def _parsed(path: Path) -> Tokenizer:
+    """``Tokenizer.from_file``, parsed once per content version of the file."""
+    stat = path.stat()
+    key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+    with _CACHE_LOCK:
+        found = _PARSED.get(key)
+        if found is not None:
+            _PARSED.move_to_end(key)
+            return found
+    tokenizer = Tokenizer.from_file(str(path))
+    with _CACHE_LOCK:
+        _PARSED[key] = tokenizer
+        while len(_PARSED) > _PARSED_KEPT:
+            _, dropped = _PARSED.popitem(last=False)
+            for marked in [k for k in _MARKED if k[0] == id(dropped)]:
+                del _MARKED[marked]  # its id may name another tokenizer later
+    return tokenizer
+
+
 def _load_file(path: Path, spec: str) -> LoadedTokenizer:
     try:
-        tokenizer = Tokenizer.from_file(str(path))
+        tokenizer = _parsed(path)
     except Exception as exc:  # the Rust side raises plain Exceptions with a message
         raise TokenizerError(f"failed to load local tokenizer {path}: {exc}") from None
     return LoadedTokenizer.wrap(tokenizer, spec, str(path))
@@ -141,7 +174,24 @@ def describe_builtins() -> list[tuple[str, str]]:
 def with_markers(tokenizer: Tokenizer, markers: frozenset[str]) -> Tokenizer:
     """A copy of ``tokenizer`` in which every marker is a special token (a built-in chat
     template's markers are added tokens of every model of its family; a tokenizer of
-    another family lacks them, and would merge the text around them)."""
+    another family lacks them, and would merge the text around them). The copy of a parsed
+    file's tokenizer is made once (1-2 s for DeepSeek-V3) and shared: nothing changes it."""
+    with _CACHE_LOCK:
+        shared = any(tokenizer is parsed for parsed in _PARSED.values())
+        key = (id(tokenizer), frozenset(markers))
+        found = _MARKED.get(key) if shared else None
+    if found is not None:
+        return found
+    copy = _marked_copy(tokenizer, markers)
+    if shared:
+        with _CACHE_LOCK:
+            _MARKED[key] = copy
+            while len(_MARKED) > _MARKED_KEPT:
+                _MARKED.popitem(last=False)
+    return copy
+
+
+def _marked_copy(tokenizer: Tokenizer, markers: frozenset[str]) -> Tokenizer:
     copy = Tokenizer.from_str(tokenizer.to_str())
     copy.no_truncation()
     copy.no_padding()
