@@ -19,6 +19,7 @@ from batchbench.report.load import json_problem, kind_of, labels, validate
 from batchbench.report.views import DocumentView, StepView
 from batchbench.results.documents import OutcomeView, WindowView
 from batchbench.results.formatting import MISSING, finite, number, percent, ratio_percent
+from batchbench.results.slo import SPEED_METRICS
 
 PLOTLY_MISSING = "the HTML report needs plotly: pip install 'batchbench[report]'"
 
@@ -559,6 +560,13 @@ def slo_cells(objective: OutcomeView) -> list[tuple[str, str]]:
     if objective.metric == "goodput":
         limit = f"≥ {ratio_percent(objective.quantile)} good"
         value = MISSING
+    elif objective.metric in SPEED_METRICS:
+        limit = f"≥ {number(objective.limit_tokens_per_second)} tok/s"
+        value = _interval(
+            objective.value_tokens_per_second,
+            objective.value_low_tokens_per_second,
+            objective.value_high_tokens_per_second,
+        )
     else:
         limit = f"≤ {number(objective.limit_ms)} ms"
         value = _interval(objective.value_ms, objective.value_low_ms, objective.value_high_ms)
@@ -570,7 +578,7 @@ def slo_cells(objective: OutcomeView) -> list[tuple[str, str]]:
         ("objective", text(objective.objective)),
         ("limit", html.escape(limit)),
         ("value", html.escape(value)),
-        ("required", ratio_percent(objective.quantile)),
+        ("required", ratio_percent(objective.required)),
         ("attainment", html.escape(attainment)),
         ("within", within),
         ("verdict", text(objective.verdict)),
