@@ -259,6 +259,17 @@ class Page:
                 self.note(f"{title}: no distribution in the documents{hint}.")
             else:
                 self.chart(chart)
+        rows = [[("file", text(n)), *speed_cells(v.window)] for n, v in _views(runs)
+                if v.window.output_speed]  # fmt: skip
+        if rows:
+            self.table(
+                "bb-output-speed",
+                ["file", "agents", "per-agent p50 (tok/s)", "per-agent p10 (tok/s)",
+                 "requests", "per-request p50 (tok/s)", "per-request p10 (tok/s)"],
+                rows,
+                caption="Output speed in the measured window: output tokens over generation "
+                "time (first to last content chunk); per agent, summed over its requests",
+            )  # fmt: skip
 
     def over_time(self, runs: list[tuple[str, dict[str, Any]]]) -> None:
         self.section("over-time", "Throughput and concurrency over time")
@@ -583,6 +594,21 @@ def slo_cells(objective: OutcomeView) -> list[tuple[str, str]]:
         ("within", within),
         ("verdict", text(objective.verdict)),
     ]
+
+
+def speed_cells(window: WindowView) -> list[tuple[str, str]]:
+    """A window's output speed, tokens/s: per agent and per request, count, p50 and p10."""
+    cells: list[tuple[str, str]] = []
+    for side, count_name in (("agents", "agents"), ("requests", "requests")):
+        stats = window.output_speed.get(side) or {}
+        percentiles = stats.get("percentiles")
+        percentiles = percentiles if isinstance(percentiles, dict) else {}
+        cells += [
+            (count_name, number(stats.get("count"))),
+            (f"{side}_p50", number(percentiles.get("p50"))),
+            (f"{side}_p10", number(percentiles.get("p10"))),
+        ]
+    return cells
 
 
 def _interval(value: Any, low: Any, high: Any, fmt: Callable[[Any], str] = number) -> str:
