@@ -20,7 +20,7 @@ from batchbench.capacity.search import (
 )
 from batchbench.results.documents import OutcomeView, WindowView
 from batchbench.results.formatting import MISSING, fixed, latency, percent, ratio_percent
-from batchbench.results.slo import SPEED_METRICS, Objective, speed_text
+from batchbench.results.slo import SPEED_METRICS, Objective
 
 # (title, width): numbers right-aligned, the client column left-aligned, the verdict last.
 COLUMNS = (
@@ -168,7 +168,7 @@ def _value(outcome: OutcomeView) -> str:
         return ratio_percent(outcome.attainment, MISSING)
     if outcome.metric in SPEED_METRICS:
         value = outcome.value_tokens_per_second
-        return MISSING if value is None else speed_text(float(value))
+        return MISSING if value is None else f"{float(value):.2f} tok/s"
     return format_ms(outcome.value_ms)
 
 
