@@ -457,6 +457,9 @@ def test_capacity_search_judges_a_speed_floor(tmp_path, capsys):
     assert status == 0, out
     document = json.loads((directory / "capacity.json").read_text())
     assert (document["answer"]["agents"], document["answer"]["breaking_agents"]) == (2, 4)
+    assert document["slo"] == ["output_speed_p10>=45"]
+    assert document["goodput_thresholds_ms"] is None
+    assert document["goodput_thresholds_tokens_per_second"] == {"output_speed": 45.0}
     steps = {s["agents"]: s for s in document["steps"]}
     assert (steps[2]["verdict"], steps[4]["verdict"]) == ("pass", "fail")
     for agents, expected in ((2, 8 / 0.14), (4, 8 / 0.28)):
@@ -468,3 +471,27 @@ def test_capacity_search_judges_a_speed_floor(tmp_path, capsys):
         r"break it \(2\d\.\d\d tok/s\)",
         document["answer"]["text"],
     ), document["answer"]["text"]
+
+
+def test_report_slo_row_of_a_speed_floor():
+    from batchbench.report.page import slo_cells
+
+    outcome = OutcomeView.read(
+        {
+            "objective": "output_speed_p10", "metric": "output_speed", "verdict": "fail",
+            "quantile": 0.1, "required": 0.9, "limit_ms": None, "value_ms": None,
+            "limit_tokens_per_second": 30, "value_tokens_per_second": 11.0,
+            "value_low_tokens_per_second": 11.0, "value_high_tokens_per_second": 55.0,
+            "samples": 60, "within": 45, "attainment": 0.75, "attainment_low": 0.628,
+            "attainment_high": 0.842,
+        }
+    )  # fmt: skip
+    assert slo_cells(outcome) == [
+        ("objective", "output_speed_p10"),
+        ("limit", "≥ 30 tok/s"),
+        ("value", "11.00 (11.00 – 55.00)"),
+        ("required", "90.0%"),
+        ("attainment", "75.0% (62.8% – 84.2%)"),
+        ("within", "45 / 60"),
+        ("verdict", "fail"),
+    ]
