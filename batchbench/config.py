@@ -825,8 +825,9 @@ class RunConfig:
             "ttft_p99=2s,itl_p99=100ms,e2e_p95=30s (METRIC_pPERCENTILE=DURATION, METRIC one of "
             "ttft, itl, tpot, e2e; units required: us, ms, s, m), output_speed_p10>=30 (a floor "
             "in output tokens/s on a low percentile of per-request output speed) and "
-            "goodput=95%% (the share of good requests). Each verdict is pass, fail or unresolved (the window was too "
-            "short to tell, at 95%% confidence). ttft, itl, tpot and output_speed need --stream",
+            "goodput=95%% (the share of good requests). Each verdict is pass, fail or "
+            "unresolved (the window was too short to tell, at 95%% confidence). ttft, itl, "
+            "tpot and output_speed need --stream",
             WINDOW,
             parse=from_usage_parser(parse_slo, "slo"),
             metavar="OBJECTIVES",

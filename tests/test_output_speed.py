@@ -14,8 +14,7 @@ from statistics import NormalDist
 
 import pytest
 
-from batchbench.capacity.render import deciding_outcome
-from batchbench.capacity.steps import _needed_factor
+from batchbench.capacity.steps import SAMPLES_MARGIN, _needed_factor
 from batchbench.config import RunConfig
 from batchbench.errors import UsageError
 from batchbench.results.documents import OutcomeView, WindowView
@@ -137,8 +136,7 @@ def test_speed_objectives_need_stream_and_give_the_default_goodput_floor():
     with pytest.raises(UsageError) as caught:
         RunConfig.from_args(["--sim", "--slo", "output_speed_p10>=30"])
     assert str(caught.value) == (
-        "output_speed_p10 needs --stream: TTFT, ITL and TPOT are measured only on streamed "
-        "replies"
+        "output_speed_p10 needs --stream: TTFT, ITL and TPOT are measured only on streamed replies"
     )
     with pytest.raises(UsageError) as caught:
         RunConfig.from_args(["--sim", "--goodput", "output_speed=30"])
@@ -360,7 +358,7 @@ def test_outcome_view_reads_the_required_share():
     # 10 of 10 within, 35 samples (35 / (35 + z²) >= 0.9 > 34 / (34 + z²))
     factor, reason = _needed_factor([outcome], 10.0, None, 10.0)
     assert reason.startswith("output_speed_p10 needs 35 samples at 100.0% attainment, 10 in")
-    assert deciding_outcome is not None  # imported: the same reader picks the deciding one
+    assert factor == pytest.approx(35 * SAMPLES_MARGIN / 10)
 
 
 # -- against the real simulator -------------------------------------------------------------

@@ -13,7 +13,13 @@ from batchbench.results.formatting import (
     measured_latency,
     ratio_percent,
 )
-from batchbench.results.slo import SPEED_METRICS, Objective, duration_text, percentile_label, speed_text
+from batchbench.results.slo import (
+    SPEED_METRICS,
+    Objective,
+    duration_text,
+    percentile_label,
+    speed_text,
+)
 from batchbench.results.window import MetricStats, ObjectiveOutcome, WindowFigures
 
 LATENCY_ROWS = (
@@ -65,8 +71,8 @@ def outcome_text(outcome: ObjectiveOutcome, objective: Objective | None = None) 
         measured = f"{ratio_percent(outcome.attainment)} good"
     elif outcome.metric in SPEED_METRICS:
         target = f"{outcome.objective} ≥ {speed_text(outcome.limit_tokens_per_second or 0.0)}"
-        value = outcome.value_tokens_per_second
-        shown = MISSING if value is None else measured_speed(value)
+        speed = outcome.value_tokens_per_second
+        shown = MISSING if speed is None else measured_speed(speed)
         low, high = outcome.value_low_tokens_per_second, outcome.value_high_tokens_per_second
         interval = f", 95% CI {_interval(low, high, measured_speed)}" if outcome.samples else ""
         measured = f"{shown}{interval}; {ratio_percent(outcome.attainment)} at least"
