@@ -17,6 +17,7 @@ import pytest
 from batchbench.capacity.steps import SAMPLES_MARGIN, _needed_factor
 from batchbench.config import RunConfig
 from batchbench.errors import UsageError
+from batchbench.results.confidence import attainment_verdict
 from batchbench.results.documents import OutcomeView, WindowView
 from batchbench.results.recording import Recorder
 from batchbench.results.samples import NAN, RequestSamples, TimeSeries, output_speed
@@ -231,6 +232,7 @@ def test_floor_fails_when_a_quarter_are_slow():
     assert outcome.attainment_low == pytest.approx(low)
     assert outcome.attainment_high == pytest.approx(high) and high < 0.9 and low > 0.1
     assert outcome.verdict == "fail"
+    assert attainment_verdict(45, 60, 0.1) == "pass"  # the share p10 alone would ask for
     # p10 of 15 x 11 then 45 x 55: index round(59 x 0.1) = 6, a slow one
     assert outcome.value_tokens_per_second == 11.0
     assert outcome.required == 0.9
