@@ -823,9 +823,11 @@ class RunConfig:
             "slo",
             "service-level objectives judged on the measured window, e.g. "
             "ttft_p99=2s,itl_p99=100ms,e2e_p95=30s (METRIC_pPERCENTILE=DURATION, METRIC one of "
-            "ttft, itl, tpot, e2e; units required: us, ms, s, m) and goodput=95%% (the share "
-            "of good requests). Each verdict is pass, fail or unresolved (the window was too "
-            "short to tell, at 95%% confidence). ttft, itl and tpot need --stream",
+            "ttft, itl, tpot, e2e; units required: us, ms, s, m), output_speed_p10>=30 (a floor "
+            "in output tokens/s on a low percentile of per-request output speed) and "
+            "goodput=95%% (the share of good requests). Each verdict is pass, fail or "
+            "unresolved (the window was too short to tell, at 95%% confidence). ttft, itl, "
+            "tpot and output_speed need --stream",
             WINDOW,
             parse=from_usage_parser(parse_slo, "slo"),
             metavar="OBJECTIVES",
@@ -836,11 +838,12 @@ class RunConfig:
         (),  # (metric, limit ms)
         Flag(
             "goodput",
-            "per-request thresholds, e.g. ttft=2s,itl=100ms: a request is good when it meets "
-            "all of them (itl: the request's mean gap between chunks). Reported as good "
+            "per-request thresholds, e.g. ttft=2s,itl=100ms,output_speed=30: a request is good "
+            "when it meets all of them (itl: the request's mean gap between chunks; "
+            "output_speed: at least this many output tokens/s). Reported as good "
             "requests/s, goodput ratio and trajectory goodput (trajectories whose every "
             "request was good, per minute). Default: the limits of the --slo latency "
-            "objectives",
+            "and output-speed objectives",
             WINDOW,
             parse=from_usage_parser(parse_goodput, "goodput"),
             metavar="THRESHOLDS",
@@ -1076,18 +1079,30 @@ class RunConfig:
 
     @property
     def goodput_thresholds(self) -> tuple[tuple[str, float], ...]:
-        """What makes a request good: --goodput, else the limits of the latency objectives
-        of --slo (per metric, the limit of its highest percentile)."""
+        """What makes a request good: --goodput, else the bounds of the latency and speed
+        objectives of --slo (per metric, the limit of its highest percentile, or the floor
+        of a speed's lowest percentile)."""
         if self.goodput:
             return self.goodput
         chosen: dict[str, Objective] = {}
         for objective in self.slo:
+            if objective.at_least:
+                if objective.minimum is None:
+                    continue
+                best = chosen.get(objective.metric)
+                if best is None or objective.quantile < best.quantile:
+                    chosen[objective.metric] = objective
+                continue
             if objective.metric == "goodput" or objective.limit_ms is None:
                 continue
             best = chosen.get(objective.metric)
             if best is None or objective.quantile > best.quantile:
                 chosen[objective.metric] = objective
-        return tuple((m, o.limit_ms) for m, o in chosen.items() if o.limit_ms is not None)
+        return tuple(
+            (m, o.minimum if o.at_least else o.limit_ms)  # type: ignore[misc]
+            for m, o in chosen.items()
+            if (o.minimum if o.at_least else o.limit_ms) is not None
+        )
 
     def resolved_api_key(self) -> str | None:
         """The key to send: ``api_key``, else the variable named by ``api_key_env``."""

@@ -249,6 +249,22 @@ def test_report_of_a_real_run_has_every_chart_and_the_json_values(runs, tmp_path
         ("itl_p99", "≤ 100.0 ms", window["slo"][1]["verdict"]),
         ("e2e_p95", "≤ 30,000 ms", window["slo"][2]["verdict"]),
     ]
+    # Output speed (tokens/s) in the latency section: per agent and per request, p50 and p10.
+    speed = window["output_speed"]
+    assert speed["agents"]["count"] == 3
+    assert parser.tables["bb-output-speed"] == [
+        {
+            "file": "a.json",
+            "agents": "3",
+            "agents_p50": number(speed["agents"]["percentiles"]["p50"]),
+            "agents_p10": number(speed["agents"]["percentiles"]["p10"]),
+            "requests": number(speed["requests"]["count"]),
+            "requests_p50": number(speed["requests"]["percentiles"]["p50"]),
+            "requests_p10": number(speed["requests"]["percentiles"]["p10"]),
+        }
+    ]
+    assert page.index('id="bb-cdf-e2e"') < page.index('id="bb-output-speed"')
+    assert page.index('id="bb-output-speed"') < page.index('id="over-time"')
     itl = window["slo"][1]
     low, high = itl["value_low_ms"], itl["value_high_ms"]
     # A side too few samples bound is left open: "(≥ low)", "(≤ high)".
@@ -879,6 +895,13 @@ def test_report_opens_in_headless_chromium_and_draws_every_chart(runs, capacity,
               traces: charts.map(function (c) {
                 return c.querySelectorAll('.scatterlayer .trace, .barlayer .trace').length;
               }),
+              speedRows: Array.from(
+                document.querySelectorAll('#bb-output-speed tbody tr')
+              ).map(function (r) { return r.cells[0].textContent; }),
+              speedVisible: (function () {
+                var t = document.getElementById('bb-output-speed');
+                return t !== null && t.getBoundingClientRect().height > 0;
+              })(),
             };
             """
         )
@@ -893,6 +916,7 @@ def test_report_opens_in_headless_chromium_and_draws_every_chart(runs, capacity,
     assert state["drawn"] == state["charts"]
     assert all(count > 0 for count in state["traces"]), state["traces"]
     assert state["pwned"] is None  # the hostile manifest path stayed text
+    assert state["speedRows"] == ["hostile.json", "b.json"] and state["speedVisible"]
     assert screenshot.stat().st_size > 10_000
 
 

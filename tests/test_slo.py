@@ -37,7 +37,8 @@ Z = NormalDist().inv_cdf(0.975)  # two-sided 95 %, computed here rather than imp
 UNIT_HELP = "needs a number and a unit (us, ms, s or m), for example 2s or 100ms"
 METRIC_HELP = (
     "expected METRIC_pPERCENTILE=DURATION with METRIC one of ttft, itl, tpot, e2e "
-    "(e.g. ttft_p99=2s), or goodput=PERCENT"
+    "(e.g. ttft_p99=2s), output_speed_pPERCENTILE>=TOKENS_PER_SECOND (e.g. "
+    "output_speed_p10>=30), or goodput=PERCENT"
 )
 STREAM_HELP = "needs --stream: TTFT, ITL and TPOT are measured only on streamed replies"
 
@@ -208,12 +209,12 @@ def test_goodput_thresholds_parse_in_order_and_round_trip():
         (
             "foo=1s",
             'invalid --goodput "foo=1s": unknown metric "foo" (expected one of ttft, itl, tpot, '
-            "e2e)",
+            "e2e, output_speed)",
         ),
         (
             "ttft_p99=1s",
             'invalid --goodput "ttft_p99=1s": unknown metric "ttft_p99" (expected one of ttft, '
-            "itl, tpot, e2e)",
+            "itl, tpot, e2e, output_speed)",
         ),
         ("ttft=1s,ttft=3s", 'invalid --goodput "ttft=3s": ttft is given twice'),
         ("ttft=2", f'invalid --goodput "ttft=2": "2" {UNIT_HELP}'),
@@ -319,7 +320,7 @@ def test_python_configs_parse_the_command_line_spellings():
         (["--slo", ""], "argument --slo: expected name=value[,name=value...]"),
         (["--goodput", " "], "argument --goodput: expected name=value[,name=value...]"),
         (["--slo", "goodput=95"], 'argument --slo: "goodput=95": goodput is a share of requests, e.g. 95% or 0.95'),
-        (["--goodput", "foo=1s"], 'argument --goodput: "foo=1s": unknown metric "foo" (expected one of ttft, itl, tpot, e2e)'),
+        (["--goodput", "foo=1s"], 'argument --goodput: "foo=1s": unknown metric "foo" (expected one of ttft, itl, tpot, e2e, output_speed)'),
         (["--percentiles", "50,abc"], 'argument --percentiles: "50,abc": "abc" is not a number'),
         (["--percentiles", "0"], 'argument --percentiles: "0": 0 is not in (0, 100]'),
         (["--percentiles", ","], 'argument --percentiles: ",": expected e.g. 50,90,95,99,99.9'),

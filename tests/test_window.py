@@ -244,14 +244,14 @@ def test_slo_outcomes_with_their_confidence():
         objective="ttft_p50", metric="ttft", quantile=0.5, limit_ms=100.0, value_ms=120.0,
         samples=5, within=2, attainment=0.4, attainment_low=pytest.approx(wilson(2, 5)[0]),
         attainment_high=pytest.approx(wilson(2, 5)[1]), value_low_ms=None,
-        value_high_ms=None, verdict="unresolved",
+        value_high_ms=None, verdict="unresolved", required=0.5,
     )  # fmt: skip
     # ranks floor(0.4 - 1.176) = -1 (none) and ceil(1.576) + 1 = 3 of [50, 200, 300, 1000]
     assert e2e == ObjectiveOutcome(
         objective="e2e_p10", metric="e2e", quantile=0.1, limit_ms=2000.0, value_ms=50.0,
         samples=5, within=4, attainment=0.8, attainment_low=pytest.approx(wilson(4, 5)[0]),
         attainment_high=pytest.approx(wilson(4, 5)[1]), value_low_ms=None, value_high_ms=300.0,
-        verdict="pass",
+        verdict="pass", required=0.1,
     )  # fmt: skip
     # ITL counts requests, not gaps (gaps of one request are correlated): the three
     # successful requests with gaps and the failed one; none of the 6 gaps is within 1 ms.
@@ -259,13 +259,13 @@ def test_slo_outcomes_with_their_confidence():
         objective="itl_p50", metric="itl", quantile=0.5, limit_ms=1.0, value_ms=40.0,
         samples=4, within=0, attainment=0.0, attainment_low=0.0,
         attainment_high=pytest.approx(Z * Z / (4 + Z * Z)), value_low_ms=None,
-        value_high_ms=None, verdict="fail",
+        value_high_ms=None, verdict="fail", required=0.5,
     )  # fmt: skip
     assert goodput == ObjectiveOutcome(
         objective="goodput", metric="goodput", quantile=0.5, limit_ms=None, value_ms=None,
         samples=5, within=3, attainment=0.6, attainment_low=pytest.approx(wilson(3, 5)[0]),
         attainment_high=pytest.approx(wilson(3, 5)[1]), value_low_ms=None,
-        value_high_ms=None, verdict="unresolved",
+        value_high_ms=None, verdict="unresolved", required=0.5,
     )  # fmt: skip
     assert w.slo_verdict == "fail"
     assert w.outcome("e2e_p10") is e2e and w.outcome("tpot_p99") is None
@@ -809,16 +809,18 @@ SCHEMA_WINDOW = {
     "failed_requests", "requests_per_second", "input_tokens_per_second",
     "output_tokens_per_second", "input_tokens", "output_tokens", "cached_tokens",
     "cache_hit_percent", "mean_active_agents", "peak_in_flight", "latency", "goodput", "slo",
-    "slo_verdict", "client", "server",
+    "slo_verdict", "client", "server", "output_speed",
 }  # fmt: skip
 SCHEMA_GOODPUT = {
     "thresholds_ms", "good_requests", "good_requests_per_second", "goodput_ratio",
     "trajectories", "good_trajectories", "good_trajectories_per_minute",
+    "thresholds_tokens_per_second",
 }  # fmt: skip
 SCHEMA_OUTCOME = {
     "objective", "metric", "quantile", "limit_ms", "value_ms", "samples", "within",
     "attainment", "attainment_low", "attainment_high", "value_low_ms", "value_high_ms",
-    "verdict",
+    "verdict", "required", "limit_tokens_per_second", "value_tokens_per_second",
+    "value_low_tokens_per_second", "value_high_tokens_per_second",
 }  # fmt: skip
 
 

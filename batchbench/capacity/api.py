@@ -24,6 +24,7 @@ from batchbench.config import RunConfig
 from batchbench.errors import UsageError
 from batchbench.plan.manifest import hash_manifest
 from batchbench.results.documents import ManifestSection
+from batchbench.results.slo import SPEED_METRICS
 from batchbench.stages.target import sim_chat_template, start_sim
 
 Listener = Callable[[StepRecord, Search, bool], None]
@@ -192,7 +193,14 @@ def run_capacity(
             batchbench_version=__version__,
             timestamp=timestamp,
             slo=tuple(objective.text for objective in config.slo),
-            goodput_thresholds_ms=dict(config.goodput_thresholds) or None,
+            goodput_thresholds_ms={
+                m: v for m, v in config.goodput_thresholds if m not in SPEED_METRICS
+            }
+            or None,
+            goodput_thresholds_tokens_per_second={
+                m: v for m, v in config.goodput_thresholds if m in SPEED_METRICS
+            }
+            or None,
             configuration=config.options(),
             manifest=manifest,
             search=settings,

@@ -49,6 +49,7 @@ class CapacityDocument:
     search: SearchSettings
     steps: tuple[StepRecord, ...]
     answer: Answer
+    goodput_thresholds_tokens_per_second: dict[str, float] | None = None  # speed floors
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -57,6 +58,7 @@ class CapacityDocument:
             "timestamp": self.timestamp,
             "slo": list(self.slo),
             "goodput_thresholds_ms": self.goodput_thresholds_ms,
+            "goodput_thresholds_tokens_per_second": self.goodput_thresholds_tokens_per_second,
             "configuration": self.configuration,
             "manifest": None if self.manifest is None else asdict(self.manifest),
             "search": self.search.to_json(),
@@ -90,6 +92,9 @@ class CapacityDocument:
                 for entry in (steps if isinstance(steps, list) else [])
             ),
             answer=section_from(Answer, answer),
+            goodput_thresholds_tokens_per_second=_mapping(
+                document.get("goodput_thresholds_tokens_per_second")
+            ),
         )
 
 

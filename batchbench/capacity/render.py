@@ -20,7 +20,7 @@ from batchbench.capacity.search import (
 )
 from batchbench.results.documents import OutcomeView, WindowView
 from batchbench.results.formatting import MISSING, fixed, latency, percent, ratio_percent
-from batchbench.results.slo import Objective
+from batchbench.results.slo import SPEED_METRICS, Objective
 
 # (title, width): numbers right-aligned, the client column left-aligned, the verdict last.
 COLUMNS = (
@@ -94,7 +94,7 @@ def deciding_outcome(record: StepRecord) -> OutcomeView | None:
         if record.verdict == verdict:
             chosen = next((o for o in outcomes if o.verdict == verdict), None)
             return chosen or outcomes[0]
-    return min(outcomes, key=lambda o: (o.attainment_low or 0.0) - (o.quantile or 0))
+    return min(outcomes, key=lambda o: (o.attainment_low or 0.0) - (o.required or 0))
 
 
 def attainment_text(outcome: OutcomeView) -> str:
@@ -166,6 +166,9 @@ def _human(name: str, objectives: Sequence[Objective]) -> str:
 def _value(outcome: OutcomeView) -> str:
     if outcome.metric == "goodput":
         return ratio_percent(outcome.attainment, MISSING)
+    if outcome.metric in SPEED_METRICS:
+        value = outcome.value_tokens_per_second
+        return MISSING if value is None else f"{float(value):.2f} tok/s"
     return format_ms(outcome.value_ms)
 
 
@@ -274,8 +277,8 @@ def _not_concluded(
         figures = ""
     else:
         what = _human(str(outcome.objective), objectives)
-        quantile = outcome.quantile
-        needed = f", {quantile * 100.0:g}% needed" if quantile is not None else ""
+        required = outcome.required
+        needed = f", {required * 100.0:g}% needed" if required is not None else ""
         figures = f" ({attainment_text(outcome).split(' ', 1)[1]}{needed})"
     return (
         f"Capacity: not concluded: at {at} {what} stayed unresolved{tries}{figures}; "

@@ -157,7 +157,7 @@ def _needed_factor(
         if outcome.verdict != UNRESOLVED:
             continue
         name = str(outcome.objective)
-        samples, attainment, required = outcome.samples, outcome.attainment, outcome.quantile
+        samples, attainment, required = outcome.samples, outcome.attainment, outcome.required
         if not isinstance(samples, int) or samples <= 0 or attainment is None:
             candidate = (math.inf, f"no {name} samples in the window")
         elif required is None:

@@ -19,6 +19,7 @@ from batchbench.report.load import json_problem, kind_of, labels, validate
 from batchbench.report.views import DocumentView, StepView
 from batchbench.results.documents import OutcomeView, WindowView
 from batchbench.results.formatting import MISSING, finite, number, percent, ratio_percent
+from batchbench.results.slo import SPEED_METRICS
 
 PLOTLY_MISSING = "the HTML report needs plotly: pip install 'batchbench[report]'"
 
@@ -258,6 +259,17 @@ class Page:
                 self.note(f"{title}: no distribution in the documents{hint}.")
             else:
                 self.chart(chart)
+        rows = [[("file", text(n)), *speed_cells(v.window)] for n, v in _views(runs)
+                if v.window.output_speed]  # fmt: skip
+        if rows:
+            self.table(
+                "bb-output-speed",
+                ["file", "agents", "per-agent p50 (tok/s)", "per-agent p10 (tok/s)",
+                 "requests", "per-request p50 (tok/s)", "per-request p10 (tok/s)"],
+                rows,
+                caption="Output speed in the measured window: output tokens over generation "
+                "time (first to last content chunk); per agent, summed over its requests",
+            )  # fmt: skip
 
     def over_time(self, runs: list[tuple[str, dict[str, Any]]]) -> None:
         self.section("over-time", "Throughput and concurrency over time")
@@ -559,6 +571,13 @@ def slo_cells(objective: OutcomeView) -> list[tuple[str, str]]:
     if objective.metric == "goodput":
         limit = f"≥ {ratio_percent(objective.quantile)} good"
         value = MISSING
+    elif objective.metric in SPEED_METRICS:
+        limit = f"≥ {number(objective.limit_tokens_per_second)} tok/s"
+        value = _interval(
+            objective.value_tokens_per_second,
+            objective.value_low_tokens_per_second,
+            objective.value_high_tokens_per_second,
+        )
     else:
         limit = f"≤ {number(objective.limit_ms)} ms"
         value = _interval(objective.value_ms, objective.value_low_ms, objective.value_high_ms)
@@ -570,11 +589,26 @@ def slo_cells(objective: OutcomeView) -> list[tuple[str, str]]:
         ("objective", text(objective.objective)),
         ("limit", html.escape(limit)),
         ("value", html.escape(value)),
-        ("required", ratio_percent(objective.quantile)),
+        ("required", ratio_percent(objective.required)),
         ("attainment", html.escape(attainment)),
         ("within", within),
         ("verdict", text(objective.verdict)),
     ]
+
+
+def speed_cells(window: WindowView) -> list[tuple[str, str]]:
+    """A window's output speed, tokens/s: per agent and per request, count, p50 and p10."""
+    cells: list[tuple[str, str]] = []
+    for side, count_name in (("agents", "agents"), ("requests", "requests")):
+        stats = window.output_speed.get(side) or {}
+        percentiles = stats.get("percentiles")
+        percentiles = percentiles if isinstance(percentiles, dict) else {}
+        cells += [
+            (count_name, number(stats.get("count"))),
+            (f"{side}_p50", number(percentiles.get("p50"))),
+            (f"{side}_p10", number(percentiles.get("p10"))),
+        ]
+    return cells
 
 
 def _interval(value: Any, low: Any, high: Any, fmt: Callable[[Any], str] = number) -> str:

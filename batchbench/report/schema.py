@@ -76,7 +76,8 @@ OBJECTIVE = Obj(
         **same("objective metric verdict", STRING),
         **numbers(
             "quantile limit_ms value_ms value_low_ms value_high_ms samples within "
-            "attainment attainment_low attainment_high"
+            "attainment attainment_low attainment_high required limit_tokens_per_second "
+            "value_tokens_per_second value_low_tokens_per_second value_high_tokens_per_second"
         ),
     }
 )
@@ -93,6 +94,7 @@ WINDOW = Obj(
         ),
         "slo": Arr(OBJECTIVE),
         "slo_verdict": STRING,
+        "output_speed": Obj(same("requests agents", LATENCY)),
         "client": VERDICT,
         "server": VERDICT,
     }

@@ -364,15 +364,24 @@ class OutcomeView:
     attainment: int | float | None
     attainment_low: int | float | None
     attainment_high: int | float | None
+    # The share of samples the bound needs (a document before speed floors: quantile).
+    required: int | float | None = None
+    limit_tokens_per_second: int | float | None = None
+    value_tokens_per_second: int | float | None = None
+    value_low_tokens_per_second: int | float | None = None
+    value_high_tokens_per_second: int | float | None = None
 
     @classmethod
     def read(cls, document: dict[str, Any]) -> OutcomeView:
         objective = document.get("objective")
+        numbers = {name: json_number(document.get(name)) for name in _OUTCOME_NUMBERS}
+        if numbers["required"] is None:
+            numbers["required"] = numbers["quantile"]
         return cls(
             objective=None if objective is None else str(objective),
             metric=json_text(document.get("metric")),
             verdict=json_text(document.get("verdict")),
-            **{name: json_number(document.get(name)) for name in _OUTCOME_NUMBERS},
+            **numbers,
         )
 
 
@@ -387,6 +396,11 @@ _OUTCOME_NUMBERS = (
     "attainment",
     "attainment_low",
     "attainment_high",
+    "required",
+    "limit_tokens_per_second",
+    "value_tokens_per_second",
+    "value_low_tokens_per_second",
+    "value_high_tokens_per_second",
 )
 
 
@@ -406,6 +420,7 @@ class WindowView:
     goodput_ratio: int | float | None
     good_trajectories_per_minute: int | float | None
     latency: dict[str, dict[str, Any]]  # metric -> its statistics, as written
+    output_speed: dict[str, dict[str, Any]]  # "requests"/"agents" -> statistics, tokens/s
     slo: tuple[OutcomeView, ...]
     slo_verdict: str | None
     client_verdict: str | None
@@ -432,6 +447,11 @@ class WindowView:
             latency={
                 key: stats
                 for key, stats in _mapping(window.get("latency")).items()
+                if isinstance(stats, dict)
+            },
+            output_speed={
+                key: stats
+                for key, stats in _mapping(window.get("output_speed")).items()
                 if isinstance(stats, dict)
             },
             slo=tuple(

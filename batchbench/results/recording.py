@@ -17,7 +17,7 @@ from typing import Any
 from batchbench.results.events import JsonlFile
 from batchbench.results.failures import AttemptError
 from batchbench.results.metrics import RunTotals, StreamSamples, median_seconds, percentile
-from batchbench.results.samples import NAN, RequestSamples, TimeSeries
+from batchbench.results.samples import NAN, RequestSamples, TimeSeries, output_speed
 
 LAG_INTERVAL_SECONDS = 0.010
 
@@ -327,6 +327,17 @@ class Recorder:
         tpot_ms = tpot * 1000.0 if tpot is not None else NAN
         good = True
         for metric, limit in self.goodput:
+            if metric == "output_speed":
+                if ttft is None:
+                    good = False  # not streamed: no speed to meet the floor
+                    break
+                speed = output_speed(completion, gaps)
+                if speed is None:
+                    continue  # one token, or one chunk: no generation time to judge
+                if speed < limit:
+                    good = False
+                    break
+                continue
             value = (
                 ttft_ms
                 if metric == "ttft"

@@ -11,10 +11,22 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 NAN = math.nan
 SERIES_INTERVAL_SECONDS = 0.5  # how often the time series samples the run
+
+
+def output_speed(output_tokens: int, gaps: Sequence[float] | None) -> float | None:
+    """A streamed request's output speed, tokens/s: its output tokens over its generation
+    time, from its first content chunk to its last (the sum of the gaps between chunks,
+    in seconds or ms, giving tokens/s or tokens/ms). None when it has no generation
+    time: a reply of one token, or one that came in a single content chunk."""
+    if output_tokens < 2 or not gaps:
+        return None
+    generation = math.fsum(gaps)
+    return output_tokens / generation if generation > 0.0 else None
 
 
 @dataclass

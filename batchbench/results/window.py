@@ -24,8 +24,8 @@ from batchbench.results.confidence import (
 from batchbench.results.lifecycle import TrajectoryRecord
 from batchbench.results.metrics import percentile
 from batchbench.results.recording import ClientHealth
-from batchbench.results.samples import RequestSamples, TimeSeries
-from batchbench.results.slo import Objective, percentile_label
+from batchbench.results.samples import RequestSamples, TimeSeries, output_speed
+from batchbench.results.slo import SPEED_METRICS, Objective, percentile_label
 
 # The client is the bottleneck when its event loop wakes this late (p99), or when it used
 # this share of its one core: past either, latencies measure the client, not the server.
@@ -68,17 +68,38 @@ class ObjectiveOutcome:
     value_low_ms: float | None
     value_high_ms: float | None
     verdict: str  # pass, fail or unresolved
+    # The share of samples that must meet the bound: quantile for a limit and goodput,
+    # 1 - quantile for a speed floor (output_speed_p10>=30: 90 % at least 30 tok/s).
+    required: float = 0.0
+    # A speed objective's floor, measured percentile and its interval (None otherwise).
+    limit_tokens_per_second: float | None = None
+    value_tokens_per_second: float | None = None
+    value_low_tokens_per_second: float | None = None
+    value_high_tokens_per_second: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class GoodputFigures:
-    thresholds_ms: dict[str, float]
+    thresholds_ms: dict[str, float]  # latency limits (at most)
     good_requests: int
     good_requests_per_second: float
     goodput_ratio: float | None
     trajectories: int  # finished trajectories admitted in the window
     good_trajectories: int
     good_trajectories_per_minute: float | None  # None when no trajectory finished in it
+    thresholds_tokens_per_second: dict[str, float] | None = None  # speed floors (at least)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputSpeed:
+    """Output speed in tokens/s (docs/metrics.md, "Output speed"): per request (its output
+    tokens over its generation time) and per agent (its output tokens over its generation
+    time, summed over its requests), with low percentiles: the slow side of a speed is the
+    one that matters, so each --percentiles entry p becomes p(100 - p) (p99 -> p1)."""
+
+    unit: str  # "tokens/s"
+    requests: MetricStats | None
+    agents: MetricStats | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +133,7 @@ class WindowFigures:
     slo_verdict: str | None
     client: Verdict
     server: Verdict
+    output_speed: OutputSpeed | None = None
 
     def as_dict(self) -> dict:
         document = asdict(self)
@@ -195,10 +217,46 @@ class Window:
             return out
         if key == "agent_e2e_ms":
             return [r.loop_seconds * 1000.0 for r in self.finished_trajectories() if r.completed]
+        if key == "output_speed":
+            return [v for v in (self.speed(i) for i in self.ok_rows) if v is not None]
         column = {"ttft_ms": samples.ttft_ms, "tpot_ms": samples.tpot_ms}.get(key)
         if column is None:
             column = samples.latency_ms
         return [column[i] for i in self.ok_rows if not math.isnan(column[i])]
+
+    def generation_ms(self, i: int) -> float | None:
+        """Row ``i``'s generation time, first to last content chunk (ms); None when not
+        streamed, or when it has no speed (see ``output_speed``)."""
+        samples = self.inputs.samples
+        if math.isnan(samples.ttft_ms[i]):
+            return None
+        first = samples.gap_first[i]
+        gaps = self.inputs.gaps_ms[first : first + samples.gap_count[i]]
+        if output_speed(samples.output_tokens[i], gaps) is None:
+            return None
+        return math.fsum(gaps)
+
+    def speed(self, i: int) -> float | None:
+        """Row ``i``'s output speed, tokens/s (None: not streamed, one token or one chunk)."""
+        generation = self.generation_ms(i)
+        if generation is None:
+            return None
+        return self.inputs.samples.output_tokens[i] * 1000.0 / generation
+
+    def agent_speeds(self) -> list[float]:
+        """Each agent's output speed over its requests of the window that have one: its
+        output tokens over its generation time, both summed over those requests."""
+        samples = self.inputs.samples
+        tokens: dict[int, int] = {}
+        generation: dict[int, list[float]] = {}
+        for i in self.ok_rows:
+            ms = self.generation_ms(i)
+            if ms is None:
+                continue
+            agent = samples.agent[i]
+            tokens[agent] = tokens.get(agent, 0) + samples.output_tokens[i]
+            generation.setdefault(agent, []).append(ms)
+        return [tokens[a] * 1000.0 / math.fsum(generation[a]) for a in sorted(tokens)]
 
     def finished_trajectories(self) -> list[TrajectoryRecord]:
         """Trajectories admitted in the window (records exist only once one finished)."""
@@ -220,6 +278,7 @@ def window_figures(inputs: WindowInputs, start: float, end: float) -> WindowFigu
     latency = {key: _stats(window.values(key), inputs.percents) for key in LATENCY_KEYS}
     goodput = _goodput(inputs, window, duration)
     outcomes = tuple(_outcome(o, window) for o in inputs.objectives)
+    low = speed_percents(inputs.percents)
     return WindowFigures(
         start_seconds=start,
         end_seconds=end,
@@ -242,7 +301,19 @@ def window_figures(inputs: WindowInputs, start: float, end: float) -> WindowFigu
         slo_verdict=combine_verdicts([o.verdict for o in outcomes]),
         client=client_verdict(inputs.health, inputs.wall_seconds),
         server=Verdict(None, None),
+        output_speed=OutputSpeed(
+            unit="tokens/s",
+            requests=_stats(window.values("output_speed"), low),
+            agents=_stats(window.agent_speeds(), low),
+        ),
     )
+
+
+def speed_percents(percents: Sequence[float]) -> tuple[float, ...]:
+    """The low percentiles a speed reports, highest first: p50 and p10 (the console's),
+    and 100 - p for each --percentiles entry p below 100 (50, 90, 99 -> 50, 10, 1)."""
+    low = {50.0, 10.0} | {round(100.0 - p, 9) for p in percents if p < 100.0}
+    return tuple(sorted(low, reverse=True))
 
 
 def mean_active_agents(records: Sequence[TrajectoryRecord], start: float, end: float):
@@ -290,8 +361,9 @@ def _goodput(inputs: WindowInputs, window: Window, duration: float) -> GoodputFi
     # Trajectories a planned stop or a signal cut short are neither good nor bad.
     finished = [r for r in window.finished_trajectories() if not r.interrupted]
     good_trajectories = sum(1 for r in finished if r.completed and r.agent_id not in bad_agents)
+    speeds = {m: v for m, v in inputs.goodput if m in SPEED_METRICS}
     return GoodputFigures(
-        thresholds_ms=dict(inputs.goodput),
+        thresholds_ms={m: v for m, v in inputs.goodput if m not in SPEED_METRICS},
         good_requests=good,
         good_requests_per_second=_per(good, duration),
         goodput_ratio=good / len(window.rows) if window.rows else None,
@@ -300,6 +372,7 @@ def _goodput(inputs: WindowInputs, window: Window, duration: float) -> GoodputFi
         good_trajectories_per_minute=(
             _per(good_trajectories * 60.0, duration) if finished else None
         ),
+        thresholds_tokens_per_second=speeds or None,
     )
 
 
@@ -323,7 +396,10 @@ def _outcome(objective: Objective, window: Window) -> ObjectiveOutcome:
             value_low_ms=None,
             value_high_ms=None,
             verdict=attainment_verdict(within, n, objective.quantile),
+            required=objective.quantile,
         )
+    if objective.at_least:
+        return _floor_outcome(objective, window)
     values = sorted(window.values(f"{objective.metric}_ms"))
     n = len(values)
     limit = objective.limit_ms or 0.0
@@ -354,6 +430,43 @@ def _outcome(objective: Objective, window: Window) -> ObjectiveOutcome:
         value_low_ms=value_low,
         value_high_ms=value_high,
         verdict=attainment_verdict(met, trials, objective.quantile),
+        required=objective.quantile,
+    )
+
+
+def _floor_outcome(objective: Objective, window: Window) -> ObjectiveOutcome:
+    """A speed floor, ``output_speed_p10>=30``: the 10th percentile of speed is at least
+    30 tok/s exactly when at least 90 % of requests reach 30 tok/s, so the objective is
+    judged like a limit, on the share of samples at or above the floor with 1 - quantile
+    the share required. A failed request met no floor; a request without a speed (not
+    streamed, one token, one chunk) is no sample."""
+    values = sorted(window.values(objective.metric))
+    n = len(values)
+    floor = objective.minimum or 0.0
+    within = n - bisect.bisect_left(values, floor)
+    trials = n + len(window.rows) - len(window.ok_rows)
+    required = objective.required
+    low, high = wilson_interval(within, trials)
+    value_low, value_high = percentile_interval(values, objective.quantile)
+    return ObjectiveOutcome(
+        objective=objective.name,
+        metric=objective.metric,
+        quantile=objective.quantile,
+        limit_ms=None,
+        value_ms=None,
+        samples=trials,
+        within=within,
+        attainment=within / trials if trials else None,
+        attainment_low=low,
+        attainment_high=high,
+        value_low_ms=None,
+        value_high_ms=None,
+        verdict=attainment_verdict(within, trials, required),
+        required=required,
+        limit_tokens_per_second=floor,
+        value_tokens_per_second=percentile(values, objective.quantile),
+        value_low_tokens_per_second=value_low,
+        value_high_tokens_per_second=value_high,
     )
 
 

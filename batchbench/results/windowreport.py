@@ -4,7 +4,7 @@ the server."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from batchbench.results.formatting import (
     MISSING,
@@ -13,7 +13,13 @@ from batchbench.results.formatting import (
     measured_latency,
     ratio_percent,
 )
-from batchbench.results.slo import Objective, duration_text, percentile_label
+from batchbench.results.slo import (
+    SPEED_METRICS,
+    Objective,
+    duration_text,
+    percentile_label,
+    speed_text,
+)
 from batchbench.results.window import MetricStats, ObjectiveOutcome, WindowFigures
 
 LATENCY_ROWS = (
@@ -63,6 +69,13 @@ def outcome_text(outcome: ObjectiveOutcome, objective: Objective | None = None) 
     if outcome.metric == "goodput":
         target = f"goodput ≥ {outcome.quantile * 100.0:g}%"
         measured = f"{ratio_percent(outcome.attainment)} good"
+    elif outcome.metric in SPEED_METRICS:
+        target = f"{outcome.objective} ≥ {speed_text(outcome.limit_tokens_per_second or 0.0)}"
+        speed = outcome.value_tokens_per_second
+        shown = MISSING if speed is None else measured_speed(speed)
+        low, high = outcome.value_low_tokens_per_second, outcome.value_high_tokens_per_second
+        interval = f", 95% CI {_interval(low, high, measured_speed)}" if outcome.samples else ""
+        measured = f"{shown}{interval}; {ratio_percent(outcome.attainment)} at least"
     else:
         target = f"{outcome.objective} ≤ {duration_text(outcome.limit_ms or 0.0, ' ')}"
         value = MISSING if outcome.value_ms is None else measured_latency(outcome.value_ms)
@@ -76,16 +89,38 @@ def outcome_text(outcome: ObjectiveOutcome, objective: Objective | None = None) 
     )
 
 
-def _interval(low: float | None, high: float | None) -> str:
+def _interval(
+    low: float | None, high: float | None, fmt: Callable[[float], str] = measured_latency
+) -> str:
     """``1.70 s–1.95 s``; an open side (too few samples to bound it) as ``≥ 1.70 s``,
     ``≤ 1.95 s`` or ``unbounded``."""
     if low is not None and high is not None:
-        return f"{measured_latency(low)}–{measured_latency(high)}"
+        return f"{fmt(low)}–{fmt(high)}"
     if low is not None:
-        return f"≥ {measured_latency(low)}"
+        return f"≥ {fmt(low)}"
     if high is not None:
-        return f"≤ {measured_latency(high)}"
+        return f"≤ {fmt(high)}"
     return "unbounded"
+
+
+def measured_speed(tokens_per_second: float) -> str:
+    """``54.73 tok/s``: a measured speed, two decimals."""
+    return f"{tokens_per_second:.2f} tok/s"
+
+
+def agent_speed_line(window: WindowFigures) -> str | None:
+    """``Output speed per agent: p50 45.20 tok/s, p10 31.07 tok/s (8 agents; per request
+    p50 45.90, p10 30.12)``: each agent's output tokens over its generation time (first to
+    last content chunk, summed over its requests); None without a streamed speed."""
+    speed = window.output_speed
+    if speed is None or speed.agents is None or speed.requests is None:
+        return None
+    agents, requests = speed.agents, speed.requests
+    return (
+        f"Output speed per agent: p50 {fixed(agents.get(50.0))} tok/s, "
+        f"p10 {fixed(agents.get(10.0))} tok/s ({agents.count} agents; per request "
+        f"p50 {fixed(requests.get(50.0))}, p10 {fixed(requests.get(10.0))})"
+    )
 
 
 def window_lines(
@@ -110,10 +145,17 @@ def window_lines(
     if table:
         lines.append("Latency in the measured window:")
         lines += table
+    speed = agent_speed_line(w)
+    if speed:
+        lines.append(speed)
     goodput = w.goodput
     if goodput is not None:
         limits = ", ".join(
-            f"{metric} ≤ {duration_text(ms, ' ')}" for metric, ms in goodput.thresholds_ms.items()
+            [f"{metric} ≤ {duration_text(ms, ' ')}" for metric, ms in goodput.thresholds_ms.items()]
+            + [
+                f"{metric} ≥ {speed_text(floor)}"
+                for metric, floor in (goodput.thresholds_tokens_per_second or {}).items()
+            ]
         )
         good_share = ratio_percent(goodput.goodput_ratio)
         lines.append(

@@ -7,8 +7,8 @@ through a fresh ``Recorder`` gives the worker's ``ShardData`` in the form a live
 sends, so the merge treats it like any other: every recorded request lands in its bucket
 (succeeded, failed, cancelled; a finished trajectory's skipped requests), and the rest of
 the worker's planned share is counted as ``lost``. What the files do not carry stays out:
-inter-token gaps and TPOT (so goodput limits on them are not applied to these requests),
-event-loop lag, the time series, client CPU, tool time. Without request events, the
+inter-token gaps, TPOT and output speed (so goodput limits on them are not applied to these
+requests), event-loop lag, the time series, client CPU, tool time. Without request events, the
 finished trajectories' records still give their requests' buckets and tokens.
 """
 
