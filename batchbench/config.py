@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import shlex
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
 from batchbench.drive.failover import DEFAULT_RANK_FAILOVER, RANK_FAILOVER_POLICIES
+from batchbench.drive.simlaunch import sim_command
 from batchbench.drive.transport import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_WORKER_HEADER
 from batchbench.drive.wire import DEFAULT_DP_RANK_HEADER, DP_RANK_HEADERS
 from batchbench.errors import KeywordError, UsageError
@@ -64,6 +66,7 @@ from batchbench.options.shape import (
     resolve_shape,
     shape_option_names,
 )
+from batchbench.options.simulator import check_sim_command
 from batchbench.options.values import admission as admission_mode
 from batchbench.options.values import (
     byte_size,
@@ -1145,9 +1148,7 @@ class RunConfig:
         self._check_window()
         self._check_scale()
         if self.sim and self.sim_args:  # the simulator's options, as it will read them
-            from batchbench.stages.target import sim_process  # lazy: only with --sim-args
-
-            sim_process(self)
+            check_sim_command(self.sim_child_command())
         if not self.sim:
             self._check_target()
         key = self.resolved_api_key()
@@ -1224,6 +1225,18 @@ class RunConfig:
             raise UsageError(
                 f'invalid --dp-rank-header "{self.dp_rank_header}" (smg, vllm or both)'
             )
+
+    def sim_child_command(self) -> list[str]:
+        """The command line of the ``--sim`` child: the simulator with this run's
+        tokenizer, ranks, template and ``--sim-args``."""
+        extra = self.sim_args or ""
+        if self.tokenizer_download:
+            extra = f"--tokenizer-download {extra}"
+        if self.chat_template is not None:
+            extra = f"--chat-template {shlex.quote(self.chat_template)} {extra}"
+        tokenizer = self.tokenizer
+        assert tokenizer is not None  # with --sim: the simulator's when not given
+        return sim_command(tokenizer, self.sim_dp_ranks, extra or None)
 
     def _check_values(self) -> None:
         """Types and ranges a command line's parser guarantees, for configs built in Python."""

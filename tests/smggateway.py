@@ -11,6 +11,7 @@ skipped with a message saying how to get it.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import socket
 import subprocess
@@ -83,10 +84,11 @@ def _wait_ready(process: subprocess.Popen, gateway: Gateway) -> None:
             pytest.fail(f"smg exited with status {process.returncode} while starting")
         try:
             with urllib.request.urlopen(gateway.url + "/workers", timeout=2) as response:
-                listed = response.read().decode()
+                listed = json.loads(response.read())["workers"]
             with urllib.request.urlopen(gateway.metrics_url, timeout=2):
                 pass
-            if all(url in listed for url in gateway.worker_urls):
+            healthy = {worker["url"] for worker in listed if worker.get("is_healthy")}
+            if healthy >= set(gateway.worker_urls):  # every rank index names a worker
                 return
         except (urllib.error.URLError, OSError):
             pass

@@ -82,6 +82,7 @@ class Gateway:
     """``smg launch`` in front of ``workers`` with ``policy``; stopped by its own PID."""
 
     def __init__(self, workers: list[str], policy: str) -> None:
+        self.workers = workers
         self.port, metrics = free_port(), free_port()
         assert SMG is not None
         self.process = subprocess.Popen(
@@ -93,13 +94,17 @@ class Gateway:
         self.url = f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self, timeout: float = 20.0) -> None:
-        """Until the gateway forwards its workers' model list (the simulator does not count
-        it as a chat completion)."""
+        """Until the gateway lists every worker as healthy and forwards their model list
+        (the simulator does not count it as a chat completion); a worker still registering
+        would make its rank index refused."""
         deadline = time.monotonic() + timeout
         while True:
             try:
+                with urllib.request.urlopen(self.url + "/workers", timeout=2) as response:
+                    listed = json.loads(response.read())["workers"]
+                healthy = {w["url"] for w in listed if w.get("is_healthy")}
                 with urllib.request.urlopen(self.url + "/v1/models", timeout=2) as response:
-                    if response.status == 200:
+                    if response.status == 200 and healthy >= set(self.workers):
                         return
             except (urllib.error.URLError, OSError):
                 pass

@@ -12,7 +12,6 @@ reaches end of file (``batchbench.lifeline``).
 from __future__ import annotations
 
 import contextlib
-import difflib
 import os
 import shlex
 import subprocess
@@ -45,42 +44,6 @@ def sim_command(tokenizer: str, dp_ranks: int | None, extra: str | None) -> list
         except ValueError as exc:
             raise UsageError(f"--sim-args: {exc}") from None
     return command
-
-
-def check_sim_command(command: list[str]) -> None:
-    """The child's arguments (``sim_command``'s, after ``python -m batchbench sim``) parsed
-    as the simulator will parse them, before it starts: a mistake in --sim-args is one
-    usage error naming the simulator option, not the simulator's whole usage text."""
-    from batchbench.cli.sim import build_parser  # lazy: the simulator's modules, with --sim
-
-    words = command[4:]
-    if "-h" in words or "--help" in words:
-        raise UsageError(
-            "--sim-args: --help is not a simulator option here; `batchbench sim --help` lists them"
-        )
-    parser = build_parser()
-    try:
-        _args, unknown = parser.parse_known_args(words)
-    except UsageError as exc:  # a bad value, a missing one, an option given twice
-        raise UsageError(f"--sim-args: {exc}") from None
-    if unknown:
-        raise UsageError(f"--sim-args: {_unknown(parser.long_options(), unknown)}")
-
-
-def _unknown(known: list[str], words: list[str]) -> str:
-    """What the simulator would refuse: its unknown options, each with the nearest known one."""
-    options = [word.split("=", 1)[0] for word in words if word.startswith("-")]
-    if not options:
-        return (
-            f"unexpected simulator argument {shlex.join(words)} (the simulator takes only "
-            "options, each starting with --)"
-        )
-    named = []
-    for option in options:
-        close = difflib.get_close_matches(option, known, n=1, cutoff=0.75)
-        named.append(f"{option} (did you mean {close[0]}?)" if close else option)
-    plural = "s" if len(named) > 1 else ""
-    return f"unknown simulator option{plural} {', '.join(named)}"
 
 
 class SimProcess:

@@ -11,9 +11,10 @@ import aiohttp
 from batchbench.config import RunConfig, host_ends_in_v1
 from batchbench.drive.preflight import MODEL_CHOSEN_NOTE, preflight
 from batchbench.drive.rankcheck import RankLayout, probe_ranks
-from batchbench.drive.simlaunch import SimProcess, check_sim_command, sim_command
+from batchbench.drive.simlaunch import SimProcess
 from batchbench.drive.wire import BodyOptions, request_headers
 from batchbench.errors import UsageError
+from batchbench.options.simulator import check_sim_command
 from batchbench.stages.console import RunOutput
 from batchbench.stages.hosting import BlockingCall
 
@@ -66,14 +67,7 @@ def targeting_sim(config: RunConfig, sim: SimProcess) -> RunConfig:
 
 def sim_process(config: RunConfig) -> SimProcess:
     """The simulator child of ``--sim``, not started yet."""
-    extra = config.sim_args or ""
-    if config.tokenizer_download:
-        extra = f"--tokenizer-download {extra}"
-    if config.chat_template is not None:
-        extra = f"--chat-template {shlex.quote(config.chat_template)} {extra}"
-    tokenizer = config.tokenizer
-    assert tokenizer is not None  # with --sim: the simulator's when not given
-    command = sim_command(tokenizer, config.sim_dp_ranks, extra or None)
+    command = config.sim_child_command()
     if config.sim_args:
         check_sim_command(command)  # a mistake in it: one line, before anything starts
     return SimProcess(command)
