@@ -49,7 +49,7 @@ RUN_CHARTS = {
     "bb-fidelity",
     "bb-server-metrics",
 }
-CAPACITY_CHARTS = {"bb-capacity-curve", "bb-capacity-cdf"}
+CAPACITY_CHARTS = {"bb-capacity-curve", "bb-capacity-tput-latency", "bb-capacity-cdf"}
 
 
 # -- real runs ------------------------------------------------------------------------------
@@ -451,7 +451,9 @@ def test_capacity_report_draws_the_curve_and_marks_the_answer(capacity, tmp_path
         assert row["ttft_p99_ms"] == number(latency["ttft_ms"]["percentiles"]["p99"])
         assert row["e2e_p95_ms"] == number(latency["e2e_ms"]["percentiles"]["p95"])
         assert row["cache_hit_percent"] == percent(step["window"]["cache_hit_percent"])
-    assert f'<p class="bb-answer">{html.escape(answer["text"])}</p>' in page
+    # The answer is said once, under the page's title (not again in the capacity section).
+    assert page.count('class="bb-answer"') == 1
+    assert f'<li class="bb-answer">{html.escape(answer["text"])}</li>' in page
     assert parser.tables["bb-documents"][0]["verdict"] == (
         "concluded" if answer["concluded"] else "open"
     )

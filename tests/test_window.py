@@ -809,7 +809,7 @@ SCHEMA_WINDOW = {
     "failed_requests", "requests_per_second", "input_tokens_per_second",
     "output_tokens_per_second", "input_tokens", "output_tokens", "cached_tokens",
     "cache_hit_percent", "mean_active_agents", "peak_in_flight", "latency", "goodput", "slo",
-    "slo_verdict", "client", "server",
+    "slo_verdict", "client", "server", "request_tokens",
 }  # fmt: skip
 SCHEMA_GOODPUT = {
     "thresholds_ms", "good_requests", "good_requests_per_second", "goodput_ratio",

@@ -95,6 +95,7 @@ WINDOW = Obj(
         "slo_verdict": STRING,
         "client": VERDICT,
         "server": VERDICT,
+        "request_tokens": Obj(same("input output", Obj(numbers("mean p50 p90")))),
     }
 )
 DISTRIBUTION = Obj(same("values fractions", NUMBER_LIST))
