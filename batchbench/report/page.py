@@ -150,9 +150,10 @@ class Page:
         headers: Sequence[str],
         rows: Sequence[Sequence[tuple[str, str]]],
         caption: str | None = None,
+        classes: str = "",
     ) -> None:
         """A table; each cell is (field name for ``data-field``, escaped HTML text)."""
-        out = [f'<table id="{table_id}" class="bb-table">']
+        out = [f'<table id="{table_id}" class="bb-table{f" {classes}" if classes else ""}">']
         if caption:
             out.append(f"<caption>{html.escape(caption)}</caption>")
         out.append("<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in headers))
@@ -410,7 +411,7 @@ class Page:
         for index, step in enumerate(view.steps, start=1):
             rows.append(step_cells(index, step))
         self.table("bb-capacity-steps" + suffix, [c[1] for c in STEP_COLUMNS], rows,
-                   caption="Steps in the order they ran")  # fmt: skip
+                   caption="Steps in the order they ran", classes="bb-steps")  # fmt: skip
         loaded = [(step.results_json, steps_documents.get(step.results_json))
                   for step in view.steps if step.results_json is not None]  # fmt: skip
         workload = [(n, d) for n, d in dict(loaded).items() if isinstance(d, dict)]
@@ -783,6 +784,9 @@ white-space:nowrap}.bb-table th{background:#f5f5f5;white-space:normal}
 .bb-table td[data-field=option],.bb-table td[data-field=value],.bb-table td[data-field=path]
 {text-align:left;white-space:normal;word-break:break-all}
 .bb-table td[data-field=note]{text-align:left;white-space:normal;min-width:16em}
+.bb-steps{font-size:.8em}.bb-steps th,.bb-steps td{padding:3px 5px}
+.bb-steps td[data-field=note]{min-width:10em}
+.bb-steps td[data-field=results_json]{white-space:normal;word-break:break-all}
 .bb-verdict-pass,.bb-verdict-ok{color:#1a7f37;font-weight:600}
 .bb-verdict-fail,.bb-verdict-client-bound,.bb-verdict-server-bound{color:#c62828;
 font-weight:600}.bb-verdict-unresolved{color:#b86e00;font-weight:600}
