@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import html
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -30,7 +31,7 @@ from batchbench.report import (
     require_plotly,
     write_report,
 )
-from batchbench.report.charts import VERDICT_COLORS
+from batchbench.report.charts import VERDICT_COLORS, bin_factor, log_ticks
 from batchbench.results.formatting import MISSING, number, percent, ratio_percent
 
 # The report is pure Python: its end-to-end tests run once (see the marker in conftest).
@@ -49,7 +50,7 @@ RUN_CHARTS = {
     "bb-fidelity",
     "bb-server-metrics",
 }
-CAPACITY_CHARTS = {"bb-capacity-curve", "bb-capacity-cdf"}
+CAPACITY_CHARTS = {"bb-capacity-curve", "bb-capacity-tput-latency", "bb-capacity-cdf"}
 
 
 # -- real runs ------------------------------------------------------------------------------
@@ -467,10 +468,133 @@ def test_capacity_report_draws_the_curve_and_marks_the_answer(capacity, tmp_path
         assert row["ttft_p99_ms"] == number(latency["ttft_ms"]["percentiles"]["p99"])
         assert row["e2e_p95_ms"] == number(latency["e2e_ms"]["percentiles"]["p95"])
         assert row["cache_hit_percent"] == percent(step["window"]["cache_hit_percent"])
-    assert f'<p class="bb-answer">{html.escape(answer["text"])}</p>' in page
+    # The answer is said once, under the page's title (not again in the capacity section).
+    assert page.count('class="bb-answer"') == 1
+    assert f'<li class="bb-answer">{html.escape(answer["text"])}</li>' in page
     assert parser.tables["bb-documents"][0]["verdict"] == (
         "concluded" if answer["concluded"] else "open"
     )
+
+
+def test_log_axes_tick_at_one_two_five_times_powers_of_ten():
+    ticks = log_ticks([8.0, 24.0])
+    assert (ticks["tickvals"], ticks["ticktext"]) == ([5.0, 10.0, 20.0, 50.0], ["5", "10", "20", "50"])  # fmt: skip
+    assert ticks["range"] == [math.log10(5.0), math.log10(50.0)] and ticks["type"] == "log"
+    # beyond four decades, the powers of ten alone
+    wide = log_ticks([0.01, 30000.0, None, 0.0])
+    assert wide["ticktext"] == ["0.01", "0.1", "1", "10", "100", "1,000", "10,000", "100,000"]
+    # one value on a tick: the ticks either side of it too
+    assert log_ticks([20.0])["tickvals"] == [10.0, 20.0, 50.0]
+    assert log_ticks([0.0, -1.0, None]) == {}  # nothing to draw on a log axis
+
+
+def test_throughput_bins_follow_the_runs_length_and_requests(runs, tmp_path):
+    """A 300 s run of 600 requests recorded in 0.5 s bins that swing 0-4 req/s: drawn in
+    10 s bins (20 requests each; at least 1/60 of the run, at most a tenth), and the title
+    says so. A short run keeps its recorded bins."""
+    assert bin_factor(0.5, 300.0, 600.0) == 20  # 20 requests' worth: 10 s
+    assert bin_factor(0.5, 300.0, 60000.0) == 10  # busy: 1/60 of the run, 5 s
+    assert bin_factor(0.5, 300.0, 10.0) == 60  # sparse: a tenth of the run, 30 s
+    assert bin_factor(0.5, 0.86, 7.0) == 1
+    document = json.loads(runs["a"].read_text())
+    document["timeseries"] = {
+        "interval_seconds": 0.5,
+        "t": [0.5 * (i + 1) for i in range(600)],
+        "active_agents": [3.0] * 600,
+        "in_flight": [1.0] * 600,
+        "requests_per_second": [0.0, 4.0] * 300,
+        "output_tokens_per_second": [0.0, 100.0] * 300,
+    }
+    path = tmp_path / "long.json"
+    path.write_text(json.dumps(document))
+    page, _ = report(tmp_path, path)
+    _, figures = parse(page)
+    throughput = figures["bb-throughput"]
+    assert throughput["layout"]["title"]["text"] == "Throughput over time (10 s bins)"
+    requests, tokens = throughput["data"]
+    assert requests["x"] == [10.0 * (i + 1) for i in range(30)] == tokens["x"]
+    assert (requests["y"], tokens["y"]) == ([2.0] * 30, [50.0] * 30)
+    page, _ = report(tmp_path, runs["a"], runs["b"], name="short.html")
+    _, figures = parse(page)
+    assert figures["bb-throughput"]["layout"]["title"]["text"] == (
+        "Throughput over time (0.5 s bins)"
+    )
+
+
+def test_cdf_y_axes_say_what_they_count(runs, tmp_path):
+    _, figures = parse(report(tmp_path, runs["a"])[0])
+    titles = {m: figures[f"bb-cdf-{m}"]["layout"]["yaxis"]["title"]["text"] for m in ("ttft", "itl", "e2e")}  # fmt: skip
+    assert titles == {
+        "ttft": "fraction of requests",
+        "itl": "fraction of inter-token gaps",  # an ITL sample is a gap between chunks
+        "e2e": "fraction of requests",
+    }
+    assert figures["bb-cdf-itl"]["data"][0]["hovertemplate"] == (
+        "%{x:.4~g} ms: %{y:.1%} of inter-token gaps"
+    )
+
+
+def test_workload_summary_and_server_table_units(runs, capacity, tmp_path):
+    document = json.loads(runs["a"].read_text())
+    page, _ = report(tmp_path, runs["a"], capacity)
+    parser, _ = parse(page)
+    window = document["window"]
+    tokens = window["request_tokens"]
+    (row,) = parser.tables["bb-workload"]
+    assert row == {
+        "file": "a.json",
+        "trajectories": "3",
+        "requests": "7",
+        "input_mean": number(window["input_tokens"] / window["successful_requests"]),
+        "input_p50": f"{tokens['input']['p50']:,}",
+        "input_p90": f"{tokens['input']['p90']:,}",
+        "output_mean": number(window["output_tokens"] / window["successful_requests"]),
+        "output_p50": f"{tokens['output']['p50']:,}",
+        "output_p90": f"{tokens['output']['p90']:,}",
+    }
+    assert tokens["output"] == {"mean": 96.0, "p50": 96, "p90": 128}
+    assert (row["output_mean"], row["output_p50"], row["output_p90"]) == ("96.00", "96", "128")
+    # a capacity search: one row per step, each from its step's results
+    steps = json.loads(capacity.read_text())["steps"]
+    rows = parser.tables["bb-capacity-workload"]
+    assert [r["file"] for r in rows] == [s["results_json"] for s in steps]
+    assert [r["requests"] for r in rows] == [f"{s['window']['requests']:,}" for s in steps]
+    assert {r["trajectories"] for r in rows} == {"400"}
+    # The server table: shares in percent, times in ms, counts without decimals.
+    concepts = document["server_metrics"]["concepts"]
+    cells = {(r["concept"], r["rank"]): r for r in parser.tables["bb-server-concepts"]}
+    kv = cells[("kv_cache_usage", "0")]
+    assert kv["mean"] == ratio_percent(concepts["kv_cache_usage"]["0"]["mean"])
+    assert kv["mean"].endswith("%") and kv["value"] == MISSING
+    ttft = cells[("ttft_seconds", "0")]
+    assert ttft["p50"] == f"{number(concepts['ttft_seconds']['0']['p50'] * 1000)} ms"
+    assert cells[("requests", "0")]["value"] == "4"  # 4.0 in the document
+    assert cells[("prompt_tokens", "1")]["value"] == f"{concepts['prompt_tokens']['1']:,.0f}"
+    assert "." not in cells[("prompt_tokens", "1")]["value"]
+    assert cells[("running_requests", "0")]["max"] == "2"
+    assert cells[("prefix_cache_hit_percent", "0")]["value"] == percent(
+        concepts["prefix_cache_hit_percent"]["0"]
+    )
+
+
+def test_throughput_against_latency_has_one_point_per_step(capacity, tmp_path):
+    document = json.loads(capacity.read_text())
+    steps = sorted(document["steps"], key=lambda s: s["agents"])
+    _, figures = parse(report(tmp_path, capacity)[0])
+    against = figures["bb-capacity-tput-latency"]
+    traces = {t["name"]: t for t in against["data"]}
+    for objective in ("ttft_p90", "itl_p90"):
+        trace = traces[objective]
+        assert trace["x"] == [s["window"]["requests_per_second"] for s in steps]
+        assert trace["y"] == [
+            next(o["value_ms"] for o in s["window"]["slo"] if o["objective"] == objective)
+            for s in steps
+        ]
+        assert trace["text"] == [f"{s['agents']} agents" for s in steps]
+        assert trace["marker"]["color"] == [VERDICT_COLORS[s["verdict"]] for s in steps]
+    assert traces["SLO ttft_p90 ≤ 40.00 ms"]["y"] == [40.0, 40.0]
+    assert against["layout"]["xaxis"]["title"]["text"] == "requests per second"
+    assert against["layout"]["yaxis"]["type"] == "log"
 
 
 def test_capacity_without_a_step_file_still_draws_its_curve(capacity, tmp_path):
@@ -861,6 +985,16 @@ def chromium_driver(tmp_path: Path):
     return webdriver.Chrome(service=service, options=options)
 
 
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """One headless Chromium for the module's browser tests (starting one takes a second)."""
+    driver = chromium_driver(tmp_path_factory.mktemp("chromium"))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
 def open_when_ready(driver, page: Path) -> None:
     """Load the page and wait, 30 s at most, until its script says it drew or failed."""
     driver.get(page.as_uri())
@@ -871,45 +1005,51 @@ def open_when_ready(driver, page: Path) -> None:
         time.sleep(0.05)
 
 
-def test_report_opens_in_headless_chromium_and_draws_every_chart(runs, capacity, tmp_path):
+@pytest.fixture(scope="module")
+def opened_report(runs, capacity, browser, tmp_path_factory):
+    """The report of run a (with a hostile manifest path), run b and the capacity search,
+    opened in the module's browser once: (its text, its path, the browser's log of it)."""
+    tmp_path = tmp_path_factory.mktemp("opened")
     document = json.loads(runs["a"].read_text())
     document["manifest"]["path"] = HOSTILE
     hostile = tmp_path / "hostile.json"
     hostile.write_text(json.dumps(document))
     page, out = report(tmp_path, hostile, runs["b"], capacity)
+    browser.get_log("browser")  # drop what an earlier page logged
+    open_when_ready(browser, out)
+    return page, out, browser.get_log("browser")
+
+
+def test_report_opens_in_headless_chromium_and_draws_every_chart(opened_report, browser, tmp_path):
+    page, _, logs = opened_report
     parser, _ = parse(page)
     assert set(parser.charts) == RUN_CHARTS | CAPACITY_CHARTS
-    driver = chromium_driver(tmp_path)
-    try:
-        open_when_ready(driver, out)
-        state = driver.execute_script(
-            """
-            var charts = Array.from(document.querySelectorAll('.bb-chart'));
-            return {
-              ready: window.__bbReady, errors: window.__bbErrors, pwned: window.__bbPwned,
-              charts: charts.length,
-              drawn: charts.filter(function (c) {
-                return c.classList.contains('js-plotly-plot') && c.querySelector('.main-svg');
-              }).length,
-              plotted: document.querySelectorAll('.js-plotly-plot').length,
-              traces: charts.map(function (c) {
-                return c.querySelectorAll('.scatterlayer .trace, .barlayer .trace').length;
-              }),
-              speedRows: Array.from(
-                document.querySelectorAll('#bb-output-speed tbody tr')
-              ).map(function (r) { return r.cells[0].textContent; }),
-              speedVisible: (function () {
-                var t = document.getElementById('bb-output-speed');
-                return t !== null && t.getBoundingClientRect().height > 0;
-              })(),
-            };
-            """
-        )
-        logs = driver.get_log("browser")
-        screenshot = tmp_path / "report.png"
-        assert driver.save_screenshot(str(screenshot))
-    finally:
-        driver.quit()
+    driver = browser
+    state = driver.execute_script(
+        """
+        var charts = Array.from(document.querySelectorAll('.bb-chart'));
+        return {
+          ready: window.__bbReady, errors: window.__bbErrors, pwned: window.__bbPwned,
+          charts: charts.length,
+          drawn: charts.filter(function (c) {
+            return c.classList.contains('js-plotly-plot') && c.querySelector('.main-svg');
+          }).length,
+          plotted: document.querySelectorAll('.js-plotly-plot').length,
+          traces: charts.map(function (c) {
+            return c.querySelectorAll('.scatterlayer .trace, .barlayer .trace').length;
+          }),
+          speedRows: Array.from(
+            document.querySelectorAll('#bb-output-speed tbody tr')
+          ).map(function (r) { return r.cells[0].textContent; }),
+          speedVisible: (function () {
+            var t = document.getElementById('bb-output-speed');
+            return t !== null && t.getBoundingClientRect().height > 0;
+          })(),
+        };
+        """
+    )
+    screenshot = tmp_path / "report.png"
+    assert driver.save_screenshot(str(screenshot))
     assert state["errors"] == [] and state["ready"] is True
     assert [entry for entry in logs if entry["level"] == "SEVERE"] == []
     assert state["charts"] == len(RUN_CHARTS | CAPACITY_CHARTS) == state["plotted"]
@@ -918,6 +1058,88 @@ def test_report_opens_in_headless_chromium_and_draws_every_chart(runs, capacity,
     assert state["pwned"] is None  # the hostile manifest path stayed text
     assert state["speedRows"] == ["hostile.json", "b.json"] and state["speedVisible"]
     assert screenshot.stat().st_size > 10_000
+
+
+def one_two_five(label: str) -> bool:
+    """Whether a tick label is 1, 2 or 5 times a power of ten, written as a plain number."""
+    value = float(label.replace(",", ""))
+    exponent = math.floor(math.log10(value) + 1e-9)
+    mantissa = round(value / 10.0**exponent, 9)
+    return mantissa in (1.0, 2.0, 5.0) and "e" not in label.lower()
+
+
+def test_the_drawn_report_reads_well_at_1400_px(opened_report, capacity, browser):
+    """What a reader sees, from the rendered DOM: log axes ticked at 1, 2 and 5 times powers
+    of ten, the CDFs' y axes named by what they count, the capacity answer once, the steps
+    table without a sideways scroll, the throughput-latency chart with one labelled point
+    per step, and the throughput bins' width in its title."""
+    _, _, logs = opened_report
+    document = json.loads(capacity.read_text())
+    steps = sorted(document["steps"], key=lambda s: s["agents"])
+    state = browser.execute_script(
+        """
+        function texts(root, selector) {
+          return Array.from(root.querySelectorAll(selector)).map(function (t) {
+            return t.textContent;
+          });
+        }
+        var axes = [];
+        document.querySelectorAll('.js-plotly-plot').forEach(function (gd) {
+          Object.keys(gd._fullLayout).forEach(function (key) {
+            var ax = gd._fullLayout[key];
+            if (!/^[xy]axis\\d*$/.test(key) || ax.type !== 'log') return;
+            axes.push({chart: gd.id, axis: key, ticks: texts(gd, '.' + ax._id + 'tick text')});
+          });
+        });
+        function ytitle(id) { return texts(document.getElementById(id), '.g-ytitle')[0]; }
+        function title(id) { return texts(document.getElementById(id), '.gtitle')[0]; }
+        var table = document.getElementById('bb-capacity-steps');
+        var against = document.getElementById('bb-capacity-tput-latency');
+        var first = against.querySelector('.scatterlayer .trace');
+        return {
+          width: window.innerWidth,
+          axes: axes,
+          ytitles: ['bb-cdf-ttft', 'bb-cdf-itl', 'bb-cdf-e2e', 'bb-capacity-cdf'].map(ytitle),
+          answers: texts(document, '.bb-answer'),
+          table: [table.scrollWidth, table.clientWidth],
+          page: [document.documentElement.scrollWidth, document.documentElement.clientWidth],
+          points: first.querySelectorAll('.points path').length,
+          labels: texts(first, '.textpoint text'),
+          against: title('bb-capacity-tput-latency'),
+          throughput: title('bb-throughput'),
+        };
+        """
+    )
+    assert state["width"] >= 1380  # a 1400 px window, less its scroll bar
+    # The CDFs' x axes, the capacity curve's latency axis and the throughput-latency
+    # chart's y axis are log axes; each shows its ticks as 1, 2 or 5 times a power of ten.
+    assert sorted((a["chart"], a["axis"]) for a in state["axes"]) == [
+        ("bb-capacity-cdf", "xaxis"),
+        ("bb-capacity-curve", "yaxis"),
+        ("bb-capacity-tput-latency", "yaxis"),
+        ("bb-cdf-e2e", "xaxis"),
+        ("bb-cdf-itl", "xaxis"),
+        ("bb-cdf-ttft", "xaxis"),
+    ]
+    for axis in state["axes"]:
+        assert len(axis["ticks"]) >= 2, axis
+        assert all(one_two_five(t) for t in axis["ticks"]), axis
+    assert state["ytitles"] == [
+        "fraction of requests",
+        "fraction of inter-token gaps",
+        "fraction of requests",
+        "fraction of requests",
+    ]
+    # said once, under the title (several documents: named by the file)
+    assert state["answers"] == [f"capacity.json: {document['answer']['text']}"]
+    scroll, client = state["table"]
+    assert scroll <= client, state["table"]  # no sideways scroll of the steps table
+    assert state["page"][0] <= state["page"][1], state["page"]  # nor of the page
+    assert state["points"] == len(steps)
+    assert state["labels"] == [f"{s['agents']} agents" for s in steps]
+    assert state["against"] == "Throughput against latency, one point per step"
+    assert state["throughput"] == "Throughput over time (0.5 s bins)"  # short runs: as recorded
+    assert [entry for entry in logs if entry["level"] == "SEVERE"] == []
 
 
 def test_a_dry_run_reports_what_it_has(tmp_path):

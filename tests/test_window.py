@@ -129,6 +129,18 @@ def hand_inputs(**changes) -> WindowInputs:
     return WindowInputs(**values)
 
 
+def test_window_tokens_per_request():
+    """Input and output tokens of each successful request in the window (rows 1, 2, 4, 5):
+    their mean, p50 and p90 (the report's workload summary)."""
+    w = window_figures(hand_inputs(), 1.0, 4.0)
+    assert w.request_tokens == {
+        "input": {"mean": 237.5, "p50": 300, "p90": 400},  # 50, 200, 300, 400
+        "output": {"mean": 2.5, "p50": 3, "p90": 4},  # 1, 2, 3, 4
+    }
+    assert w.as_dict()["request_tokens"] == w.request_tokens
+    assert window_figures(hand_inputs(), 5.0, 6.0).request_tokens is None  # no request
+
+
 def test_window_counts_rates_and_cache_hits():
     w = window_figures(hand_inputs(), 1.0, 4.0)
     assert (w.start_seconds, w.end_seconds, w.duration_seconds) == (1.0, 4.0, 3.0)
@@ -809,7 +821,7 @@ SCHEMA_WINDOW = {
     "failed_requests", "requests_per_second", "input_tokens_per_second",
     "output_tokens_per_second", "input_tokens", "output_tokens", "cached_tokens",
     "cache_hit_percent", "mean_active_agents", "peak_in_flight", "latency", "goodput", "slo",
-    "slo_verdict", "client", "server", "output_speed",
+    "slo_verdict", "client", "server", "output_speed", "request_tokens",
 }  # fmt: skip
 SCHEMA_GOODPUT = {
     "thresholds_ms", "good_requests", "good_requests_per_second", "goodput_ratio",

@@ -341,6 +341,11 @@ def test_the_page_has_the_texts_figures_and_every_chart():
     cache = figures["bb-workload-cache"]["data"][0]
     assert cache["x"] == [1.0, 2.0, 3.0, 4.0, 5.0]
     assert cache["y"] == list(desc.timeline.cache_hit_rate)
+    # The delays' log axis is ticked at 1, 2 and 5 times powers of ten, as plain numbers.
+    delay = figures["bb-workload-delay"]["layout"]["xaxis"]
+    assert delay["type"] == "log" and delay["tickmode"] == "array"
+    assert all(str(t)[0] in "125" for t in delay["ticktext"]), delay["ticktext"]
+    assert delay["ticktext"] == [f"{v:,g}" for v in delay["tickvals"]]
 
 
 def test_a_page_without_delays_says_so():

@@ -41,6 +41,8 @@ CDF_METRICS = (
     ("itl", "itl_ms", "Inter-token latency"),
     ("e2e", "e2e_ms", "End-to-end request latency"),
 )
+# What one sample of each distribution is (a CDF's y axis counts these).
+CDF_COUNTS = {"ttft": "requests", "itl": "inter-token gaps", "e2e": "requests"}
 
 
 @dataclass(frozen=True)
@@ -88,9 +90,43 @@ def finish(fig: go.Figure, chart_id: str, height: int, **layout: Any) -> Chart:
     return Chart(chart_id, {"data": figure["data"], "layout": figure["layout"]}, height)
 
 
-def log_ms_axis() -> dict[str, Any]:
-    """A log axis of milliseconds (latencies and delays span several orders)."""
-    return {"type": "log", "title": {"text": "milliseconds (log scale)"}}
+def tick_label(value: float) -> str:
+    """A tick's plain number: ``0.5``, ``2``, ``2,000``."""
+    return f"{value:,.12g}"
+
+
+def log_ticks(values: Any) -> dict[str, Any]:
+    """A log axis's readable ticks for ``values`` (the positive ones): 1, 2 and 5 times
+    each power of ten (only the powers of ten beyond four decades), as plain numbers, and
+    a range from the tick at or below the smallest value to the one at or above the
+    largest (so every axis shows two ticks at least). Empty when no value is positive."""
+    numbers = [v for v in (finite(x) for x in values) if v is not None and v > 0]
+    if not numbers:
+        return {}
+    low, high = min(numbers), max(numbers)
+    first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+    steps = (1,) if last - first > 4 else (1, 2, 5)
+    candidates = [float(f"{m * 10.0**e:.12g}") for e in range(first, last + 1) for m in steps]
+    bottom = max([c for c in candidates if c <= low * (1 + 1e-9)], default=candidates[0])
+    top = min([c for c in candidates if c >= high * (1 - 1e-9)], default=candidates[-1])
+    if top <= bottom:  # one value on a tick: the ticks either side of it
+        index = candidates.index(bottom)
+        bottom = candidates[max(index - 1, 0)]
+        top = candidates[min(index + 1, len(candidates) - 1)]
+    ticks = [c for c in candidates if bottom <= c <= top]
+    return {
+        "type": "log",
+        "tickmode": "array",
+        "tickvals": ticks,
+        "ticktext": [tick_label(t) for t in ticks],
+        "range": [math.log10(bottom), math.log10(top)],
+    }
+
+
+def log_ms_axis(values: Any = ()) -> dict[str, Any]:
+    """A log axis of milliseconds (latencies and delays span several orders), with the
+    readable ticks of ``values`` (the drawn ones, limits included)."""
+    return {"type": "log", "title": {"text": "milliseconds (log scale)"}, **log_ticks(values)}
 
 
 def note_left_out(fig: go.Figure, text: str) -> None:
@@ -135,14 +171,17 @@ def cdf_chart(
     title: str,
     series: list[tuple[str, Any]],
     limits: list[tuple[str, float, float]],
+    counts: str = "requests",
 ) -> Chart | None:
-    """Cumulative fraction of requests against latency (log x), one line per series, with
+    """Cumulative fraction of ``counts`` (what each sample is: requests, or the gaps
+    between streamed chunks for ITL) against latency (log x), one line per series, with
     each SLO as a dashed vertical line at its limit and a marker at its required fraction:
     the objective holds where the curve passes at or above the marker."""
     if not any(compact(get(distribution, "values")) for _, distribution in series):
         return None  # before building a figure (the slow part of a small page)
     fig = go.Figure()
     drawn = zeros = 0
+    drawn_x: list[float] = []
     for index, (label, distribution) in enumerate(series):
         values = compact(get(distribution, "values"))
         fractions = compact(get(distribution, "fractions"))
@@ -155,6 +194,7 @@ def cdf_chart(
         if not points:
             continue
         drawn += 1
+        drawn_x += [p[0] for p in points]
         fig.add_trace(
             go.Scatter(
                 x=[p[0] for p in points],
@@ -162,7 +202,7 @@ def cdf_chart(
                 mode="lines",
                 line={"shape": "hv", "color": color(index), "width": 2},
                 name=_name(label),
-                hovertemplate="%{x:.4~g} ms: %{y:.1%} of requests",
+                hovertemplate="%{x:.4~g} ms: %{y:.1%} of " + counts,
             )
         )
     if not drawn:
@@ -199,13 +239,87 @@ def cdf_chart(
         chart_id,
         380,
         title={"text": _name(title)},
-        xaxis=log_ms_axis(),
-        yaxis={"title": {"text": "fraction of requests"}, "range": [0, 1.02]},
+        xaxis=log_ms_axis(drawn_x + [limit for _, limit, _ in limits]),
+        yaxis={"title": {"text": f"fraction of {counts}"}, "range": [0, 1.02]},
     )
 
 
+# Throughput bins: wide enough to hold about this many requests each, and at least this
+# share of the run (at most 60 bins), but never so wide that a run has fewer than
+# MIN_BINS of them.
+REQUESTS_PER_BIN = 20
+MAX_BINS = 60
+MIN_BINS = 10
+
+
+@dataclass(frozen=True)
+class Bins:
+    """A run's throughput regrouped into wider bins: bin ends, rates and the bin width."""
+
+    t: list[float | None]
+    requests_per_second: list[float | None]
+    output_tokens_per_second: list[float | None]
+    width: float | None  # seconds; None when the document does not say its interval
+
+
+def bin_factor(interval: float, duration: float, requests: float) -> int:
+    """How many of the recorded bins (``interval`` s each) make one drawn bin: the width
+    that holds ~REQUESTS_PER_BIN requests, at least 1/MAX_BINS of the run, capped so the
+    run keeps MIN_BINS bins, in whole recorded bins (1 at least)."""
+    if interval <= 0 or duration <= 0:
+        return 1
+    width = duration / MAX_BINS
+    if requests > 0:
+        width = max(width, min(REQUESTS_PER_BIN * duration / requests, duration / MIN_BINS))
+    return max(1, math.ceil(width / interval - 1e-9))
+
+
+def throughput_bins(timeseries: dict[str, Any]) -> Bins:
+    """The document's time series regrouped by ``bin_factor`` (each drawn bin's rate is
+    its recorded bins' counts over their span, so a short last bin weighs what it holds)."""
+    t = compact(get(timeseries, "t"))
+    rps = compact(get(timeseries, "requests_per_second"))
+    tps = compact(get(timeseries, "output_tokens_per_second"))
+    interval = finite(get(timeseries, "interval_seconds"))
+    ends = [x for x in t if x is not None]
+    if interval is None or not ends or len(ends) != len(t):
+        return Bins(t, rps, tps, interval)
+    spans = [end - start for start, end in zip([0.0, *ends], ends, strict=False)]
+    requests = math.fsum(r * s for r, s in zip(rps, spans, strict=False) if r is not None)
+    k = bin_factor(interval, ends[-1], requests)
+    if k == 1:
+        return Bins(t, rps, tps, interval)
+
+    def grouped(rates: list[float | None]) -> list[float | None]:
+        out: list[float | None] = []
+        for start in range(0, len(ends), k):
+            group = rates[start : start + k]
+            widths = spans[start : start + k]
+            span = math.fsum(widths)
+            known = [r for r in group if r is not None]
+            if len(known) < len(group) or span <= 0:
+                out.append(None)
+            else:
+                total = math.fsum(r * w for r, w in zip(known, widths, strict=False))
+                out.append(float(f"{total / span:.6g}"))
+        return out
+
+    return Bins(
+        [ends[min(start + k, len(ends)) - 1] for start in range(0, len(ends), k)],
+        grouped(rps) if len(rps) == len(ends) else [],
+        grouped(tps) if len(tps) == len(ends) else [],
+        float(f"{interval * k:.6g}"),
+    )
+
+
+def seconds_label(value: float) -> str:
+    return f"{value:.6g} s"
+
+
 def throughput_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | None:
-    """Requests/s and output tokens/s over time, one colour per document."""
+    """Requests/s and output tokens/s over time, one colour per document, in bins chosen
+    from each run's length and request count (``throughput_bins``); the title says the
+    bin width."""
     if not series:  # no subplots to build (they are the slow part of a page)
         return None
     fig = make_subplots(
@@ -216,13 +330,15 @@ def throughput_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | None:
         subplot_titles=("Requests per second", "Output tokens per second"),
     )
     drawn = False
+    widths: list[tuple[str, float | None]] = []
     for index, (label, timeseries) in enumerate(series):
-        t = compact(get(timeseries, "t"))
-        for row, key in ((1, "requests_per_second"), (2, "output_tokens_per_second")):
-            values = compact(get(timeseries, key))
+        bins = throughput_bins(timeseries)
+        t = bins.t
+        shown = False
+        for row, values in ((1, bins.requests_per_second), (2, bins.output_tokens_per_second)):
             if not t or not values:
                 continue
-            drawn = True
+            drawn = shown = True
             fig.add_trace(
                 go.Scatter(
                     x=t,
@@ -237,10 +353,21 @@ def throughput_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | None:
                 row=row,
                 col=1,
             )
+        if shown:
+            widths.append((label, bins.width))
     if not drawn:
         return None
     fig.update_xaxes(title_text="seconds since the run started", row=2, col=1)
-    return finish(fig, "bb-throughput", 520, title={"text": "Throughput over time"})
+    distinct = {w for _, w in widths}
+    if len(distinct) == 1:
+        (width,) = distinct
+        bins_text = f"{seconds_label(width)} bins" if width is not None else "bins of unknown width"
+    else:
+        bins_text = "bins: " + ", ".join(
+            f"{label} {seconds_label(w) if w is not None else 'unknown'}" for label, w in widths
+        )
+    title = _name(f"Throughput over time ({bins_text})")
+    return finish(fig, "bb-throughput", 520, title={"text": title})
 
 
 def concurrency_chart(series: list[tuple[str, dict[str, Any]]]) -> Chart | None:
@@ -488,6 +615,7 @@ def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
     answer_label = "capacity" if concluded else "held so far (not concluded)"
     latency_rows: list[tuple[str, list[float | None], dict[str, Any] | None]] = []
     limits: list[float | None] = []  # per latency objective
+    drawn_ms: list[float | None] = []  # the interval bars' ends (the values come below)
     span = (
         [agents[0], agents[-1]] if agents[0] != agents[-1] else [agents[0] - 0.5, agents[0] + 0.5]
     )
@@ -506,6 +634,7 @@ def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
                 "thickness": 1,
             }
         latency_rows.append((name, values, error))
+        drawn_ms += high + low
         limits.append(next((finite(o.limit_ms) for o in objectives if o is not None), None))
     if not latency_rows:  # no latency objective: show TTFT (or E2E) p99 of each step
         for key, name in (("ttft_ms", "TTFT p99"), ("e2e_ms", "E2E p99")):
@@ -636,10 +765,74 @@ def capacity_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
             xanchor="left",
             yanchor="top",
         )
-    fig.update_yaxes(type="log", row=1, col=1)  # objectives from ms (ITL) to s (E2E)
+    drawn_ms += [v for _, values, _ in latency_rows for v in values]
+    # objectives from ms (ITL) to s (E2E): a log axis with readable ticks
+    fig.update_yaxes(**{"type": "log", **log_ticks(drawn_ms + limits)}, row=1, col=1)
     fig.update_xaxes(tickmode="array", tickvals=agents)  # ticks at the steps only
     fig.update_xaxes(title_text="active agents", row=rows, col=1)
     return finish(fig, chart_id, 260 + 220 * rows, title={"text": "Capacity curve"})
+
+
+def throughput_latency_chart(chart_id: str, capacity: dict[str, Any]) -> Chart | None:
+    """Each step's throughput (x, requests/s) against the latency percentile each SLO
+    objective judges (y, log ms): one point per step, labelled by its agent count and
+    coloured by its verdict, one line per objective with its limit dashed (TTFT or E2E p99
+    when the SLO has no latency objective)."""
+    steps = [s for s in _steps_by_agents(capacity)
+             if finite(s.window.requests_per_second) is not None]  # fmt: skip
+    if not steps:
+        return None
+    x = [finite(s.window.requests_per_second) for s in steps]
+    labels = [f"{number(s.agents)} agent{'' if s.agents == 1 else 's'}" for s in steps]
+    verdicts = [s.verdict if s.verdict is not None else "?" for s in steps]
+    marker = {"color": [VERDICT_COLORS.get(v, UNKNOWN_COLOR) for v in verdicts], "size": 10,
+              "line": {"color": "#333", "width": 1}}  # fmt: skip
+    hover = [html.escape(f"{a}: {v}") for a, v in zip(labels, verdicts, strict=True)]
+    rows: list[tuple[str, list[float | None], float | None]] = []
+    for name in _latency_objectives(capacity, steps):
+        objectives = [_objective(s, name) for s in steps]
+        values = [_figure(o, lambda o: o.value_ms) for o in objectives]
+        limit = next((finite(o.limit_ms) for o in objectives if o is not None), None)
+        rows.append((name, values, limit))
+    if not rows:
+        for key, name in (("ttft_ms", "TTFT p99"), ("e2e_ms", "E2E p99")):
+            values = [finite(s.window.percentile(key, "p99")) for s in steps]
+            if any(v is not None for v in values):
+                rows.append((name, values, None))
+                break
+    if not rows:
+        return None
+    fig = go.Figure()
+    known = [v for v in x if v is not None]
+    span = [min(known), max(known)]
+    for index, (name, values, limit) in enumerate(rows):
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=values,
+                mode="lines+markers+text",
+                line={"color": curve_color(index)},
+                marker=marker,
+                text=[_name(label) for label in labels],
+                textposition="top center",
+                customdata=hover,
+                name=_name(name),
+                hovertemplate="%{customdata}<br>%{x:.4~g} requests/s<br>%{y:.4~g} ms"
+                "<extra></extra>",
+            )
+        )
+        if limit is not None:
+            text = f"{name} ≤ {number(limit)} ms"
+            fig.add_trace(_limit_line(span, limit, text, curve_color(index)))
+    drawn = [v for _, values, _ in rows for v in values] + [lim for *_, lim in rows]
+    return finish(
+        fig,
+        chart_id,
+        420,
+        title={"text": "Throughput against latency, one point per step"},
+        xaxis={"title": {"text": "requests per second"}},
+        yaxis={**log_ms_axis(drawn), "title": {"text": "milliseconds (log scale)"}},
+    )
 
 
 def _limit_line(span: list[float], limit: float, text: str, line_color: str) -> go.Scatter:

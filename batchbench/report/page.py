@@ -94,6 +94,7 @@ def render_html(documents: list[dict[str, Any]], title: str | None = None) -> st
     page.header(title, names, documents)
     if runs:
         page.runs_summary(runs)
+        page.workload(runs)
         page.latency(runs)
         page.over_time(runs)
         page.ranks(runs)
@@ -150,9 +151,10 @@ class Page:
         headers: Sequence[str],
         rows: Sequence[Sequence[tuple[str, str]]],
         caption: str | None = None,
+        classes: str = "",
     ) -> None:
         """A table; each cell is (field name for ``data-field``, escaped HTML text)."""
-        out = [f'<table id="{table_id}" class="bb-table">']
+        out = [f'<table id="{table_id}" class="bb-table{f" {classes}" if classes else ""}">']
         if caption:
             out.append(f"<caption>{html.escape(caption)}</caption>")
         out.append("<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in headers))
@@ -247,13 +249,23 @@ class Page:
                 caption="SLO outcomes, each with its confidence interval",
             )  # fmt: skip
 
+    def workload(self, runs: list[tuple[str, dict[str, Any]]]) -> None:
+        self.section("workload", "Workload")
+        self.table(
+            "bb-workload",
+            [c[1] for c in WORKLOAD_COLUMNS],
+            [workload_cells(name, document) for name, document in runs],
+            caption="Trajectories, requests and tokens per successful request",
+        )
+
     def latency(self, runs: list[tuple[str, dict[str, Any]]]) -> None:
         self.section("latency", "Latency distributions")
         documents = [d for _, d in runs]
         for metric, key, title in self.charts_module.CDF_METRICS:
             series = [(n, get(d, "distributions", key)) for n, d in runs]
             limits = self.charts_module.slo_limits(documents, metric)
-            chart = self.charts_module.cdf_chart(f"bb-cdf-{metric}", title, series, limits)
+            counts = self.charts_module.CDF_COUNTS[metric]
+            chart = self.charts_module.cdf_chart(f"bb-cdf-{metric}", title, series, limits, counts)
             if chart is None:
                 hint = " (TTFT and ITL need --stream)" if metric != "e2e" else ""
                 self.note(f"{title}: no distribution in the documents{hint}.")
@@ -365,7 +377,7 @@ class Page:
                     continue
                 for rank, value in by_rank.items():
                     rows.append([("file", text(name)), ("concept", text(concept)),
-                                 ("rank", text(rank)), *concept_cells(value)])  # fmt: skip
+                                 ("rank", text(rank)), *concept_cells(value, concept)])  # fmt: skip
         if rows:
             self.table(
                 "bb-server-concepts",
@@ -376,9 +388,7 @@ class Page:
 
     def capacity(self, name: str, capacity: dict[str, Any], suffix: str) -> None:
         self.section(f"capacity{suffix}", f"Capacity search: {name}")
-        view = DocumentView.read(capacity)
-        if view.answer_text is not None:
-            self.parts.append(f'<p class="bb-answer">{html.escape(view.answer_text)}</p>')
+        view = DocumentView.read(capacity)  # its answer is said once, under the page's title
         slo = view.slo
         if slo:
             self.note("SLO: " + ", ".join(str(s) for s in slo))
@@ -387,6 +397,11 @@ class Page:
             self.note("No steps in the capacity document.")
         else:
             self.chart(chart)
+            against = self.charts_module.throughput_latency_chart(
+                f"bb-capacity-tput-latency{suffix}", capacity
+            )
+            if against is not None:
+                self.chart(against)
         steps_documents = view.step_documents
         series, metric = capacity_cdf_series(view, steps_documents)
         if series:
@@ -400,6 +415,7 @@ class Page:
                 f"{names[metric]} by step",
                 [(label, get(d, "distributions", key)) for label, d in series],
                 limits,
+                self.charts_module.CDF_COUNTS[metric],
             )
             if chart is not None:
                 self.chart(chart)
@@ -407,7 +423,17 @@ class Page:
         for index, step in enumerate(view.steps, start=1):
             rows.append(step_cells(index, step))
         self.table("bb-capacity-steps" + suffix, [c[1] for c in STEP_COLUMNS], rows,
-                   caption="Steps in the order they ran")  # fmt: skip
+                   caption="Steps in the order they ran", classes="bb-steps")  # fmt: skip
+        loaded = [(step.results_json, steps_documents.get(step.results_json))
+                  for step in view.steps if step.results_json is not None]  # fmt: skip
+        workload = [(n, d) for n, d in dict(loaded).items() if isinstance(d, dict)]
+        if workload:
+            self.table(
+                "bb-capacity-workload" + suffix,
+                [c[1] for c in WORKLOAD_COLUMNS],
+                [workload_cells(n, d) for n, d in workload],
+                caption="Workload of each step (tokens per successful request)",
+            )
 
     def configuration(self, names: list[str], documents: list[dict[str, Any]]) -> None:
         self.section("configuration", "Configuration and manifest")
@@ -623,12 +649,96 @@ def _interval(value: Any, low: Any, high: Any, fmt: Callable[[Any], str] = numbe
     return f"{fmt(value)} ({fmt(low)} – {fmt(high)})"
 
 
-def concept_cells(value: Any) -> list[tuple[str, str]]:
-    """A server-metrics concept for one rank: a single value, or summary statistics."""
+def count(value: Any) -> str:
+    """A count: whole numbers without decimals (``5,120``), a mean of counts with one."""
+    number_ = finite(value)
+    if number_ is None:
+        return MISSING
+    return f"{number_:,.0f}" if number_.is_integer() else f"{number_:,.1f}"
+
+
+def milliseconds(seconds: Any) -> str:
+    number_ = finite(seconds)
+    return MISSING if number_ is None else f"{number(number_ * 1000.0)} ms"
+
+
+# How each server-metrics concept's values are spelled: shares as percentages, times in
+# ms, counts as integers; a concept not named here as a plain number.
+CONCEPT_FORMATS: dict[str, Callable[[Any], str]] = {
+    "kv_cache_usage": ratio_percent,  # a fraction of the pool
+    "prefix_cache_hit_percent": percent,
+    "ttft_seconds": milliseconds,
+    "running_requests": count,
+    "waiting_requests": count,
+    "requests": count,
+    "prompt_tokens": count,
+    "generation_tokens": count,
+    "policy_branches": count,
+}
+
+
+def concept_cells(value: Any, concept: str = "") -> list[tuple[str, str]]:
+    """A server-metrics concept for one rank: a single value, or summary statistics, each
+    in the concept's unit (CONCEPT_FORMATS)."""
+    fmt = CONCEPT_FORMATS.get(concept, number)
     stats = ("mean", "min", "p50", "p90", "p99", "max")
     if isinstance(value, dict):
-        return [("value", MISSING)] + [(s, number(value.get(s))) for s in stats]
-    return [("value", number(value))] + [(s, MISSING) for s in stats]
+        return [("value", MISSING)] + [(s, fmt(value.get(s))) for s in stats]
+    return [("value", fmt(value))] + [(s, MISSING) for s in stats]
+
+
+def _token_figure(window: Any, side: str, stat: str) -> Any:
+    return finite(get(window, "request_tokens", side, stat))
+
+
+def _mean_tokens(document: dict[str, Any], side: str) -> float | None:
+    """Tokens per successful request from the window's totals, else the whole run's (a
+    document written before the window had per-request figures)."""
+    for total, requests in (
+        (get(document, "window", f"{side}_tokens"),
+         get(document, "window", "successful_requests")),
+        (get(document, "metrics", f"total_{side}_tokens"),
+         get(document, "metrics", "successful_requests")),
+    ):  # fmt: skip
+        total, requests = finite(total), finite(requests)
+        if total is not None and requests:
+            return total / requests
+    return None
+
+
+# (field, header) of the workload tables; cells from workload_cells.
+WORKLOAD_COLUMNS = (
+    ("file", "file"),
+    ("trajectories", "trajectories"),
+    ("requests", "requests"),
+    ("input_mean", "input tokens mean"),
+    ("input_p50", "input p50"),
+    ("input_p90", "input p90"),
+    ("output_mean", "output tokens mean"),
+    ("output_p50", "output p50"),
+    ("output_p90", "output p90"),
+)
+
+
+def workload_cells(name: str, document: dict[str, Any]) -> list[tuple[str, str]]:
+    """One run's workload: its trajectories (agents), the window's requests, and input and
+    output tokens per successful request (mean, p50, p90)."""
+    window = get(document, "window")
+    requests = finite(get(window, "requests"))
+    if requests is None:
+        requests = finite(get(document, "metrics", "total_requests"))
+    cells = [
+        ("file", text(name)),
+        ("trajectories", count(get(document, "metrics", "agents"))),
+        ("requests", count(requests)),
+    ]
+    for side in ("input", "output"):
+        mean = _token_figure(window, side, "mean")
+        if mean is None and get(window, "request_tokens") is None:
+            mean = _mean_tokens(document, side)
+        cells.append((f"{side}_mean", number(mean)))
+        cells += [(f"{side}_{s}", count(_token_figure(window, side, s))) for s in ("p50", "p90")]
+    return cells
 
 
 # (field, header, value of a step) for the capacity steps table.
@@ -708,6 +818,9 @@ white-space:nowrap}.bb-table th{background:#f5f5f5;white-space:normal}
 .bb-table td[data-field=option],.bb-table td[data-field=value],.bb-table td[data-field=path]
 {text-align:left;white-space:normal;word-break:break-all}
 .bb-table td[data-field=note]{text-align:left;white-space:normal;min-width:16em}
+.bb-steps{font-size:.8em}.bb-steps th,.bb-steps td{padding:3px 5px}
+.bb-steps td[data-field=note]{min-width:10em}
+.bb-steps td[data-field=results_json]{white-space:normal;word-break:break-all}
 .bb-verdict-pass,.bb-verdict-ok{color:#1a7f37;font-weight:600}
 .bb-verdict-fail,.bb-verdict-client-bound,.bb-verdict-server-bound{color:#c62828;
 font-weight:600}.bb-verdict-unresolved{color:#b86e00;font-weight:600}

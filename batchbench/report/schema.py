@@ -97,6 +97,7 @@ WINDOW = Obj(
         "output_speed": Obj(same("requests agents", LATENCY)),
         "client": VERDICT,
         "server": VERDICT,
+        "request_tokens": Obj(same("input output", Obj(numbers("mean p50 p90")))),
     }
 )
 DISTRIBUTION = Obj(same("values fractions", NUMBER_LIST))

@@ -73,7 +73,7 @@ def delay_chart(histogram: Histogram, zeros: int) -> Chart | None:
         "bb-workload-delay",
         340,
         title={"text": "Delay after a request (delay_after_ms)"},
-        xaxis=log_ms_axis(),
+        xaxis=log_ms_axis(histogram.edges),
         yaxis={"title": {"text": "requests"}},
         showlegend=False,
     )

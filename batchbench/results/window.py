@@ -134,6 +134,8 @@ class WindowFigures:
     client: Verdict
     server: Verdict
     output_speed: OutputSpeed | None = None
+    # per successful request: {"input"|"output": {"mean", "p50", "p90"}}; None when none
+    request_tokens: dict[str, dict[str, float]] | None = None
 
     def as_dict(self) -> dict:
         document = asdict(self)
@@ -160,6 +162,22 @@ def _stats(values: Sequence[float], percents: Sequence[float]) -> MetricStats | 
         # percentile is None only for no samples, and there are some
         percentiles={percentile_label(p): percentile(ordered, p / 100.0) for p in percents},  # type: ignore[misc]
     )
+
+
+def request_tokens(samples: RequestSamples, rows: Sequence[int]) -> dict | None:
+    """Input and output tokens per successful request of the window: mean, p50 and p90
+    (the report's workload summary); None when the window has no successful request."""
+    if not rows:
+        return None
+    out = {}
+    for side, column in (("input", samples.input_tokens), ("output", samples.output_tokens)):
+        ordered = sorted(column[i] for i in rows)
+        out[side] = {
+            "mean": math.fsum(ordered) / len(ordered),
+            "p50": percentile(ordered, 0.5),
+            "p90": percentile(ordered, 0.9),
+        }
+    return out
 
 
 def distribution(values: Iterable[float], points: int = DISTRIBUTION_POINTS) -> dict | None:
@@ -306,6 +324,7 @@ def window_figures(inputs: WindowInputs, start: float, end: float) -> WindowFigu
             requests=_stats(window.values("output_speed"), low),
             agents=_stats(window.agent_speeds(), low),
         ),
+        request_tokens=request_tokens(samples, ok_rows),
     )
 
 
