@@ -18,7 +18,6 @@ from batchbench.options.values import (
     share,
     status_codes,
 )
-from batchbench.sim.serving import ServingModel
 from batchbench.text.chat_templates import TEMPLATE_CHOICES
 from batchbench.text.tokenizer import DEFAULT_BUILTIN
 
@@ -169,6 +168,10 @@ def add_server_flags(server: Any) -> None:
 
 def add_serving_flags(model: Any) -> None:
     """The per-rank serving model (defaults: ``ServingModel``'s)."""
+    # the client checks --sim-args with this parser and otherwise imports nothing of the
+    # simulator's modules (a test holds it to that)
+    from batchbench.sim.serving import ServingModel  # lazy: only when this parser is built
+
     defaults = ServingModel()
     model.add_argument(
         "--dp-ranks", type=int_at_least(1), default=1, help="data-parallel ranks (default 1)"
