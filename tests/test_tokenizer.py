@@ -112,27 +112,28 @@ def test_a_tokenizer_file_is_parsed_once_per_version_and_its_marker_copy_made_on
     is parsed again, and a copy never outlives the tokenizer it was made from."""
     from batchbench.text import tokenizer as module
 
-    source = module.builtin_tokenizer_path("deepseek-v3")
     path = tmp_path / "tokenizer.json"
-    path.write_bytes(source.read_bytes())
+    write_word_level(path)
     first, second = load_tokenizer(str(path)), load_tokenizer(str(tmp_path))
     assert first.tokenizer is second.tokenizer
     markers = frozenset({"<|im_start|>", "<|im_end|>"})
     marked = module.with_markers(first.tokenizer, markers)
     assert module.with_markers(second.tokenizer, markers) is marked
     assert module.with_markers(first.tokenizer, frozenset({"<|im_start|>"})) is not marked
-    assert marked.encode("<|im_start|>x", add_special_tokens=False).tokens[0] == "<|im_start|>"
+    assert marked.encode("<|im_start|> alpha", add_special_tokens=False).tokens == [
+        "<|im_start|>", "alpha",
+    ]  # fmt: skip
+    assert first.tokenizer.get_vocab_size() == 3  # the parsed one is left as it was
     stat = path.stat()
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
     changed = load_tokenizer(str(path))
     assert changed.tokenizer is not first.tokenizer
     assert module.with_markers(changed.tokenizer, markers) is not marked
     # a tokenizer made in memory is never cached: each copy is new
-    loose = module.Tokenizer.from_str(first.tokenizer.to_str())
+    loose = Tokenizer.from_str(first.tokenizer.to_str())
     assert module.with_markers(loose, markers) is not module.with_markers(loose, markers)
     # evicted files take their copies along
     for index in range(module._PARSED_KEPT):
-        other = tmp_path / f"t{index}.json"
-        other.write_bytes(source.read_bytes())
-        load_tokenizer(str(other))
+        write_word_level(tmp_path / f"t{index}.json")
+        load_tokenizer(str(tmp_path / f"t{index}.json"))
     assert all(key[0] != id(changed.tokenizer) for key in module._MARKED)
