@@ -11,6 +11,7 @@ from __future__ import annotations
 import orjson
 import pytest
 from test_promptcount import bytelevel
+from test_standins import blk
 from tokenizers import AddedToken
 
 from batchbench.drive import blockmessages, messagecount
@@ -30,13 +31,6 @@ from batchbench.text.promptcount import template_counter
 from batchbench.text.synth import Synthesizer
 
 REPLY = "Sure thing: running the tests now.\n\n```\npytest -q\n```"
-
-
-def blk(seed: str, tokens: int, role: str, live: bool = False) -> dict:
-    block = {"seed": seed, "tokens": tokens, "role": role}
-    if live:
-        block["live"] = True
-    return block
 
 
 def requests() -> list[tuple[bool, list[dict]]]:

@@ -75,7 +75,6 @@ class _Final(Exception):
     def __init__(self, text: str, status: int) -> None:
         super().__init__(text)
         self.status = status
-        self.down: str | None = None  # 4xx never says the rank's worker is down
 
 
 class _Retry(Exception):
@@ -439,11 +438,7 @@ class HttpAgentLoop:
                 reply, attempts, started, elapsed = await self._send(
                     body, identity.headers, errors, streamed
                 )
-                while (
-                    reply is None
-                    and failover is not None
-                    and self._rank_went_down(identity, errors)
-                ):
+                while reply is None and self._rank_went_down(identity, errors):
                     # Sent again on the live rank: one request, timed from its first attempt.
                     moved_attempts = attempts
                     first_started = started
