@@ -352,3 +352,16 @@ def test_a_simulator_that_does_not_start_names_its_whole_command():
 def test_pyproject_keeps_the_batchbench_agent_script():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["batchbench-agent"] == "batchbench.cli.agent:console_main"
+
+
+def test_the_classifiers_name_the_pythons_ci_tests():
+    """The Python versions in the classifiers are those CI runs the suite on: the oldest
+    supported (requires-python's bound, the default python3) and the newest (3.13, the
+    pure-twin pass of .ci/run)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    prefix = "Programming Language :: Python :: "
+    versions = [c.removeprefix(prefix) for c in project["classifiers"] if c.startswith(prefix)]
+    assert versions == ["3", "3 :: Only", "3.11", "3.13"]
+    assert project["requires-python"] == ">=3.11"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "command -v python3.13" in ci and "/versions/3.13*/bin/python3.13" in ci
