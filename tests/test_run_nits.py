@@ -225,13 +225,13 @@ def test_the_report_prints_an_open_interval_as_a_bound():
 
 
 def test_console_prints_each_figure_once(capsys, tmp_path):
-    """The trajectory example at seed 7 on the simulator, its window the whole run: one
-    cache line per source (the client's estimate, the usage-reported tokens, the server's
-    metrics), each p50/p90/p99 once, the request lengths and the peak output rate once."""
+    """The trajectory example at seed 7 on the simulator, streamed, its window the whole run:
+    one cache line per source (the client's estimate, the usage-reported tokens, the
+    server's metrics), each p50/p90/p99 once, the request lengths and the peak output rate
+    once."""
     result = run(
-        capsys, tmp_path, EXAMPLE.with_name("plans.jsonl"), "--max-active-agents", "2", "--sim",
-        "--calibrate",
-        "--seed", "7", "--server-metrics", "sim",
+        capsys, tmp_path, EXAMPLE.with_name("plans.jsonl"), "--max-active-agents", "2",
+        "--sim", "--calibrate", "--seed", "7", "--server-metrics", "sim", "--stream",
     )  # fmt: skip
     out = result["out"]
     cache = [x for x in out if re.search(r"cached? (input|hits)", x)]
@@ -255,18 +255,32 @@ def test_console_prints_each_figure_once(capsys, tmp_path):
     peak = window["peak_output"]
     assert line(out, "Peak output tokens/s: ") == (
         f"Peak output tokens/s: {peak['tokens_per_second']:.0f} (the 1-second bin from "
-        f"{peak['bin_start_seconds']:.2f}s; tokens counted at each reply's completion: not "
-        "streamed)"
+        f"{peak['bin_start_seconds']:.2f}s; tokens counted as their chunks arrived)"
     )
-    assert 96 <= peak["tokens_per_second"] <= 672
+    assert 96 <= peak["tokens_per_second"] <= 672 and peak["counted_at"] == "chunks"
     # Percentiles: p50/p90/p99 in the compatibility lines only, the rest in the table.
     latency = [x for x in out if not x.startswith("Client health")]  # its own p50 (lag)
     assert [x.split(":")[0] for x in latency if " p50=" in x or x.endswith(" p50")] == [
         "Request latency (ms)",
         "Agent end-to-end latency (ms, completed agents)",
+        "Time to first token (ms, streamed requests)",
+        "Inter-token latency (ms, streamed requests)",
+        "Time per output token (ms, streamed requests)",
     ]
-    header = out[out.index("Latency over the whole run (p50, p90, p99 in the lines above):") + 1]
-    assert header.split() == ["(ms)", "count", "mean", "min", "max", "std", "p95", "p99.9"]
+    table = out[out.index("Latency over the whole run (p50, p90, p99 in the lines above):") :]
+    assert table[1].split() == ["(ms)", "count", "mean", "min", "max", "std", "p95", "p99.9"]
+    assert [x.split()[0] for x in table[2:7]] == ["TTFT", "ITL", "TPOT", "Request", "Agent"]
+    # What makes leaving them out right: the whole run's p50/p90/p99 are the window's.
+    metrics, latency_stats = result["summary"]["metrics"], window["latency"]
+    for key, name in (
+        ("e2e_ms", "latency"),
+        ("agent_e2e_ms", "agent_end_to_end_latency"),
+        ("ttft_ms", "ttft"),
+        ("itl_ms", "inter_token_latency"),
+        ("tpot_ms", "tpot"),
+    ):
+        for p in ("p50", "p90", "p99"):
+            assert latency_stats[key]["percentiles"][p] == metrics[f"{name}_{p}_ms"]  # fmt: skip
     assert [x for x in out if x.startswith("Measured window")] == [
         f"Measured window: the whole run (0.00s to {window['end_seconds']:.2f}s, no warm-up): "
         "its requests, rates, cached tokens and p50/p90/p99 are the lines above"
