@@ -554,7 +554,7 @@ def test_workload_summary_and_server_table_units(runs, capacity, tmp_path):
         "output_p50": f"{tokens['output']['p50']:,}",
         "output_p90": f"{tokens['output']['p90']:,}",
     }
-    assert tokens["output"] == {"mean": 96.0, "p50": 96, "p90": 128}
+    assert tokens["output"] == {"mean": 96.0, "p50": 96, "p90": 128, "max": 128}
     assert (row["output_mean"], row["output_p50"], row["output_p90"]) == ("96.00", "96", "128")
     # a capacity search: one row per step, each from its step's results
     steps = json.loads(capacity.read_text())["steps"]
@@ -577,6 +577,14 @@ def test_workload_summary_and_server_table_units(runs, capacity, tmp_path):
     assert cells[("prefix_cache_hit_percent", "0")]["value"] == percent(
         concepts["prefix_cache_hit_percent"]["0"]
     )
+    # The prefix cache's token counters (issue 28) are counts, like the other counters.
+    for concept in ("prefix_cache_hit_tokens", "prefix_cache_queried_tokens"):
+        value = concepts[concept]["0"]
+        assert cells[(concept, "0")]["value"] == f"{value:,.0f}" and value == int(value) > 0
+    hits, queried = (
+        concepts[c]["0"] for c in ("prefix_cache_hit_tokens", "prefix_cache_queried_tokens")
+    )
+    assert concepts["prefix_cache_hit_percent"]["0"] == round(100.0 * hits / queried, 6)
 
 
 def test_throughput_against_latency_has_one_point_per_step(capacity, tmp_path):

@@ -166,11 +166,14 @@ def test_all_failed_run_says_no_request_succeeded(capsys, tmp_path):
         f"requests {metrics['requests_per_second']:.2f} req/s "
         "(failed included; 0.00 req/s succeeded)"
     )
+    # The window is the whole run: its counts are the lines above, not repeated.
     assert re.fullmatch(
-        r"Measured window: 0\.00s to \d+\.\d\ds \(warm-up 0s excluded\): 2 requests "
-        r"\(2 failed\), \d+\.\d\d req/s, output 0\.00 tok/s",
+        r"Measured window: the whole run \(0\.00s to \d+\.\d\ds, no warm-up\): its requests, "
+        r"rates, cached tokens and p50/p90/p99 are the lines above",
         line(out, "Measured window: "),
     )
+    # No successful request: no length line, no peak rate.
+    assert not [x for x in out if x.startswith(("Input tokens per", "Peak output"))]
 
 
 def test_server_rank_counts_start_at_the_warm_up_end(capsys, tmp_path):
@@ -219,3 +222,66 @@ def test_the_report_prints_an_open_interval_as_a_bound():
     assert _interval(700.0, None, 800.0) == "700.0 (≤ 800.0)"
     assert _interval(700.0, 614.6, 800.0) == "700.0 (614.6 – 800.0)"
     assert _interval(700.0, None, None) == "700.0"
+
+
+def test_console_prints_each_figure_once(capsys, tmp_path):
+    """The trajectory example at seed 7 on the simulator, streamed, its window the whole run:
+    one cache line per source (the client's estimate, the usage-reported tokens, the
+    server's metrics), each p50/p90/p99 once, the request lengths and the peak output rate
+    once."""
+    result = run(
+        capsys, tmp_path, EXAMPLE.with_name("plans.jsonl"), "--max-active-agents", "2",
+        "--sim", "--calibrate", "--seed", "7", "--server-metrics", "sim", "--stream",
+    )  # fmt: skip
+    out = result["out"]
+    cache = [x for x in out if re.search(r"cached? (input|hits)", x)]
+    assert len(cache) == 3
+    assert cache[0] == "Estimated cached input tokens (perfect server-side caching): 1664"
+    assert cache[1] == (
+        "Server-reported cached input tokens (usage.prompt_tokens_details): 1664 "
+        "(36.6% of input tokens)"
+    )
+    assert cache[2].startswith("Server metrics (batchbench-sim, ")
+    assert cache[2].endswith("; prefix cache hits 1664 of 4544 prompt tokens (36.6%)")
+    assert line(out, "Input tokens per request") == (
+        "Input tokens per request: mean 649.14, p50 512, p90 896, max 1280 (7 successful requests)"
+    )
+    assert line(out, "Output tokens per request") == (
+        "Output tokens per request: mean 96.00, p50 96, p90 128, max 128"
+    )
+    window = result["summary"]["window"]
+    assert window["request_tokens"]["input"] == {"mean": 4544 / 7, "p50": 512, "p90": 896,
+                                                 "max": 1280}  # fmt: skip
+    peak = window["peak_output"]
+    assert line(out, "Peak output tokens/s: ") == (
+        f"Peak output tokens/s: {peak['tokens_per_second']:.0f} (the 1-second bin from "
+        f"{peak['bin_start_seconds']:.2f}s; tokens counted as their chunks arrived)"
+    )
+    assert 96 <= peak["tokens_per_second"] <= 672 and peak["counted_at"] == "chunks"
+    # Percentiles: p50/p90/p99 in the compatibility lines only, the rest in the table.
+    latency = [x for x in out if not x.startswith("Client health")]  # its own p50 (lag)
+    assert [x.split(":")[0] for x in latency if " p50=" in x or x.endswith(" p50")] == [
+        "Request latency (ms)",
+        "Agent end-to-end latency (ms, completed agents)",
+        "Time to first token (ms, streamed requests)",
+        "Inter-token latency (ms, streamed requests)",
+        "Time per output token (ms, streamed requests)",
+    ]
+    table = out[out.index("Latency over the whole run (p50, p90, p99 in the lines above):") :]
+    assert table[1].split() == ["(ms)", "count", "mean", "min", "max", "std", "p95", "p99.9"]
+    assert [x.split()[0] for x in table[2:7]] == ["TTFT", "ITL", "TPOT", "Request", "Agent"]
+    # What makes leaving them out right: the whole run's p50/p90/p99 are the window's.
+    metrics, latency_stats = result["summary"]["metrics"], window["latency"]
+    for key, name in (
+        ("e2e_ms", "latency"),
+        ("agent_e2e_ms", "agent_end_to_end_latency"),
+        ("ttft_ms", "ttft"),
+        ("itl_ms", "inter_token_latency"),
+        ("tpot_ms", "tpot"),
+    ):
+        for p in ("p50", "p90", "p99"):
+            assert latency_stats[key]["percentiles"][p] == metrics[f"{name}_{p}_ms"]  # fmt: skip
+    assert [x for x in out if x.startswith("Measured window")] == [
+        f"Measured window: the whole run (0.00s to {window['end_seconds']:.2f}s, no warm-up): "
+        "its requests, rates, cached tokens and p50/p90/p99 are the lines above"
+    ]

@@ -134,6 +134,8 @@ def test_vllm_page_concepts_per_engine():
             "1": stats(0.0, 0.0, 0.0, 0.0, 0.0),
         },
         "prefix_cache_hit_percent": {"0": 50.0, "1": 25.0},
+        "prefix_cache_hit_tokens": {"0": 100.0, "1": 25.0},
+        "prefix_cache_queried_tokens": {"0": 200.0, "1": 100.0},
         "requests": {"0": 3.0, "1": 1.0},
         "prompt_tokens": {"0": 200.0, "1": 100.0},
         "generation_tokens": {"0": 20.0, "1": 0.0},
@@ -214,6 +216,8 @@ def test_sglang_page_without_rank_labels_is_all():
         "running_requests": {"all": stats(4.0, 5.0, 5.0, 5.0, 3.0)},
         "waiting_requests": {"all": stats(1.0, 2.0, 2.0, 2.0, 0.0)},
         "prefix_cache_hit_percent": {"all": 50.0},  # 250 cached of 500 prompt tokens
+        "prefix_cache_hit_tokens": {"all": 250.0},
+        "prefix_cache_queried_tokens": {"all": 500.0},
         "requests": {"all": 4.0},
         "prompt_tokens": {"all": 500.0},
         "generation_tokens": {"all": 80.0},
@@ -245,6 +249,8 @@ def test_llamacpp_page():
         "running_requests": {"all": stats(1.5, 2.0, 2.0, 2.0, 1.0)},
         "waiting_requests": {"all": stats(0.5, 1.0, 1.0, 1.0, 0.0)},
         "prefix_cache_hit_percent": {},
+        "prefix_cache_hit_tokens": {},
+        "prefix_cache_queried_tokens": {},
         "requests": {},
         "prompt_tokens": {"all": 50.0},
         "generation_tokens": {"all": 40.0},
@@ -270,6 +276,9 @@ def test_llamacpp_prefix_hits_from_its_cached_counter():
     # 600 tokens processed and 400 reused in the window: 400 / 1000
     assert summary["concepts"]["prefix_cache_hit_percent"] == {"all": 40.0}
     assert summary["concepts"]["prompt_tokens"] == {"all": 600.0}
+    # the tokens behind that share: looked up = processed + reused
+    assert summary["concepts"]["prefix_cache_hit_tokens"] == {"all": 400.0}
+    assert summary["concepts"]["prefix_cache_queried_tokens"] == {"all": 1000.0}
 
 
 def test_simulator_families_alone_use_the_rank_label():

@@ -31,6 +31,7 @@ from batchbench.results.window import (
     GoodputFigures,
     MetricStats,
     ObjectiveOutcome,
+    PeakOutput,
     Verdict,
     WindowFigures,
     WindowInputs,
@@ -131,14 +132,47 @@ def hand_inputs(**changes) -> WindowInputs:
 
 def test_window_tokens_per_request():
     """Input and output tokens of each successful request in the window (rows 1, 2, 4, 5):
-    their mean, p50 and p90 (the report's workload summary)."""
+    their mean, p50, p90 and max (the report's workload summary, the console's length
+    lines)."""
     w = window_figures(hand_inputs(), 1.0, 4.0)
     assert w.request_tokens == {
-        "input": {"mean": 237.5, "p50": 300, "p90": 400},  # 50, 200, 300, 400
-        "output": {"mean": 2.5, "p50": 3, "p90": 4},  # 1, 2, 3, 4
+        "input": {"mean": 237.5, "p50": 300, "p90": 400, "max": 400},  # 50, 200, 300, 400
+        "output": {"mean": 2.5, "p50": 3, "p90": 4, "max": 4},  # 1, 2, 3, 4
     }
     assert w.as_dict()["request_tokens"] == w.request_tokens
     assert window_figures(hand_inputs(), 5.0, 6.0).request_tokens is None  # no request
+
+
+def test_peak_output_rate_counts_tokens_as_their_chunks_arrive():
+    """The window [1, 4]: row 1's 4 tokens arrive in 4 chunks at 1.08-1.20 s, row 2's 2 at
+    1.62 and 1.68 s (6 in the bin from 1 s); row 4's 1 at 3.40 s and row 5's 3 at
+    3.02-3.03 s (4 in the bin from 3 s)."""
+    w = window_figures(hand_inputs(), 1.0, 4.0)
+    assert w.peak_output == PeakOutput(6.0, 1.0, 1.0, "chunks")
+    assert w.as_dict()["peak_output"] == {
+        "tokens_per_second": 6.0,
+        "bin_start_seconds": 1.0,
+        "bin_seconds": 1.0,
+        "counted_at": "chunks",
+    }
+    assert window_figures(hand_inputs(), 5.0, 6.0).peak_output is None  # no request
+
+
+def test_peak_output_rate_of_streamed_and_unstreamed_replies():
+    """Streamed: 7 tokens over 3 chunks (2, 2, 3 at 0.9, 1.2 and 1.7 s); unstreamed: all
+    tokens at completion (10 at 1.5 s, 15 at 2.1 s); a failed request counts nothing. The
+    bins from 1 s and 2 s both hold 15: the earlier is the peak."""
+    samples = RequestSamples()
+    # start, latency, ttft, itl, tpot, ok, good, rank, agent, in, out, cached, first, count
+    samples.add(0.5, 2000.0, 400.0, 400.0, 10.0, True, True, -1, 0, 10, 7, -1, 0, 2)
+    samples.add(0.2, 1300.0, NAN, NAN, NAN, True, True, -1, 1, 10, 10, -1, 2, 0)
+    samples.add(2.0, 100.0, NAN, NAN, NAN, True, True, -1, 2, 10, 15, -1, 2, 0)
+    samples.add(1.0, 10.0, NAN, NAN, NAN, False, False, -1, 3, 0, 0, -1, 2, 0)
+    inputs = hand_inputs(samples=samples, gaps_ms=array("d", [300.0, 500.0]))
+    w = window_figures(inputs, 0.0, 3.0)
+    assert w.peak_output == PeakOutput(15.0, 1.0, 1.0, "chunks and completions")
+    unstreamed = window_figures(inputs, 0.6, 3.0)  # rows 0 and 1 start in the warm-up
+    assert unstreamed.peak_output == PeakOutput(15.0, 1.6, 1.0, "completions")
 
 
 def test_window_counts_rates_and_cache_hits():
@@ -402,6 +436,27 @@ def test_server_metrics_console_line():
         "(busiest rank); running mean 5.5 over all ranks (peak 5 on one rank); waiting mean "
         "0.5 over all ranks (peak 2 on one rank); prefix cache hits 40.5–60.0% per rank"
     ]
+    # With hits/queries counters: the tokens and their share once, then the ranks' spread.
+    counted = {
+        **document,
+        "concepts": {
+            "prefix_cache_hit_percent": {"0": 40.5, "1": 60.0},
+            "prefix_cache_hit_tokens": {"0": 405.0, "1": 1200.0},
+            "prefix_cache_queried_tokens": {"0": 1000.0, "1": 2000.0},
+        },
+    }
+    assert server_metrics_lines(counted) == [
+        "Server metrics (vllm, 13 scrapes every 1s): prefix cache hits 1605 of 3000 prompt "
+        "tokens (53.5%; 40.5–60.0% per rank)"
+    ]
+    one_rank = {**counted, "concepts": {
+        "prefix_cache_hit_percent": {"all": 36.6},
+        "prefix_cache_hit_tokens": {"all": 1664.0},
+        "prefix_cache_queried_tokens": {"all": 4544.0},
+    }}  # fmt: skip
+    assert server_metrics_lines(one_rank)[0].endswith(
+        "prefix cache hits 1664 of 4544 prompt tokens (36.6%)"
+    )
     failing = {**document, "failed_scrapes": 2, "last_error": "connection refused"}
     assert server_metrics_lines(failing)[0].startswith(
         "Server metrics (vllm, 13 scrapes every 1s, 2 failed: connection refused): KV cache"
@@ -632,8 +687,9 @@ def test_window_console_lines():
     assert lines == [
         "Measured window: 5.00s to 35.25s (warm-up 5s excluded; stopped: --duration reached): "
         "500 requests (2 failed), 16.50 req/s, output 1234.50 tok/s",
-        "Prefix cache hit rate: 41.3% of input tokens (4130 of 10000, server-reported)",
-        "Latency in the measured window:",
+        "Server-reported cached input tokens in the measured window: 4130 of 10000 "
+        "(41.3% of input tokens)",
+        "Latency in the measured window (not the whole run's p50/p90/p99 lines above):",
         *TABLE,
         "Goodput (ttft ≤ 2 s, itl ≤ 100 ms): 450/500 requests good (90.0%), 15.00 good req/s; "
         "trajectory goodput 10/12 finished trajectories all good (20.00 per minute)",
@@ -667,8 +723,8 @@ def test_window_console_lines():
         start_seconds=0.0,
     )  # fmt: skip
     assert window_lines(bare, (50.0,), 0.0, None) == [
-        "Measured window: 0.00s to 35.25s (warm-up 0s excluded): 500 requests (2 failed), 16.50 req/s, "
-        "output 1234.50 tok/s"
+        "Measured window: the whole run (0.00s to 35.25s, no warm-up): its requests, rates, "
+        "cached tokens and p50/p90/p99 are the lines above"
     ]
     assert window_lines(bare, (50.0,), 0.25, "window")[0].startswith(
         "Measured window: 0.00s to 35.25s (warm-up 0.25s excluded; stopped: "
@@ -679,6 +735,59 @@ def test_window_console_lines():
         "Goodput (e2e ≤ 500 ms): 0/500 requests good (n/a), 0.00 good req/s; trajectory "
         "goodput n/a (no trajectory admitted in the window finished)"
     ) in window_lines(no_share, (50.0,), 5.0, None)
+
+
+def test_whole_run_window_prints_each_figure_once():
+    """No warm-up and no planned stop: the window is the whole run. Its requests, rates and
+    cache hits, and the table's p50/p90/p99, are the whole-run lines' own: not repeated.
+    The lengths and the peak rate are printed once, without a window label."""
+    whole = known_window(
+        start_seconds=0.0,
+        request_tokens={
+            "input": {"mean": 649.142857, "p50": 512, "p90": 896, "max": 1280},
+            "output": {"mean": 96.0, "p50": 96, "p90": 128, "max": 128},
+        },
+        peak_output=PeakOutput(256.0, 3.0, 1.0, "completions"),
+        goodput=None, slo=(), slo_verdict=None,
+    )  # fmt: skip
+    assert window_lines(whole, (50.0, 90.0, 95.0, 99.0, 99.9), 0.0, None) == [
+        "Measured window: the whole run (0.00s to 35.25s, no warm-up): its requests, rates, "
+        "cached tokens and p50/p90/p99 are the lines above",
+        "Input tokens per request: mean 649.14, p50 512, p90 896, max 1280 (498 successful "
+        "requests)",
+        "Output tokens per request: mean 96.00, p50 96, p90 128, max 128",
+        "Peak output tokens/s: 256 (the 1-second bin from 3.00s; tokens counted at each "
+        "reply's completion: not streamed)",
+        "Latency over the whole run (p50, p90, p99 in the lines above):",
+        "  (ms)             count     mean     min       max      std  p95  p99.9",
+        "  TTFT               500   812.50  100.00   2500.50   300.25  n/a    n/a",
+        "  Request latency    500  1500.00  200.00  30000.00  1000.00  n/a    n/a",
+        "Client: ok: the client kept up (event-loop lag p99 1.5 ms, 12% of one core)",
+        "Server: server-bound: requests queued at the server (waiting mean 1.5, max 2)",
+    ]
+    # Only the summary's percentiles asked for: the table keeps its other columns.
+    assert window_lines(whole, (50.0,), 0.0, None)[4:6] == [
+        "Latency over the whole run (p50 in the lines above):",
+        "  (ms)             count     mean     min       max      std",
+    ]
+    # A warm-up (or a planned stop) makes the window other figures: labelled as such.
+    warm = dataclasses.replace(whole, start_seconds=5.0)
+    lines = window_lines(warm, (50.0, 99.0), 5.0, None)
+    assert lines[:6] == [
+        "Measured window: 5.00s to 35.25s (warm-up 5s excluded): 500 requests (2 failed), "
+        "16.50 req/s, output 1234.50 tok/s",
+        "Server-reported cached input tokens in the measured window: 4130 of 10000 "
+        "(41.3% of input tokens)",
+        "Input tokens per request in the measured window: mean 649.14, p50 512, p90 896, "
+        "max 1280 (498 successful requests)",
+        "Output tokens per request in the measured window: mean 96.00, p50 96, p90 128, max 128",
+        "Peak output tokens/s in the measured window: 256 (the 1-second bin from 3.00s; tokens "
+        "counted at each reply's completion: not streamed)",
+        "Latency in the measured window (not the whole run's p50/p90/p99 lines above):",
+    ]
+    assert lines[6:9] == TABLE
+    stopped = window_lines(whole, (50.0,), 0.0, "duration")
+    assert stopped[0].startswith("Measured window: 0.00s to 35.25s (warm-up 0s excluded; ")
 
 
 def test_window_csv_columns_and_cells():
@@ -821,7 +930,7 @@ SCHEMA_WINDOW = {
     "failed_requests", "requests_per_second", "input_tokens_per_second",
     "output_tokens_per_second", "input_tokens", "output_tokens", "cached_tokens",
     "cache_hit_percent", "mean_active_agents", "peak_in_flight", "latency", "goodput", "slo",
-    "slo_verdict", "client", "server", "output_speed", "request_tokens",
+    "slo_verdict", "client", "server", "output_speed", "request_tokens", "peak_output",
 }  # fmt: skip
 SCHEMA_GOODPUT = {
     "thresholds_ms", "good_requests", "good_requests_per_second", "goodput_ratio",
@@ -1009,13 +1118,35 @@ def test_console_of_a_small_unstreamed_closed_loop_run(plain_run):
         r"; client CPU \d+\.\d\ds \(\d+\.\d\d ms per request over 6 requests\); ", health[0]
     )
     assert "per 1000 requests" not in out
+    # The window is the whole run: its requests, rates and p50/p90/p99 are not repeated.
     assert (
-        f"Measured window: 0.00s to {w['end_seconds']:.2f}s (warm-up 0s excluded): 6 requests, "
-        f"{w['requests_per_second']:.2f} req/s, output {w['output_tokens_per_second']:.2f} tok/s"
+        f"Measured window: the whole run (0.00s to {w['end_seconds']:.2f}s, no warm-up): its "
+        "requests, rates, cached tokens and p50/p90/p99 are the lines above"
     ) in lines
-    table = lines[lines.index("Latency in the measured window:") + 1 :][:3]
-    assert table[0].split() == ["(ms)", "count", "mean", "min", "max", "std", "p50", "p90",
-                                "p95", "p99", "p99.9"]  # fmt: skip
+    assert [line for line in lines if line.startswith("Measured window")] == [
+        line for line in lines if "Measured window" in line
+    ]  # no "Prefix cache hit rate" or window-labelled line either
+    assert not [line for line in lines if "cache hit rate" in line]
+    assert document["metrics"]["total_input_tokens"] == 864  # 6 requests: a mean of 144
+    assert (
+        "Input tokens per request: mean 144.00, p50 144, p90 247, max 247 (6 successful requests)"
+    ) in lines
+    assert "Output tokens per request: mean 4.00, p50 4, p90 4, max 4" in lines
+    peak = w["peak_output"]
+    counted = {  # unstreamed replies count at completion (streamed ones: as chunks arrive)
+        "completions": "tokens counted at each reply's completion: not streamed",
+        "chunks": "tokens counted as their chunks arrived",
+    }
+    streamed = document["configuration"]["stream"]
+    assert peak["counted_at"] == ("chunks" if streamed else "completions")
+    assert peak["bin_seconds"] == 1.0 and 1 <= peak["tokens_per_second"] <= 24
+    assert (
+        f"Peak output tokens/s: {peak['tokens_per_second']:.0f} (the 1-second bin from "
+        f"{peak['bin_start_seconds']:.2f}s; {counted[peak['counted_at']]})"
+    ) in lines
+    title = "Latency over the whole run (p50, p90, p99 in the lines above):"
+    table = lines[lines.index(title) + 1 :][:3]
+    assert table[0].split() == ["(ms)", "count", "mean", "min", "max", "std", "p95", "p99.9"]
     assert table[1].split()[:3] == ["Request", "latency", "6"]
     assert table[2].split()[:4] == [
         "Agent",

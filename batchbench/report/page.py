@@ -667,6 +667,8 @@ def milliseconds(seconds: Any) -> str:
 CONCEPT_FORMATS: dict[str, Callable[[Any], str]] = {
     "kv_cache_usage": ratio_percent,  # a fraction of the pool
     "prefix_cache_hit_percent": percent,
+    "prefix_cache_hit_tokens": count,
+    "prefix_cache_queried_tokens": count,
     "ttft_seconds": milliseconds,
     "running_requests": count,
     "waiting_requests": count,

@@ -127,6 +127,8 @@ CONCEPTS = (
     "running_requests",
     "waiting_requests",
     "prefix_cache_hit_percent",
+    "prefix_cache_hit_tokens",
+    "prefix_cache_queried_tokens",
     "requests",
     "prompt_tokens",
     "generation_tokens",
@@ -300,6 +302,11 @@ class Timeline:
         for concept, candidates in COUNTERS.items():
             concepts[concept] = self._increases(candidates, bounds) or {}
         concepts["prefix_cache_hit_percent"] = self._hit_percent(bounds, gauge_times)
+        hit_tokens = self._hit_tokens(bounds)
+        if hit_tokens is not None:
+            cached, queried = hit_tokens
+            concepts["prefix_cache_hit_tokens"] = cached
+            concepts["prefix_cache_queried_tokens"] = queried
         for concept, candidates in HISTOGRAMS.items():
             concepts[concept] = self._quantiles(candidates, bounds)
         concepts["policy_branches"] = self._policy_branches(bounds)
@@ -392,19 +399,34 @@ class Timeline:
                 totals[entry.rank] = totals.get(entry.rank, 0.0) + self._increase(entry, bounds)
         return dict(sorted(totals.items()))
 
-    def _hit_percent(
-        self, bounds: tuple[float, float] | None, times: list[float]
-    ) -> dict[str, float | None]:
+    def _hit_tokens(
+        self, bounds: tuple[float, float] | None
+    ) -> tuple[dict[str, float], dict[str, float]] | None:
+        """Per rank, prompt tokens served from the prefix cache and prompt tokens looked up
+        in it (cached ones included), from the first hits/queries counter pair exposed;
+        None when the server exposes none."""
         for hits_name, queries_name, queries_exclude_hits in HIT_COUNTERS:
             hits = self._increases((hits_name,), bounds)
             queries = self._increases((queries_name,), bounds)
             if hits is not None and queries is not None:
-                out_hits: dict[str, float | None] = {}
-                for rank, queried in queries.items():
-                    hit = hits.get(rank, 0.0)
-                    total = queried + hit if queries_exclude_hits else queried
-                    out_hits[rank] = _round(100.0 * hit / total) if total > 0 else None
-                return out_hits
+                cached = {rank: hits.get(rank, 0.0) for rank in queries}
+                queried = {
+                    rank: queried + cached[rank] if queries_exclude_hits else queried
+                    for rank, queried in queries.items()
+                }
+                return cached, queried
+        return None
+
+    def _hit_percent(
+        self, bounds: tuple[float, float] | None, times: list[float]
+    ) -> dict[str, float | None]:
+        found = self._hit_tokens(bounds)
+        if found is not None:
+            cached, queried = found
+            return {
+                rank: _round(100.0 * cached[rank] / total) if total > 0 else None
+                for rank, total in queried.items()
+            }
         columns = self._gauge_columns(HIT_RATE_GAUGES, "mean", times)
         out: dict[str, float | None] = {}
         for rank, column in columns.items():

@@ -37,6 +37,7 @@ CLIENT_BUSY_SHARE = 0.5
 FRONT_END_SLACK_MS = 50.0  # client TTFT beyond 2x the server's own + this: lost before it
 SERVER_WAITING_LIMIT = 1.0  # mean requests waiting at the server (all ranks) over the window
 DISTRIBUTION_POINTS = 1000
+PEAK_BIN_SECONDS = 1.0  # the bin of the peak output rate
 LATENCY_KEYS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "agent_e2e_ms")
 
 
@@ -103,6 +104,17 @@ class OutputSpeed:
 
 
 @dataclass(frozen=True, slots=True)
+class PeakOutput:
+    """The highest output-token rate over any ``bin_seconds`` bin of the window (bins from
+    its start), tokens counted when they arrived (docs/metrics.md, "Peak output tokens/s")."""
+
+    tokens_per_second: float
+    bin_start_seconds: float  # the busiest bin's start, seconds from the run's start
+    bin_seconds: float
+    counted_at: str  # "chunks" (streamed), "completions" (not streamed), or both
+
+
+@dataclass(frozen=True, slots=True)
 class Verdict:
     verdict: str | None
     reason: str | None
@@ -134,8 +146,9 @@ class WindowFigures:
     client: Verdict
     server: Verdict
     output_speed: OutputSpeed | None = None
-    # per successful request: {"input"|"output": {"mean", "p50", "p90"}}; None when none
+    # per successful request: {"input"|"output": {"mean", "p50", "p90", "max"}}; None when none
     request_tokens: dict[str, dict[str, float]] | None = None
+    peak_output: PeakOutput | None = None  # None: no output token in the window
 
     def as_dict(self) -> dict:
         document = asdict(self)
@@ -165,8 +178,9 @@ def _stats(values: Sequence[float], percents: Sequence[float]) -> MetricStats | 
 
 
 def request_tokens(samples: RequestSamples, rows: Sequence[int]) -> dict | None:
-    """Input and output tokens per successful request of the window: mean, p50 and p90
-    (the report's workload summary); None when the window has no successful request."""
+    """Input and output tokens per successful request of the window: mean, p50, p90 and
+    max (the console's length lines, the report's workload summary); None when the window
+    has no successful request."""
     if not rows:
         return None
     out = {}
@@ -176,8 +190,54 @@ def request_tokens(samples: RequestSamples, rows: Sequence[int]) -> dict | None:
             "mean": math.fsum(ordered) / len(ordered),
             "p50": percentile(ordered, 0.5),
             "p90": percentile(ordered, 0.9),
+            "max": ordered[-1],
         }
     return out
+
+
+def peak_output(
+    samples: RequestSamples, gaps_ms: Sequence[float], rows: Sequence[int], start: float
+) -> PeakOutput | None:
+    """The most output tokens that arrived in one PEAK_BIN_SECONDS bin (bins from
+    ``start``), over the successful requests ``rows``, per second. A streamed reply's
+    tokens arrive with its content chunks (first at the TTFT, then after each gap), spread
+    evenly over them in whole tokens; an unstreamed reply's all arrive at its completion.
+    None when no token arrived."""
+    bins: dict[int, int] = {}
+    kinds: set[str] = set()
+
+    def add(t: float, tokens: int) -> None:
+        if tokens:
+            index = math.floor((t - start) / PEAK_BIN_SECONDS)
+            bins[index] = bins.get(index, 0) + tokens
+
+    for i in rows:
+        tokens = samples.output_tokens[i]
+        if tokens <= 0:
+            continue
+        sent = samples.start_s[i]
+        ttft = samples.ttft_ms[i]
+        if math.isnan(ttft):
+            kinds.add("completions")
+            add(sent + samples.latency_ms[i] / 1000.0, tokens)
+            continue
+        kinds.add("chunks")
+        first, count = samples.gap_first[i], samples.gap_count[i]
+        chunks = count + 1
+        t = sent + ttft / 1000.0
+        for k in range(chunks):
+            if k:
+                t += gaps_ms[first + k - 1] / 1000.0
+            add(t, (k + 1) * tokens // chunks - k * tokens // chunks)
+    if not bins:
+        return None
+    index = max(sorted(bins), key=lambda b: bins[b])  # the earliest of equal bins
+    return PeakOutput(
+        tokens_per_second=bins[index] / PEAK_BIN_SECONDS,
+        bin_start_seconds=start + index * PEAK_BIN_SECONDS,
+        bin_seconds=PEAK_BIN_SECONDS,
+        counted_at=" and ".join(sorted(kinds)),
+    )
 
 
 def distribution(values: Iterable[float], points: int = DISTRIBUTION_POINTS) -> dict | None:
@@ -325,6 +385,7 @@ def window_figures(inputs: WindowInputs, start: float, end: float) -> WindowFigu
             agents=_stats(window.agent_speeds(), low),
         ),
         request_tokens=request_tokens(samples, ok_rows),
+        peak_output=peak_output(samples, inputs.gaps_ms, ok_rows, start),
     )
 
 

@@ -32,9 +32,12 @@ LATENCY_ROWS = (
 CSV_METRICS = (("ttft_ms", "ttft"), ("itl_ms", "itl"), ("tpot_ms", "tpot"), ("e2e_ms", "e2e"))
 
 
-def latency_table(window: WindowFigures, percents: Sequence[float]) -> list[str]:
-    """count, mean, min, max, std and every --percentiles entry per latency metric."""
-    labels = [percentile_label(p) for p in percents]
+def latency_table(
+    window: WindowFigures, percents: Sequence[float], shown: Sequence[float] = ()
+) -> list[str]:
+    """count, mean, min, max, std and every --percentiles entry per latency metric, less the
+    percentiles in ``shown`` (already printed for the same requests)."""
+    labels = [percentile_label(p) for p in percents if p not in shown]
     header = ["(ms)", "count", "mean", "min", "max", "std", *labels]
     rows = []
     for key, label in LATENCY_ROWS:
@@ -62,6 +65,62 @@ def latency_table(window: WindowFigures, percents: Sequence[float]) -> list[str]
         return "  " + "  ".join((first, *rest))
 
     return [line(header), *(line(r) for r in rows)]
+
+
+# The percentiles the whole-run lines print (Request latency (ms): p50=.. p90=.. p99=..).
+SUMMARY_PERCENTS = (50.0, 90.0, 99.0)
+
+
+def whole_run(window: WindowFigures, finished_by: str | None) -> bool:
+    """Whether the window is the whole run: no warm-up and no planned stop, so its requests,
+    rates, cached tokens and p50/p90/p99 are the whole-run lines' own."""
+    return window.start_seconds <= 0.0 and finished_by is None
+
+
+def count_text(value: float | None) -> str:
+    """A token count: whole numbers as integers, anything else with two decimals."""
+    if value is None:
+        return MISSING
+    return str(int(value)) if float(value).is_integer() else f"{value:.2f}"
+
+
+def length_lines(window: WindowFigures, scope: str = "") -> list[str]:
+    """``Input tokens per request: mean 649.14, p50 642, p90 1010, max 1204 (7 successful
+    requests)`` and the same for output tokens (``scope`` follows ``request``); none without
+    a successful request."""
+    tokens = window.request_tokens
+    if not tokens:
+        return []
+    lines = []
+    for side, label in (("input", "Input"), ("output", "Output")):
+        stats = tokens[side]
+        lines.append(
+            f"{label} tokens per request{scope}: mean {fixed(stats['mean'])}, "
+            f"p50 {count_text(stats['p50'])}, p90 {count_text(stats['p90'])}, "
+            f"max {count_text(stats.get('max'))}"
+            + (f" ({window.successful_requests} successful requests)" if side == "input" else "")
+        )
+    return lines
+
+
+COUNTED_AT = {
+    "chunks": "tokens counted as their chunks arrived",
+    "completions": "tokens counted at each reply's completion: not streamed",
+    "chunks and completions": "streamed tokens counted as their chunks arrived, others at "
+    "their reply's completion",
+}
+
+
+def peak_line(window: WindowFigures, label: str) -> list[str]:
+    """``Peak output tokens/s: 412 (the 1-second bin from 2.00s; tokens counted as their
+    chunks arrived)``; none when no output token arrived."""
+    peak = window.peak_output
+    if peak is None:
+        return []
+    return [
+        f"{label}: {count_text(peak.tokens_per_second)} (the {peak.bin_seconds:g}-second bin "
+        f"from {peak.bin_start_seconds:.2f}s; {COUNTED_AT[peak.counted_at]})"
+    ]
 
 
 def outcome_text(outcome: ObjectiveOutcome, objective: Objective | None = None) -> str:
@@ -130,21 +189,44 @@ def window_lines(
     w = window
     why = {"duration": "--duration reached", "window": "--window-trajectories reached"}
     end_note = f"; stopped: {why[finished_by]}" if finished_by in why else ""
-    lines = [
-        f"Measured window: {w.start_seconds:.2f}s to {w.end_seconds:.2f}s "
-        f"(warm-up {warmup:g}s excluded{end_note}): {w.requests} requests"
-        f"{f' ({w.failed_requests} failed)' if w.failed_requests else ''}, "
-        f"{w.requests_per_second:.2f} req/s, output {w.output_tokens_per_second:.2f} tok/s",
-    ]
-    if w.cache_hit_percent is not None:
-        lines.append(
-            f"Prefix cache hit rate: {w.cache_hit_percent:.1f}% of input tokens "
-            f"({w.cached_tokens} of {w.input_tokens}, server-reported)"
-        )
-    table = latency_table(w, percents)
-    if table:
-        lines.append("Latency in the measured window:")
-        lines += table
+    if whole_run(w, finished_by):
+        # Everything the window would repeat is in the whole-run lines above: print the rest.
+        lines = [
+            f"Measured window: the whole run ({w.start_seconds:.2f}s to {w.end_seconds:.2f}s, "
+            "no warm-up): its requests, rates, cached tokens and p50/p90/p99 are the lines above"
+        ]
+        lines += length_lines(w)
+        lines += peak_line(w, "Peak output tokens/s")
+        shown = [p for p in percents if p in SUMMARY_PERCENTS]
+        table = latency_table(w, percents, shown)
+        if table:
+            omitted = ", ".join(percentile_label(p) for p in shown)
+            lines.append(
+                f"Latency over the whole run ({omitted} in the lines above):"
+                if omitted
+                else "Latency over the whole run:"
+            )
+            lines += table
+    else:
+        lines = [
+            f"Measured window: {w.start_seconds:.2f}s to {w.end_seconds:.2f}s "
+            f"(warm-up {warmup:g}s excluded{end_note}): {w.requests} requests"
+            f"{f' ({w.failed_requests} failed)' if w.failed_requests else ''}, "
+            f"{w.requests_per_second:.2f} req/s, output {w.output_tokens_per_second:.2f} tok/s",
+        ]
+        if w.cache_hit_percent is not None:
+            lines.append(
+                f"Server-reported cached input tokens in the measured window: {w.cached_tokens} "
+                f"of {w.input_tokens} ({w.cache_hit_percent:.1f}% of input tokens)"
+            )
+        lines += length_lines(w, " in the measured window")
+        lines += peak_line(w, "Peak output tokens/s in the measured window")
+        table = latency_table(w, percents)
+        if table:
+            lines.append(
+                "Latency in the measured window (not the whole run's p50/p90/p99 lines above):"
+            )
+            lines += table
     speed = agent_speed_line(w)
     if speed:
         lines.append(speed)
@@ -214,7 +296,15 @@ def _endpoint_lines(document: dict, url: str | None) -> list[str]:
                 f"(peak {max(g['max'] for g in found):g} on one rank)"
             )
     hits = [v for v in (concepts.get("prefix_cache_hit_percent") or {}).values() if v is not None]
-    if hits:
+    cached = (concepts.get("prefix_cache_hit_tokens") or {}).values()
+    queried = sum((concepts.get("prefix_cache_queried_tokens") or {}).values())
+    if cached and queried > 0:  # counters: tokens and their share, then the ranks' spread
+        spread = f"; {min(hits):.1f}–{max(hits):.1f}% per rank" if len(hits) > 1 else ""
+        parts.append(
+            f"prefix cache hits {sum(cached):.0f} of {queried:.0f} prompt tokens "
+            f"({100.0 * sum(cached) / queried:.1f}%{spread})"
+        )
+    elif hits:  # hit-rate gauges only: no token counts
         parts.append(f"prefix cache hits {min(hits):.1f}–{max(hits):.1f}% per rank")
     requests = concepts.get("requests") or {}
     if document.get("dialect") == "smg" and requests:  # the gateway's count per worker
