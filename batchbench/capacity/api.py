@@ -338,7 +338,13 @@ def run_capacity(
                 if not isinstance(duration, int | float) or duration <= 0:
                     duration = seconds
                 estimates[:] = estimate(
-                    measured, config.slo, float(duration), bounds.min_agents, bounds, window
+                    measured,
+                    config.slo,
+                    float(duration),
+                    bounds.min_agents,
+                    bounds,
+                    window,
+                    search.sweep,
                 )
                 probed.update(probe_seconds=seconds, agents=bounds.min_agents)
                 if estimated is not None:

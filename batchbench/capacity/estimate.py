@@ -18,9 +18,11 @@ from batchbench.capacity.steps import WindowPlan, least_samples
 from batchbench.results.documents import WindowView
 from batchbench.results.slo import Objective
 
-# Lower shares offered as a cheaper objective (p95, p90, p50 for a limit; p5, p10, p50 for
-# a floor), the highest whose samples fit in the window first.
-CHEAPER_SHARES = (0.95, 0.90, 0.50)
+# Lower shares offered as a cheaper objective (p99, p95, p90, p50 for a limit; p1, p5, p10,
+# p50 for a floor): the highest that needs at most a tenth of the samples (p99.9 -> p99,
+# p99 -> p90, p95 and p90 -> p50).
+CHEAPER_SHARES = (0.99, 0.95, 0.90, 0.50)
+CHEAPER_FACTOR = 10
 
 
 def duration_words(seconds: float) -> str:
@@ -46,19 +48,21 @@ class ObjectiveEstimate:
     agents: int
     step_seconds: float | None  # warm-up + the window that holds the samples (None: no rate)
     search_seconds: float | None  # the doubling steps to --max-agents, rate growing with agents
-    doubling_steps: int
+    doubling_steps: int  # the steps search_seconds counts (a sweep's caps)
     cheaper_objective: str | None = None
     cheaper_samples: int | None = None
     cheaper_step_seconds: float | None = None
     cheaper_min_agents: int | None = None
     cheaper_min_agents_step_seconds: float | None = None
+    sweep: bool = False  # the steps are a --sweep's caps, not the doubling phase
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
 
     def text(self, probe_seconds: float) -> str:
         """``Estimate: ttft_p99 needs 381 samples per step; at ~0.40 samples/s (1 agent) a
-        step takes ~16 min, the search's 11 doubling steps ~35 min. Cheaper: ...``"""
+        step takes ~16 min, the search's 11 doubling steps ~35 min if the rate grows with
+        the agents. Cheaper: ...``"""
         head = f"Estimate: {self.objective} needs {self.samples_needed} samples per step; "
         plural = "s" if self.agents != 1 else ""
         if self.step_seconds is None or self.search_seconds is None:
@@ -66,11 +70,14 @@ class ObjectiveEstimate:
                 f"the {probe_seconds:g} s probe at {self.agents} agent{plural} measured none, "
                 "so a step may take far longer than its window"
             )
+        steps = f"{self.doubling_steps} {'' if self.sweep else 'doubling '}step" + (
+            "s" if self.doubling_steps != 1 else ""
+        )
         text = head + (
             f"at ~{self.samples_per_second:.2f} samples/s ({self.agents} agent{plural}) a step "
-            f"takes ~{duration_words(self.step_seconds)}, the search's {self.doubling_steps} "
-            f"doubling step{'s' if self.doubling_steps != 1 else ''} "
-            f"~{duration_words(self.search_seconds)}"
+            f"takes ~{duration_words(self.step_seconds)}, the {'sweep' if self.sweep else 'search'}"
+            f"'s {steps} ~{duration_words(self.search_seconds)} if the rate grows with the "
+            "agents"
         )
         cheaper = []
         if self.cheaper_objective is not None:
@@ -116,24 +123,36 @@ def estimate_objective(
     agents: int,
     bounds: Bounds,
     plan: WindowPlan,
+    sweep: tuple[int, ...] | None = None,
 ) -> ObjectiveEstimate:
-    """The estimate for one objective from its ``samples`` in the probe."""
+    """The estimate for one objective from its ``samples`` in the probe; ``sweep``: the
+    caps of a --sweep, whose steps are the search."""
     needed = least_samples(objective.required)
-    caps = doubling_caps(bounds)
+    caps = list(sweep) if sweep is not None else doubling_caps(bounds)
     rate = samples / probe_seconds if probe_seconds > 0 else 0.0
     if rate <= 0.0:
-        return ObjectiveEstimate(objective.name, needed, 0.0, agents, None, None, len(caps))
+        return ObjectiveEstimate(
+            objective.name, needed, 0.0, agents, None, None, len(caps), sweep=sweep is not None
+        )
     step = _step_seconds(needed, rate, plan)
     per_agent = rate / agents
     search = sum(_step_seconds(needed, per_agent * cap, plan) for cap in caps)
-    result = ObjectiveEstimate(objective.name, needed, rate, agents, step, search, len(caps))
+    result = ObjectiveEstimate(
+        objective.name, needed, rate, agents, step, search, len(caps), sweep=sweep is not None
+    )
     if _fits(needed, rate, plan):
         return result
     changes: dict[str, Any] = {}
     if objective.metric != "goodput":
-        lower = [share for share in CHEAPER_SHARES if share < objective.required]
-        fitting = [share for share in lower if _fits(least_samples(share), rate, plan)]
-        share = fitting[0] if fitting else (lower[-1] if lower else None)
+        share = next(
+            (
+                share
+                for share in CHEAPER_SHARES
+                if share < objective.required
+                and least_samples(share) * CHEAPER_FACTOR <= needed
+            ),
+            None,
+        )
         if share is not None:
             quantile = round(1.0 - share, 12) if objective.at_least else share
             cheaper = replace(objective, quantile=quantile)
@@ -145,7 +164,7 @@ def estimate_objective(
             )
     # the smallest doubling cap whose samples fit in the window, if the rate grows with it
     larger = next(
-        (cap for cap in caps[1:] if _fits(needed, per_agent * cap, plan)),
+        (cap for cap in doubling_caps(bounds)[1:] if _fits(needed, per_agent * cap, plan)),
         None,
     )
     if larger is not None:
@@ -163,6 +182,7 @@ def estimate(
     agents: int,
     bounds: Bounds,
     plan: WindowPlan,
+    sweep: tuple[int, ...] | None = None,
 ) -> list[ObjectiveEstimate]:
     """Every objective's estimate from the probe's window (its ``slo`` outcomes count the
     samples; an objective the window does not list measured none)."""
@@ -172,5 +192,7 @@ def estimate(
         outcome = outcomes.get(objective.name)
         samples = outcome.samples if outcome is not None else None
         count = int(samples) if isinstance(samples, int | float) and math.isfinite(samples) else 0
-        found.append(estimate_objective(objective, count, probe_seconds, agents, bounds, plan))
+        found.append(
+            estimate_objective(objective, count, probe_seconds, agents, bounds, plan, sweep)
+        )
     return found

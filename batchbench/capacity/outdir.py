@@ -254,13 +254,17 @@ class OutputDirectory:
             window = step_window(document)
             if window is None:  # its results are gone: measure it again
                 continue
-            if self.slo_changed is not None:
+            if self.slo_changed is not None or self.objectives:
+                # judged against the current objectives: the results JSON keeps the outcomes
+                # it was measured with, which an earlier re-judged resume may have replaced
                 rejudged = self._rejudge(record, document)
                 if rejudged is None:
-                    self.remeasured.append(record.agents)
+                    if self.slo_changed is not None:
+                        self.remeasured.append(record.agents)
                     continue
                 window = rejudged
-                self.rejudged += 1
+                if self.slo_changed is not None:
+                    self.rejudged += 1
             if record.verdict == UNRESOLVED and self.window_changed:
                 continue  # measured again with the new window
             record.window = window
