@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import re
+import time
 from types import SimpleNamespace
 
 import orjson
@@ -248,7 +249,7 @@ def test_a_step_running_when_the_time_runs_out_is_stopped_and_not_judged(tmp_pat
     config = RunConfig(sim=True, stream=True, slo="ttft_p99=2s", agents=10)
     outdir = OutputDirectory(str(tmp_path), {}, {})
     runner = StepRunner(config, WindowPlan(5.0, None, 400), outdir, print, run=fake_run)
-    runner.deadline = __import__("time").monotonic() + 12.0
+    runner.deadline = time.monotonic() + 12.0
     record = runner(1, "doubling", 0)
     assert configs[0].window_trajectories == 400
     assert 11.0 < configs[0].duration <= 12.0  # what was left of --max-time
@@ -268,7 +269,8 @@ def test_a_step_running_when_the_time_runs_out_is_stopped_and_not_judged(tmp_pat
         "Capacity: not concluded: --max-time 10 min ran out during the step at 1 active agent "
         "(stopped after 7.0 s of its window, not judged)"
     )
-    document = json.loads(open(os.path.join(directory, CAPACITY_FILE)).read())
+    with open(os.path.join(directory, CAPACITY_FILE), encoding="utf-8") as handle:
+        document = json.load(handle)
     assert document["stop_reason"] == "max-time"
     # a resume measures that step again
     again = FakeServer(48)
@@ -286,9 +288,13 @@ def test_max_time_values_and_banner(tmp_path, capsys, monkeypatch):
     out = str(tmp_path / "out")
     argv = ["--sim", "--slo", "e2e_p95=1s", "--output-dir", out, "--max-time"]
     assert capacity_cli([*argv, "soon"]) == 2
-    assert capsys.readouterr().err.strip().endswith(
-        'argument --max-time: "soon" is not a duration (a number of seconds, or with units h, '
-        "m, s: 90s, 30m, 1h30m)"
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            'argument --max-time: "soon" is not a duration (a number of seconds, or with units h, '
+            "m, s: 90s, 30m, 1h30m)"
+        )
     )
     assert not os.path.exists(out)
     from batchbench.cli import capacity as capacity_module
@@ -332,9 +338,7 @@ def test_rejudged_window_from_the_stored_cdf():
     # a failed request is a sample beyond the limit
     failing = rejudged_window(stored_step([100.0] * 200, failed=40), parse_slo("ttft_p90=1s"),
                               ())  # fmt: skip
-    assert [(o["samples"], o["within"], o["verdict"]) for o in failing["slo"]] == [
-        (240, 200, FAIL)
-    ]
+    assert [(o["samples"], o["within"], o["verdict"]) for o in failing["slo"]] == [(240, 200, FAIL)]
     # what the document cannot say: a thinned CDF, ITL without a stored ITL objective, a
     # speed floor, goodput under other thresholds
     for text in ("ttft_p99=1s", "itl_p99=1s", "output_speed_p10>=30", "goodput=90%"):

@@ -17,8 +17,8 @@ from typing import Any
 
 from batchbench import __version__
 from batchbench.capacity.document import CapacityDocument, SearchSettings
-from batchbench.capacity.outdir import OutputDirectory
 from batchbench.capacity.estimate import ObjectiveEstimate, duration_words, estimate
+from batchbench.capacity.outdir import OutputDirectory
 from batchbench.capacity.render import Answer, answer
 from batchbench.capacity.search import (
     OUT_OF_TIME,
@@ -34,7 +34,7 @@ from batchbench.config import RunConfig
 from batchbench.errors import UsageError
 from batchbench.plan.manifest import hash_manifest
 from batchbench.results.documents import ManifestSection
-from batchbench.results.slo import SPEED_METRICS
+from batchbench.results.slo import SPEED_METRICS, parse_slo
 from batchbench.stages.target import sim_chat_template, start_sim
 
 Listener = Callable[[StepRecord, Search, bool], None]
@@ -228,8 +228,7 @@ def run_capacity(
             )
         say(
             f"note: {outdir.slo_changed}: {count} stored step{'s' if count != 1 else ''} "
-            f"re-judged from {'their' if count != 1 else 'its'} results JSON, not re-run"
-            + again
+            f"re-judged from {'their' if count != 1 else 'its'} results JSON, not re-run" + again
         )
     if outdir.changed:
         again = (
@@ -415,7 +414,7 @@ def capacity(
     if window is not None and window_trajectories is not None:
         raise UsageError("give window or window_trajectories, not both")
     if slo is not None:
-        config = replace(config, slo=slo)
+        config = replace(config, slo=parse_slo(slo))
     try:
         bounds = Bounds(min_agents, max_agents, resolution)
     except ValueError as exc:

@@ -148,8 +148,7 @@ def estimate_objective(
             (
                 share
                 for share in CHEAPER_SHARES
-                if share < objective.required
-                and least_samples(share) * CHEAPER_FACTOR <= needed
+                if share < objective.required and least_samples(share) * CHEAPER_FACTOR <= needed
             ),
             None,
         )

@@ -208,9 +208,7 @@ class OutputDirectory:
             )
         before, after = compared(recorded_options), compared(self.configuration)
         if before.get("slo") != after.get("slo"):  # re-judged from the stored results
-            self.slo_changed = differences(
-                {"slo": before.get("slo")}, {"slo": after.get("slo")}
-            )[0]
+            self.slo_changed = differences({"slo": before.get("slo")}, {"slo": after.get("slo")})[0]
             before.pop("slo", None)
             after.pop("slo", None)
         found = differences(before, after)

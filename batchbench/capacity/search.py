@@ -184,9 +184,7 @@ class Search:
     def concluded(self) -> bool:
         """True once the steps answer the question (the search ended without a step that
         could not be judged)."""
-        return (
-            self.stopped_by is None and self.stop_reason is None and self.next_agents() is None
-        )
+        return self.stopped_by is None and self.stop_reason is None and self.next_agents() is None
 
     def step_at(self, agents: int | None) -> StepRecord | None:
         """The last recorded step with this many agents."""
