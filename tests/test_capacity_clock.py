@@ -66,8 +66,8 @@ def test_estimate_line_from_the_probe_rate():
         "Estimate: ttft_p99 needs 381 samples per step; the 5 s probe at 2 agents measured "
         "none, so a step may take far longer than its window"
     )
-    assert [duration_words(s) for s in (34.6, 95.0, 957.5, 4800.0, 7200.0)] == [
-        "35 s", "1.6 min", "16 min", "1 h 20 min", "2 h"
+    assert [duration_words(s) for s in (1.84, 34.6, 95.0, 957.5, 4800.0, 7200.0)] == [
+        "1.8 s", "35 s", "1.6 min", "16 min", "1 h 20 min", "2 h"
     ]  # fmt: skip
 
 

@@ -26,7 +26,9 @@ CHEAPER_FACTOR = 10
 
 
 def duration_words(seconds: float) -> str:
-    """``35 s``, ``16 min``, ``1.6 min``, ``1 h 20 min``: a rough duration."""
+    """``2.5 s``, ``35 s``, ``16 min``, ``1.6 min``, ``1 h 20 min``: a rough duration."""
+    if seconds < 9.95:
+        return f"{seconds:.1f} s"
     if seconds < 60.0:
         return f"{seconds:.0f} s"
     minutes = seconds / 60.0
