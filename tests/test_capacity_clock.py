@@ -216,6 +216,14 @@ def test_max_time_used_up_and_an_extension_that_cannot_fit(tmp_path):
         "agents (extension 1): it would take ~4.1 min, ~2.2 min were left; so far 1 active "
         "agent holds"
     )
+    # the unresolved attempt is kept (a resume extends it), after the steps that decided
+    document = json.loads((tmp_path / CAPACITY_FILE).read_text())
+    assert [(s["agents"], s["verdict"], s["extensions"]) for s in document["steps"]] == [
+        (1, PASS, 0), (2, UNRESOLVED, 0)
+    ]  # fmt: skip
+    resumed = WritingServer(str(tmp_path), 48)
+    run_capacity(search_config(), str(tmp_path), Bounds(1, 4), step=resumed)
+    assert resumed.calls[0] == (2, 1)
     used = tmp_path / "used"
     clock.now = 0.0
 

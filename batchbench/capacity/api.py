@@ -367,7 +367,9 @@ def run_capacity(
             f"{stopped.agents} active agent{'s' if stopped.agents != 1 else ''} (stopped"
             f"{after}, not judged)"
         )
-    final = document()
+    # an unresolved attempt whose extension --max-time did not start stays, as after an
+    # interruption: a resume extends it
+    final = document(pending[0] if pending and search.stop_reason is not None else None)
     path = outdir.write(final)
     resumed = sum(1 for s in search.steps if s.resumed)
     return CapacityResult(search, answer(search, config.slo, workers_available), final, path,
