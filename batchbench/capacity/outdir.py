@@ -252,17 +252,21 @@ class OutputDirectory:
             window = step_window(document)
             if window is None:  # its results are gone: measure it again
                 continue
-            if self.slo_changed is not None or self.objectives:
-                # judged against the current objectives: the results JSON keeps the outcomes
-                # it was measured with, which an earlier re-judged resume may have replaced
+            if self.slo_changed is not None:
                 rejudged = self._rejudge(record, document)
                 if rejudged is None:
-                    if self.slo_changed is not None:
-                        self.remeasured.append(record.agents)
+                    self.remeasured.append(record.agents)
                     continue
                 window = rejudged
-                if self.slo_changed is not None:
-                    self.rejudged += 1
+                self.rejudged += 1
+            elif isinstance(record.window, dict) and isinstance(record.window.get("slo"), list):
+                # the outcomes the step was last judged with: the results JSON keeps those it
+                # was measured with, which an earlier resume with another --slo replaced
+                window = {
+                    **window,
+                    "slo": record.window["slo"],
+                    "slo_verdict": record.window.get("slo_verdict"),
+                }
             if record.verdict == UNRESOLVED and self.window_changed:
                 continue  # measured again with the new window
             record.window = window
