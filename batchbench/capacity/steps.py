@@ -351,9 +351,10 @@ class StepRunner:
                 break
             assert count is not None
             count = max(2 * count, self.planned_agents(agents, seconds, trajectories))
-        if result.window is None:
+        if result.window is None and not cut:
             raise BatchbenchError(f"the step at {agents} agents measured no window")
-        window = result.window.as_dict()
+        # a step --max-time stopped in its warm-up has no window: it measured nothing
+        window = result.window.as_dict() if result.window is not None else {}
         summary = result.summary
         verdict, note = judge(
             window,
