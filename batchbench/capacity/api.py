@@ -156,6 +156,7 @@ def run_capacity(
     probe_seconds: float = DEFAULT_PROBE_SECONDS,
     probe: ProbeFunction | None = None,
     estimated: EstimateListener | None = None,
+    probing: Callable[[int, float], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> CapacityResult:
     """Search the highest active-agent cap whose measured window meets ``config.slo``.
@@ -181,7 +182,8 @@ def run_capacity(
     bracket found so far. Before the first step a probe of ``probe_seconds`` (at most the
     window; 0: none) at ``min_agents`` measures each objective's sample rate, and
     ``estimated(estimates, seconds)`` receives the estimate (``step`` given: only with a
-    ``probe(agents, seconds) -> window`` too).
+    ``probe(agents, seconds) -> window`` too); ``probing(agents, seconds)`` is called as
+    the probe starts.
     """
     bounds = bounds or Bounds()
     window = window or WindowPlan()
@@ -332,6 +334,8 @@ def run_capacity(
             if window.seconds is not None:
                 seconds = min(seconds, window.seconds)
             if deadline is None or deadline - clock() > seconds:
+                if probing is not None:
+                    probing(bounds.min_agents, seconds)
                 measured = probe(bounds.min_agents, seconds)
                 duration = (measured or {}).get("duration_seconds")
                 if not isinstance(duration, int | float) or duration <= 0:

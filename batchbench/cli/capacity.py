@@ -330,11 +330,13 @@ class Ticker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, agents: int, extension: int, seconds: float | None) -> None:
+    def start(
+        self, agents: int, extension: int, seconds: float | None, label: str | None = None
+    ) -> None:
         self.stop()
         if not self.enabled:
             return
-        label = f"step at {agents} active agents" + (
+        label = label or f"step at {agents} active agents" + (
             f" (extension {extension})" if extension else ""
         )
         began = time.monotonic()
@@ -417,6 +419,11 @@ def main(argv: Sequence[str]) -> int:
             note = f"extending the window to {longer.text()}: {longer.reason}"
         _say(step_row(record, note))
 
+    def probing(agents: int, seconds: float) -> None:
+        show_banner()
+        _catch_sigterm()
+        ticker.start(agents, 0, seconds, f"probe at {agents} active agents (for the estimate)")
+
     def estimated(estimates: Sequence[ObjectiveEstimate], seconds: float) -> None:
         ticker.stop()
         show_banner()
@@ -441,6 +448,7 @@ def main(argv: Sequence[str]) -> int:
             max_time=args.max_time,
             probe_seconds=args.probe,
             estimated=estimated,
+            probing=probing,
         )
     finally:
         ticker.stop()
