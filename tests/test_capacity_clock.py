@@ -238,6 +238,26 @@ def test_max_time_used_up_and_an_extension_that_cannot_fit(tmp_path):
     )
 
 
+def test_max_time_estimates_a_trajectory_window_from_the_last_step(tmp_path):
+    clock = Clock()
+    server = WritingServer(str(tmp_path), 48)
+
+    def step(agents, phase, extension, previous=None):
+        clock.now += 20.0 * agents  # 20 trajectories: 1 s each at 1 agent, 2 s at 2, ...
+        return server(agents, phase, extension, previous)
+
+    plan = WindowPlan(5.0, None, 20)
+    result = run_capacity(search_config(), str(tmp_path), window=plan, step=step,
+                          max_time=70.0, clock=clock)  # fmt: skip
+    # 1 agent took 20 s and 2 agents 40 s; the step at 4 is estimated at 40 s (2 s per
+    # trajectory, the last step's), 10 s are left
+    assert server.calls == [(1, 0), (2, 0)]
+    assert result.answer.text.startswith(
+        "Capacity: not concluded: --max-time 1.2 min ran out before the step at 4 active "
+        "agents: it would take ~40 s, ~10 s were left; so far"
+    )
+
+
 def test_a_step_running_when_the_time_runs_out_is_stopped_and_not_judged(tmp_path):
     configs: list[RunConfig] = []
 

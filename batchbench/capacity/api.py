@@ -301,14 +301,20 @@ def run_capacity(
     if probe is None and step is None:
         probe = lambda agents, seconds: lazy.get().probe(agents, seconds)  # noqa: E731
     overhead = [0.0]  # the most a step took beyond its warm-up and window (start, drain)
+    # a trajectory window's length is not known beforehand: the last attempt's seconds per
+    # trajectory (wall time, warm-up included) estimate the next one's
+    per_trajectory: list[float] = []
 
     def timed(
         agents: int, phase: str, extension: int, previous: StepRecord | None = None
     ) -> StepRecord:
         if deadline is None:
             return inner(agents, phase, extension, previous)
-        seconds, _trajectories = window.attempt(extension, previous)
+        seconds, trajectories = window.attempt(extension, previous)
         planned = window.warmup + seconds if seconds is not None else None
+        estimated_seconds = planned
+        if planned is None and trajectories is not None and per_trajectory:
+            estimated_seconds = per_trajectory[-1] * trajectories
         left = deadline - clock()
         what = f"the step at {agents} active agent{'s' if agents != 1 else ''}" + (
             f" (extension {extension})" if extension else ""
@@ -316,15 +322,20 @@ def run_capacity(
         limit = f"--max-time {duration_words(max_time or 0.0)}"
         if left <= 0:
             raise OutOfTime(f"{limit} was used up before {what}")
-        if planned is not None and planned + overhead[0] > left:
+        if planned is not None:
+            estimated_seconds = planned + overhead[0]
+        if estimated_seconds is not None and estimated_seconds > left:
             raise OutOfTime(
                 f"{limit} ran out before {what}: it would take "
-                f"~{duration_words(planned + overhead[0])}, ~{duration_words(left)} were left"
+                f"~{duration_words(estimated_seconds)}, ~{duration_words(left)} were left"
             )
         start = clock()
         record = inner(agents, phase, extension, previous)
+        took = clock() - start
         if planned is not None:
-            overhead[0] = max(overhead[0], clock() - start - planned)
+            overhead[0] = max(overhead[0], took - planned)
+        elif trajectories and record.note != OUT_OF_TIME:
+            per_trajectory.append(took / trajectories)
         return record
 
     steps = ResumedSteps(finished, timed)
