@@ -17,6 +17,7 @@ import pytest
 
 import batchbench
 from batchbench.capacity import PASS, UNRESOLVED, Bounds, StepRecord, WindowPlan, run_capacity
+from batchbench.capacity.api import write_capacity_report
 from batchbench.capacity.estimate import duration_words, estimate, estimate_objective
 from batchbench.capacity.outdir import CAPACITY_FILE, OutputDirectory, step_file
 from batchbench.capacity.rejudge import rejudged_window
@@ -455,6 +456,9 @@ def test_sweep_caps_and_answer(tmp_path):
     assert [(s["agents"], s["phase"], s["verdict"]) for s in document["steps"]] == [
         (1, "sweep", PASS), (6, "sweep", PASS), (11, "sweep", FAIL), (16, "sweep", FAIL)
     ]  # fmt: skip
+    # the same HTML chart as a search's
+    write_capacity_report(str(tmp_path / CAPACITY_FILE), str(tmp_path / "report.html"))
+    assert "Sweep: 6 active agents hold" in (tmp_path / "report.html").read_text()
     # without --slo: measured, no verdict
     bare = tmp_path / "bare"
     steps: list[StepRecord] = []
