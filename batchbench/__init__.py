@@ -1,7 +1,8 @@
 """batchbench: replay agent trajectories against OpenAI-compatible serving stacks.
 
 From Python: ``batchbench.run(RunConfig(...)) -> RunResult`` (``run_async`` inside an event
-loop); ``RunConfig.from_args([...])`` takes ``batchbench-agent`` options;
+loop); ``batchbench.capacity(config, slo=..., output_dir=...) -> CapacityResult`` (the
+capacity search); ``RunConfig.from_args([...])`` takes ``batchbench-agent`` options;
 ``batchbench.load(path)`` reads a results or capacity JSON back as its typed document.
 """
 
@@ -18,6 +19,7 @@ __all__ = [
     "Summary",
     "SummaryDocument",
     "__version__",
+    "capacity",
     "load",
     "run",
     "run_async",
@@ -45,9 +47,11 @@ _EXPORTS = {
 def __getattr__(name: str) -> Any:
     """Import the API on first use, so ``import batchbench`` stays cheap for the simulator
     and the command-line tools."""
+    import importlib
+
+    if name == "capacity":  # the package, callable: see batchbench.capacity
+        return importlib.import_module("batchbench.capacity")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'batchbench' has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(module), name)

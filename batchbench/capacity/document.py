@@ -30,9 +30,13 @@ class SearchSettings:
     window_seconds: float | None
     window_trajectories: int | None
     max_extensions: int
+    sweep: int | None = None  # --sweep N: N caps measured instead of a search
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        settings = asdict(self)
+        if self.sweep is None:  # a search's document keeps the keys it always had
+            del settings["sweep"]
+        return settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +54,12 @@ class CapacityDocument:
     steps: tuple[StepRecord, ...]
     answer: Answer
     goodput_thresholds_tokens_per_second: dict[str, float] | None = None  # speed floors
+    # why the search ended before its steps decided ("max-time"), or None
+    stop_reason: str | None = None
+    # the probe's estimate before the first step: probe_seconds, agents and one entry per
+    # objective (samples needed, samples per second, step and search seconds, cheaper
+    # alternatives); None when no probe ran
+    estimate: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -64,6 +74,8 @@ class CapacityDocument:
             "search": self.search.to_json(),
             "steps": [step.as_dict() for step in self.steps],
             "answer": self.answer.as_dict(),
+            "stop_reason": self.stop_reason,
+            "estimate": self.estimate,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -95,7 +107,13 @@ class CapacityDocument:
             goodput_thresholds_tokens_per_second=_mapping(
                 document.get("goodput_thresholds_tokens_per_second")
             ),
+            stop_reason=_text(document.get("stop_reason")),
+            estimate=_mapping(document.get("estimate")),
         )
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _mapping(value: Any) -> dict[str, Any] | None:

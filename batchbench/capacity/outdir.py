@@ -21,9 +21,19 @@ from typing import Any
 import orjson
 
 from batchbench.capacity.document import CapacityView, step_window
-from batchbench.capacity.search import CLIENT_BOUND, UNRESOLVED, StepRecord
+from batchbench.capacity.rejudge import rejudged_window
+from batchbench.capacity.search import (
+    CLIENT_BOUND,
+    FAIL,
+    MEASURED,
+    OUT_OF_TIME,
+    PASS,
+    UNRESOLVED,
+    StepRecord,
+)
 from batchbench.config import OUTPUT_OPTIONS, toml_value
 from batchbench.errors import BatchbenchError, UsageError
+from batchbench.results.slo import Objective
 
 CAPACITY_FILE = "capacity.json"
 _STEP_FILE = re.compile(r"^step-[0-9]{4,}(?:\.partial)?(?:\.json|\.config\.toml)$")
@@ -57,6 +67,7 @@ RESUMABLE = frozenset(
         "window_seconds",
         "window_trajectories",
         "max_extensions",
+        "sweep",
     }
 )
 WINDOW_SETTINGS = ("window_seconds", "window_trajectories")
@@ -68,6 +79,7 @@ SEARCH_FLAGS = {
     "window_seconds": "--window",
     "window_trajectories": "--window-trajectories",
     "max_extensions": "--max-extensions",
+    "sweep": "--sweep",
 }
 
 
@@ -122,8 +134,17 @@ class OutputDirectory:
         search: Mapping[str, Any],
         manifest_sha256: str | None = None,
         restart: bool = False,
+        objectives: tuple[Objective, ...] = (),
+        goodput_thresholds: tuple[tuple[str, float], ...] = (),
     ) -> None:
         self.path = path
+        # the objectives and goodput thresholds a stored step is re-judged against when the
+        # recorded --slo differs
+        self.objectives = objectives
+        self.goodput_thresholds = goodput_thresholds
+        self.slo_changed: str | None = None  # "--slo was X, now Y"
+        self.rejudged = 0  # stored steps judged against the new --slo, not run again
+        self.remeasured: list[int] = []  # stored steps that could not be, measured again
         self.configuration = dict(configuration)
         self.search = dict(search)
         self.manifest_sha256 = manifest_sha256
@@ -185,7 +206,12 @@ class OutputDirectory:
                 f"{self.file(CAPACITY_FILE)} has no configuration or search section; add "
                 "--restart to start the search again"
             )
-        found = differences(compared(recorded_options), compared(self.configuration))
+        before, after = compared(recorded_options), compared(self.configuration)
+        if before.get("slo") != after.get("slo"):  # re-judged from the stored results
+            self.slo_changed = differences({"slo": before.get("slo")}, {"slo": after.get("slo")})[0]
+            before.pop("slo", None)
+            after.pop("slo", None)
+        found = differences(before, after)
         fixed = [k for k in set(recorded_search) | set(self.search) if k not in RESUMABLE]
         found += differences(
             {k: recorded_search.get(k) for k in fixed},
@@ -220,23 +246,56 @@ class OutputDirectory:
                 continue
             if record.verdict == CLIENT_BOUND or record.results_json != step_file(record.agents):
                 continue
-            if record.verdict == UNRESOLVED and self.window_changed:
-                continue  # measured again with the new window
-            window = self._step_window(record.results_json)
+            if record.note == OUT_OF_TIME:
+                continue  # --max-time stopped it: a part of a step, measured again
+            document = self._step_document(record.results_json)
+            window = step_window(document)
             if window is None:  # its results are gone: measure it again
                 continue
+            if self.slo_changed is not None:
+                rejudged = self._rejudge(record, document)
+                if rejudged is None:
+                    self.remeasured.append(record.agents)
+                    continue
+                window = rejudged
+                self.rejudged += 1
+            elif isinstance(record.window, dict) and isinstance(record.window.get("slo"), list):
+                # the outcomes the step was last judged with: the results JSON keeps those it
+                # was measured with, which an earlier resume with another --slo replaced
+                window = {
+                    **window,
+                    "slo": record.window["slo"],
+                    "slo_verdict": record.window.get("slo_verdict"),
+                }
+            if record.verdict == UNRESOLVED and self.window_changed:
+                continue  # measured again with the new window
             record.window = window
             record.resumed = True
             steps[record.agents] = record
         return steps
 
-    def _step_window(self, name: str) -> dict[str, Any] | None:
+    def _rejudge(self, record: StepRecord, document: Any) -> dict[str, Any] | None:
+        """The stored step judged against the new objectives (its verdict updated); None
+        when its results cannot say. A fail by failed requests stays a fail; without
+        objectives (a --sweep) a step is only measured."""
+        if not self.objectives:
+            window = dict(step_window(document) or {})
+            window.update(slo=[], slo_verdict=None)
+            if record.note is None:
+                record.verdict = MEASURED
+            return window
+        rejudged = rejudged_window(document, self.objectives, self.goodput_thresholds)
+        if rejudged is not None and record.note is None:
+            verdict = rejudged.get("slo_verdict")
+            record.verdict = verdict if verdict in (PASS, FAIL) else UNRESOLVED
+        return rejudged
+
+    def _step_document(self, name: str) -> Any:
         try:
             with open(self.file(name), "rb") as handle:
-                document = orjson.loads(handle.read())
+                return orjson.loads(handle.read())
         except (OSError, orjson.JSONDecodeError):
             return None
-        return step_window(document)
 
     def _discard(self) -> None:
         """--restart: the old capacity document and step files go."""

@@ -203,9 +203,14 @@ def answer(
     search: Search, objectives: Sequence[Objective], workers_available: bool = False
 ) -> Answer:
     """The one answer line, and the figures behind it."""
+    if search.sweep is not None:
+        return _sweep_answer(search, objectives)
     low, high = search.highest_pass, search.lowest_fail
     passed, failed = search.step_at(low), search.step_at(high)
     so_far = _so_far(passed, failed, objectives)
+    if search.stop_reason is not None:
+        text = f"Capacity: not concluded: {search.stop_text or search.stop_reason}" + so_far
+        return Answer(low, high, text, False)
     stopped = search.stopped_by
     if stopped is not None:
         text = _not_concluded(stopped, objectives, workers_available) + so_far
@@ -238,6 +243,38 @@ def answer(
         text = "Capacity: not concluded: no step ran"
         return Answer(None, None, text, False)
     return Answer(low, high, text, True)
+
+
+def _sweep_answer(search: Search, objectives: Sequence[Objective]) -> Answer:
+    """``Sweep: 6 active agents hold ITL p50 ≤ 260 ms (240 ms): the highest passing cap of
+    4 measured (1, 6, 11, 16)``; without objectives, the caps measured."""
+    assert search.sweep is not None
+    measured = sorted({s.agents for s in search.steps})
+    caps = ", ".join(str(cap) for cap in measured)
+    count = f"{len(measured)} cap{'s' if len(measured) != 1 else ''} measured ({caps})"
+    upcoming = search.next_agents()
+    unfinished = ""
+    if search.stop_reason is not None:
+        unfinished = f" (not finished: {search.stop_text or search.stop_reason})"
+    elif upcoming is not None:
+        unfinished = (
+            f" (not finished: stopped before the cap of {_agents(upcoming)}; run the same "
+            "command again to resume)"
+        )
+    low, high = search.highest_pass, search.lowest_fail
+    passed = search.step_at(low)
+    if not objectives:
+        text = f"Sweep: {count}; no --slo, so no verdict"
+    elif passed is not None:
+        text = (
+            f"Sweep: {_agents(passed.agents)} {_verb(passed.agents, 'hold', 'holds')} "
+            f"{held_text(passed, objectives)}: the highest passing cap of {count}"
+        )
+    else:
+        wanted = " and ".join(o.human for o in objectives)
+        text = f"Sweep: no cap measured holds {wanted}: {count}"
+    done = upcoming is None and search.stop_reason is None
+    return Answer(low, high, text + unfinished, done)
 
 
 def _so_far(

@@ -22,10 +22,15 @@ PASS = "pass"
 FAIL = "fail"
 UNRESOLVED = "unresolved"
 CLIENT_BOUND = "client-bound"
-VERDICTS = (PASS, FAIL, UNRESOLVED, CLIENT_BOUND)
+MEASURED = "measured"  # a --sweep step without objectives: figures, no verdict
+VERDICTS = (PASS, FAIL, UNRESOLVED, CLIENT_BOUND, MEASURED)
+# The note of a step --max-time stopped while it ran: what it measured is kept, but it is
+# not judged (it is unresolved whatever its figures say) and a resume measures it again.
+OUT_OF_TIME = "stopped by --max-time"
 
 DOUBLING = "doubling"
 BISECTION = "bisection"
+SWEEP = "sweep"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +105,7 @@ class StepRecord:
         phase = entry.get("phase")
         return cls(
             agents=agents,
-            phase=phase if phase in (DOUBLING, BISECTION) else DOUBLING,
+            phase=phase if phase in (DOUBLING, BISECTION, SWEEP) else DOUBLING,
             verdict=verdict,
             extensions=extensions,
             window=window if isinstance(window, dict) else None,
@@ -126,11 +131,19 @@ class Search:
     highest_pass: int | None = None
     lowest_fail: int | None = None
     stopped_by: StepRecord | None = None  # the unresolved or client-bound step
+    # why the search ended before its steps said so ("max-time"), and the sentence saying
+    # when; None otherwise
+    stop_reason: str | None = None
+    stop_text: str | None = None
+    sweep: tuple[int, ...] | None = None  # --sweep: the caps measured, instead of a search
 
     def next_agents(self) -> int | None:
         """The cap to try next; None when the search is over."""
-        if self.stopped_by is not None:
+        if self.stop_reason is not None or self.stopped_by is not None:
             return None
+        if self.sweep is not None:
+            done = {s.agents for s in self.steps}
+            return next((cap for cap in self.sweep if cap not in done), None)
         low, high = self.highest_pass, self.lowest_fail
         bounds = self.bounds
         if high is None:  # doubling
@@ -147,7 +160,10 @@ class Search:
 
     @property
     def phase(self) -> str:
-        """The phase of the next step: doubling until a step fails, then bisection."""
+        """The phase of the next step: doubling until a step fails, then bisection (or
+        sweep)."""
+        if self.sweep is not None:
+            return SWEEP
         return DOUBLING if self.lowest_fail is None else BISECTION
 
     def record(self, step: StepRecord) -> None:
@@ -159,14 +175,16 @@ class Search:
         elif step.verdict == FAIL:
             if self.lowest_fail is None or step.agents < self.lowest_fail:
                 self.lowest_fail = step.agents
-        else:
-            self.stopped_by = step
+        elif step.verdict == MEASURED:
+            pass
+        elif self.sweep is None or step.note == OUT_OF_TIME:
+            self.stopped_by = step  # a sweep measures on past what it could not judge
 
     @property
     def concluded(self) -> bool:
         """True once the steps answer the question (the search ended without a step that
         could not be judged)."""
-        return self.stopped_by is None and self.next_agents() is None
+        return self.stopped_by is None and self.stop_reason is None and self.next_agents() is None
 
     def step_at(self, agents: int | None) -> StepRecord | None:
         """The last recorded step with this many agents."""
@@ -188,15 +206,20 @@ Listener = Callable[[StepRecord, Search, bool], None]
 def run_search(
     search: Search, step: StepFunction, max_extensions: int, listener: Listener | None = None
 ) -> Search:
-    """Drive the search to its end: each step once, an unresolved one again with a longer
-    window up to ``max_extensions`` times. Returns ``search`` (also updated in place)."""
+    """Drive the search (or the sweep, ``search.sweep``) to its end: each step once, an
+    unresolved one again with a longer window up to ``max_extensions`` times. Returns
+    ``search`` (also updated in place)."""
     while (agents := search.next_agents()) is not None:
         phase = search.phase
         extension = 0
         previous: StepRecord | None = None
         while True:
             record = step(agents, phase, extension, previous)
-            final = record.verdict != UNRESOLVED or record.extensions >= max_extensions
+            final = (
+                record.verdict != UNRESOLVED
+                or record.extensions >= max_extensions
+                or record.note == OUT_OF_TIME
+            )
             if final:
                 search.record(record)
             if listener is not None:
@@ -206,3 +229,14 @@ def run_search(
             extension = record.extensions + 1
             previous = record
     return search
+
+
+def sweep_caps(bounds: Bounds, count: int) -> tuple[int, ...]:
+    """``--sweep N``: N caps evenly spaced from ``min_agents`` to ``max_agents`` (both
+    included, rounded to whole agents; fewer when the range has fewer than N caps)."""
+    if count < 1:
+        raise ValueError("--sweep must be at least 1")
+    low, high = bounds.min_agents, bounds.max_agents
+    if count == 1:
+        return (low,)
+    return tuple(sorted({round(low + i * (high - low) / (count - 1)) for i in range(count)}))

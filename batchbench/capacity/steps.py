@@ -12,13 +12,22 @@ deployment that errors at that load does not hold it.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from batchbench.api import run as api_run
 from batchbench.capacity.outdir import OutputDirectory, partial_file
-from batchbench.capacity.search import CLIENT_BOUND, FAIL, UNRESOLVED, StepFunction, StepRecord
+from batchbench.capacity.search import (
+    CLIENT_BOUND,
+    FAIL,
+    MEASURED,
+    OUT_OF_TIME,
+    UNRESOLVED,
+    StepFunction,
+    StepRecord,
+)
 from batchbench.config import RunConfig
 from batchbench.errors import BatchbenchError
 from batchbench.results.confidence import attainment_verdict
@@ -214,14 +223,18 @@ class _StepOutput:
 
 
 def judge(
-    window: dict[str, Any], exit_status: int, failed: int, total: int
+    window: dict[str, Any], exit_status: int, failed: int, total: int, judged: bool = True
 ) -> tuple[str, str | None]:
-    """(verdict, note) of a finished step from its window and the run's exit status."""
+    """(verdict, note) of a finished step from its window and the run's exit status;
+    ``judged`` False (a --sweep without --slo): ``measured`` unless the client was the
+    bottleneck or requests failed."""
     view = WindowView.read(window)
     if view.client_verdict == CLIENT_BOUND:
         return CLIENT_BOUND, None
     if exit_status == EXIT_REQUESTS_FAILED:
         return FAIL, f"{failed} of {total} requests failed"
+    if not judged:
+        return MEASURED, None
     return (view.slo_verdict if view.slo_verdict is not None else UNRESOLVED), None
 
 
@@ -258,6 +271,9 @@ class StepRunner:
         self.started = started  # (agents, extension, expected seconds) before each run
         self.rate: float | None = None  # trajectories per agent-second, the highest seen
         self.result: Any = None  # the last step's RunResult
+        # --max-time: the time.monotonic() by which a step must have stopped (a step still
+        # running then is stopped with what it measured, and not judged)
+        self.deadline: float | None = None
 
     def planned_agents(self, agents: int, seconds: float | None, trajectories: int | None) -> int:
         """Sampled trajectories for a step with ``agents`` active (see the class docstring)."""
@@ -298,16 +314,25 @@ class StepRunner:
         seconds, trajectories = self.window.attempt(extension, previous)
         sampled = not self.target.replay
         count = self.planned_agents(agents, seconds, trajectories) if sampled else None
+        cut = False  # --max-time stopped the step before its window ended
         for refill in range(MAX_REFILLS + 1):
             if self.started is not None:
                 expected = self.window.warmup + seconds if seconds is not None else None
                 self.started(agents, extension, expected)
             step_config = self.config(agents, seconds, trajectories, count)
+            planned = step_config.duration
+            if self.deadline is not None:
+                left = max(self.deadline - time.monotonic(), 0.001)
+                if planned is None or left < planned:
+                    step_config = replace(step_config, duration=left)
             result = self._run(step_config, output=self.output)
             self.result = result
             if result.interrupted_by:  # a part of a step is not a step: its files go
                 self.outdir.discard_partial(agents)
                 raise StepInterrupted(result.interrupted_by, result.exit_status)
+            cut = step_config.duration != planned and result.finished_by == "duration"
+            if cut:
+                break
             self._learn(result, agents)
             if not self._ran_short(result):
                 break
@@ -326,13 +351,20 @@ class StepRunner:
                 break
             assert count is not None
             count = max(2 * count, self.planned_agents(agents, seconds, trajectories))
-        if result.window is None:
+        if result.window is None and not cut:
             raise BatchbenchError(f"the step at {agents} agents measured no window")
-        window = result.window.as_dict()
+        # a step --max-time stopped in its warm-up has no window: it measured nothing
+        window = result.window.as_dict() if result.window is not None else {}
         summary = result.summary
         verdict, note = judge(
-            window, result.exit_status, summary.failed_requests, summary.total_requests
+            window,
+            result.exit_status,
+            summary.failed_requests,
+            summary.total_requests,
+            judged=bool(self.target.slo),
         )
+        if cut:  # what it measured is kept, but a part of a window is not judged
+            verdict, note = UNRESOLVED, OUT_OF_TIME
         name = self.outdir.finish_step(agents)
         return StepRecord(
             agents=agents,
@@ -345,6 +377,24 @@ class StepRunner:
             window_seconds=seconds,
             window_trajectories=trajectories,
         )
+
+    def probe(self, agents: int, seconds: float) -> dict[str, Any] | None:
+        """A short run at ``agents`` with no warm-up, to measure the objectives' sample
+        rates before the first step (the estimate); its results are not kept. Returns its
+        window (None when it measured none)."""
+        count = self.planned_agents(agents, seconds, None) if not self.target.replay else None
+        probe_config = replace(
+            self.config(agents, seconds, None, count),
+            warmup=0.0,
+            duration=seconds,
+            results_json=None,
+        )
+        result = self._run(probe_config, output=self.output)
+        if result.interrupted_by:
+            raise StepInterrupted(result.interrupted_by, result.exit_status)
+        if not self.target.replay:
+            self._learn(result, agents)
+        return result.window.as_dict() if result.window is not None else None
 
     @staticmethod
     def _ran_short(result: Any) -> bool:

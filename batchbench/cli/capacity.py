@@ -19,16 +19,28 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from batchbench.capacity.api import check_capacity_config, run_capacity, write_capacity_report
+from batchbench.capacity.api import (
+    DEFAULT_PROBE_SECONDS,
+    check_capacity_config,
+    run_capacity,
+    write_capacity_report,
+)
+from batchbench.capacity.estimate import ObjectiveEstimate, duration_words
 from batchbench.capacity.render import header, step_row
-from batchbench.capacity.search import UNRESOLVED, Bounds, Search, StepRecord
+from batchbench.capacity.search import UNRESOLVED, Bounds, Search, StepRecord, sweep_caps
 from batchbench.capacity.steps import StepInterrupted, WindowPlan, least_samples
 from batchbench.cli.agent_args import build_parser, check_companions, config_from_namespace
 from batchbench.cli.exits import exit_status
 from batchbench.config import RunConfig
 from batchbench.errors import UsageError
 from batchbench.options.parser import CommandParser, parse_with_config
-from batchbench.options.values import non_negative_float, positive_finite, positive_uint, uint
+from batchbench.options.values import (
+    non_negative_float,
+    positive_finite,
+    positive_uint,
+    uint,
+    wall_duration,
+)
 
 PROG = "batchbench capacity"
 DEFAULT_WINDOW_SECONDS = 30.0
@@ -54,7 +66,13 @@ through the window (--agents is a floor); --sim starts the simulator once for th
 search. Every step's results JSON and capacity.json stay in --output-dir; running the same
 command again resumes there, also with other bounds, --window, --window-trajectories or
 --max-extensions (decided steps are kept; with another window, unresolved ones are
-measured again).""".format(**LEAST_SAMPLES)
+measured again), or with another --slo (the stored steps are re-judged from their results
+JSON). Before the first step a short probe (--probe) at --min-agents measures each
+objective's sample rate and prints an estimate: the samples a step needs, how long a step
+and the search take, and a cheaper alternative when there is one. --max-time bounds the
+whole search; --sweep N measures N evenly spaced caps instead of searching.""".format(
+    **LEAST_SAMPLES
+)
 
 EPILOG = """\
 exit statuses: 0 the search concluded; 1 it did not (a step stayed unresolved, or the
@@ -163,6 +181,30 @@ def add_search_flags(group: Any) -> None:
         "%(default)s)",
     )
     group.add_argument(
+        "--max-time",
+        type=wall_duration,
+        metavar="DURATION",
+        help="bound the whole search (e.g. 30m, 90s, 1h30m): a step or extension that cannot "
+        "finish in the time left is not started, a step still running when it runs out is "
+        "stopped and not judged, and the answer gives the bracket found so far",
+    )
+    group.add_argument(
+        "--sweep",
+        type=positive_uint,
+        metavar="N",
+        help="instead of searching, measure N caps evenly spaced from --min-agents to "
+        "--max-agents (a throughput-latency curve); --slo is optional and judges each step",
+    )
+    group.add_argument(
+        "--probe",
+        type=non_negative_float,
+        default=DEFAULT_PROBE_SECONDS,
+        metavar="S",
+        help="seconds of the probe at --min-agents before the first step (at most --window) "
+        "that measures each objective's sample rate for the printed estimate; 0: no probe "
+        "(default: %(default)g)",
+    )
+    group.add_argument(
         "--restart",
         action="store_true",
         help="discard an earlier search in --output-dir instead of resuming it",
@@ -192,7 +234,7 @@ def parse_capacity_args(argv: Sequence[str]) -> argparse.Namespace | None:
     if args.window is not None and args.window_trajectories is not None:
         raise UsageError("give --window or --window-trajectories, not both")
     check_companions(args)
-    if not args.slo:
+    if not args.slo and args.sweep is None:
         raise UsageError(
             "a capacity search needs --slo: the objectives each step must meet, e.g. "
             "--slo ttft_p99=2s (with --stream) or --slo e2e_p95=30s"
@@ -231,7 +273,7 @@ def checked_config(args: argparse.Namespace) -> RunConfig:
         argparse.Namespace(**{**vars(args), "report_html": None}) if deferred else args
     )
     check_report(report)
-    check_capacity_config(config)
+    check_capacity_config(config, args.sweep)
     return config
 
 
@@ -255,15 +297,27 @@ def check_report(report_html: str | None) -> None:
 
 
 def banner(config: RunConfig, bounds: Bounds, window: WindowPlan, args) -> str:
-    objectives = " and ".join(o.human for o in config.slo)
+    objectives = " and ".join(o.human for o in config.slo) or "no objectives"
     if window.seconds is not None:
         measured = f"{window.seconds:g} s window"
     else:
         measured = f"window of {window.trajectories} trajectories"
+    limit = (
+        f"; at most {duration_words(args.max_time)} (--max-time)"
+        if args.max_time is not None
+        else ""
+    )
+    if args.sweep is not None:
+        caps = ", ".join(str(cap) for cap in sweep_caps(bounds, args.sweep))
+        return (
+            f"Capacity sweep: {objectives}; caps {caps} active agents; each step "
+            f"{window.warmup:g} s warm-up + {measured} (unresolved: extended up to "
+            f"{args.max_extensions} times){limit}; output in {args.output_dir}"
+        )
     return (
         f"Capacity search: {objectives}; {bounds.min_agents} to {bounds.max_agents} active "
         f"agents, resolution {bounds.resolution}; each step {window.warmup:g} s warm-up + "
-        f"{measured} (unresolved: extended up to {args.max_extensions} times); "
+        f"{measured} (unresolved: extended up to {args.max_extensions} times){limit}; "
         f"output in {args.output_dir}"
     )
 
@@ -276,11 +330,13 @@ class Ticker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, agents: int, extension: int, seconds: float | None) -> None:
+    def start(
+        self, agents: int, extension: int, seconds: float | None, label: str | None = None
+    ) -> None:
         self.stop()
         if not self.enabled:
             return
-        label = f"step at {agents} active agents" + (
+        label = label or f"step at {agents} active agents" + (
             f" (extension {extension})" if extension else ""
         )
         began = time.monotonic()
@@ -363,6 +419,17 @@ def main(argv: Sequence[str]) -> int:
             note = f"extending the window to {longer.text()}: {longer.reason}"
         _say(step_row(record, note))
 
+    def probing(agents: int, seconds: float) -> None:
+        show_banner()
+        _catch_sigterm()
+        ticker.start(agents, 0, seconds, f"probe at {agents} active agents (for the estimate)")
+
+    def estimated(estimates: Sequence[ObjectiveEstimate], seconds: float) -> None:
+        ticker.stop()
+        show_banner()
+        for item in estimates:
+            _say(item.text(seconds))
+
     previous = signal.getsignal(signal.SIGTERM)
     _catch_sigterm()
     try:
@@ -377,6 +444,11 @@ def main(argv: Sequence[str]) -> int:
             started=started,
             warn=_warn,
             workers_available=True,  # the advice may name --workers: a search takes it
+            sweep=args.sweep,
+            max_time=args.max_time,
+            probe_seconds=args.probe,
+            estimated=estimated,
+            probing=probing,
         )
     finally:
         ticker.stop()

@@ -80,6 +80,34 @@ def seconds(text: str) -> int | float:
     return int(value) if value.is_integer() else value
 
 
+_WALL_UNITS = {"h": 3600.0, "m": 60.0, "min": 60.0, "s": 1.0}
+_WALL_PART = re.compile(r"([0-9]*\.?[0-9]+)\s*(h|min|m|s)")
+
+
+def wall_duration(text: str) -> float:
+    """A positive wall-clock duration in seconds: ``90`` or ``90s``, ``30m``, ``1.5h``,
+    ``1h30m``."""
+    compact = text.strip().lower()
+    total = 0.0
+    if re.fullmatch(r"[0-9]*\.?[0-9]+", compact):
+        total = float(compact)
+    else:
+        position = 0
+        for match in _WALL_PART.finditer(compact):
+            if match.start() != position:
+                break
+            total += float(match[1]) * _WALL_UNITS[match[2]]
+            position = match.end()
+        if position != len(compact) or not compact:
+            raise _invalid(
+                f'"{text}" is not a duration (a number of seconds, or with units h, m, s: '
+                "90s, 30m, 1h30m)"
+            )
+    if not math.isfinite(total) or total <= 0:
+        raise _invalid("the duration must be greater than zero")
+    return total
+
+
 _BYTE_UNITS = {"": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
 
 
