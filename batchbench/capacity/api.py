@@ -32,6 +32,7 @@ from batchbench.capacity.search import (
 from batchbench.capacity.steps import ResumedSteps, StepRunner, WindowPlan
 from batchbench.config import RunConfig
 from batchbench.errors import UsageError
+from batchbench.options.simulator import sim_model_name
 from batchbench.plan.manifest import hash_manifest
 from batchbench.results.documents import ManifestSection
 from batchbench.results.slo import SPEED_METRICS, parse_slo
@@ -107,8 +108,15 @@ class _Target:
             if config.sim:
                 template = sim_chat_template(config)
                 self.sim, started = start_sim(config)
+                # The simulator's one model, named here: no step notes that it was chosen.
+                model = config.model or sim_model_name(config.sim_child_command())
                 config = replace(
-                    started, sim=False, sim_args=None, sim_dp_ranks=None, chat_template=template
+                    started,
+                    sim=False,
+                    sim_args=None,
+                    sim_dp_ranks=None,
+                    chat_template=template,
+                    model=model,
                 )
             self._resolved = config
         return self._resolved

@@ -308,6 +308,13 @@ def check_sim_command(command: list[str]) -> None:
         raise UsageError(f"--sim-args: {_unknown(parser.long_options(), unknown)}")
 
 
+def sim_model_name(command: list[str]) -> str:
+    """The model id the simulator child of ``command`` will list (its --model, else the
+    default), so that a caller that starts it need not ask the server."""
+    args, _unknown_words = build_parser().parse_known_args(command[4:])
+    return str(args.model_name)
+
+
 def _unknown(known: list[str], words: list[str]) -> str:
     """What the simulator would refuse: its unknown options, each with the nearest known one."""
     options = [word.split("=", 1)[0] for word in words if word.startswith("-")]
