@@ -6,7 +6,7 @@ An example is a shell block (```sh) right after a marker line the reader does no
 
 optionally followed (only blank lines between) by the output block it shows (``` or ```text).
 The commands run with bash (``set -eo pipefail``) in a fresh temporary directory holding a
-copy of the repository's ``examples/``, with ``batchbench``, ``batchbench-agent`` and
+copy of the repository's ``examples/`` and its ``tests/fixtures`` (a link), with ``batchbench``, ``batchbench-agent`` and
 ``batchbench-export-plans`` on PATH running the same package the tests import. A leading
 ``pip install ... &&`` on a line is not run (the package is installed already). Options,
 separated by ``; ``:
@@ -202,12 +202,29 @@ def _dedent(line: str, indent: str) -> str:
     return line[len(indent) :] if line.startswith(indent) else line.lstrip()
 
 
+def _fenced_lines(lines: Sequence[str]) -> set[int]:
+    """Indices of the lines inside fenced blocks (a marker shown in a block is no marker)."""
+    inside: set[int] = set()
+    fence = ""
+    for index, line in enumerate(lines):
+        ticks = re.match(r"^\s*(`{3,})", line)
+        if fence:
+            if ticks and line.strip() == ticks[1] and len(ticks[1]) >= len(fence):
+                fence = ""
+            else:
+                inside.add(index)
+        elif ticks:
+            fence = ticks[1]
+    return inside
+
+
 def parse_doc(path: Path, root: Path = ROOT) -> list[Example]:
     lines = path.read_text(encoding="utf-8").splitlines()
     doc = path.relative_to(root).as_posix()
     examples = []
+    fenced = _fenced_lines(lines)
     for index, line in enumerate(lines):
-        marker = MARKER.match(line)
+        marker = None if index in fenced else MARKER.match(line)
         if marker is None:
             continue
         options, problems = parse_options(marker["options"])
@@ -305,6 +322,10 @@ def run(example: Example, root: Path = ROOT) -> tuple[Ran, str]:
     work = base / "work"
     work.mkdir()
     shutil.copytree(root / "examples", work / "examples")
+    fixtures = root / "tests" / "fixtures"  # the traces an import example may read
+    if fixtures.is_dir():
+        (work / "tests").mkdir()
+        (work / "tests" / "fixtures").symlink_to(fixtures, target_is_directory=True)
     env = dict(os.environ)
     env["PATH"] = f"{_bin_dir(base)}{os.pathsep}{env.get('PATH', '')}"
     parent = _package_parent()

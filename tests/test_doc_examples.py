@@ -57,6 +57,13 @@ not an output block: prose came first
 ```python
 print()
 ```
+
+````
+<!-- example -->
+```sh
+echo shown in a block, not run
+```
+````
 """
 
 
