@@ -70,6 +70,9 @@ MASK = "<T>"
 MASKS: tuple[tuple[re.Pattern[str], str], ...] = (
     # the simulator's (or any loopback server's) port, chosen free at run time
     (re.compile(r"(https?://(?:127\.0\.0\.1|localhost|\[::1\])):\d+"), r"\1:<PORT>"),
+    # times on the benchmark clock written name_at_ms=N (a dry run's admitted_at_ms: when
+    # the run got to admitting, after its own start-up)
+    (re.compile(r"\b(\w+_at_ms)=\d+"), r"\1=" + MASK),
     # ISO 8601 timestamps (results, capacity documents, banners)
     (re.compile(r"\b\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)?"), MASK),
     # SLO attainment strictly between 0 and 100 %: the share of latencies that land within
@@ -375,6 +378,8 @@ def check(example: Example, ran: Ran, work: str) -> str | None:
         )
     if example.output is None or example.output_span is None:
         return None
+    if not ran.shown(example):
+        return f"{where}: the example printed no line for its output block to show"
     expected = mask(example.output, work)
     actual = mask(ran.shown(example), work)
     if expected == actual:
@@ -412,7 +417,7 @@ def update(files: Sequence[str], keyword: str | None, jobs: int) -> int:
     rewrites: dict[str, list[tuple[Example, list[str]]]] = {}
     for example, (ran, work) in zip(examples, results, strict=True):
         problem = None
-        if example.problems or ran.status != example.status:
+        if example.problems or ran.status != example.status or not ran.shown(example):
             problem = check(example, ran, work)
         if problem is not None:
             failed += 1

@@ -115,18 +115,18 @@ def test_masks_leave_counts_fidelity_verdicts_and_answers_alone():
             "Total duration: 3.74s; throughput: input 1215.39 tok/s, output 179.74 tok/s, requests 1.87 req/s",
             "  Request latency       7  1019.79   673.89  1362.26  309.75  1005.77",
             "Client health: event-loop lag p50=0.15ms p99=4.05ms max=7.84ms; client CPU 0.04s (5.62 ms per request over 7 requests); peak in-flight requests 2",
+            "[DRY-RUN] agent=2 invocation=1 input_content_tokens=758 output_tokens=128 environment_tokens=0 tool_call_latency_ms=0 trajectory_id=compacting-agent routing_slot=0 admitted_at_ms=15 target_prompt_tokens=768 reset_before=false",
         ]
     ) == [
         "Capacity: 2 active agents hold E2E p50 ≤ 360 ms (<T> ms); 3 break it (<T> ms)",
         "agents  window  req/s  out tok/s  TTFT p50  TTFT p99  ITL p99  E2E p95  goodput  cache hit  client  verdict",
-        "<T>  <T>  <T>  <T>  <T>  <T>  <T>  <T>  100.0%  62.2%  ok  pass (e2e_p50 attainment 100.0% [61.0, 100.0])".replace(
-            "<T>  ", "2  ", 1
-        ),
+        "2  <T>  <T>  <T>  <T>  <T>  <T>  <T>  100.0%  62.2%  ok  pass (e2e_p50 attainment 100.0% [61.0, 100.0])",
         "7  <T>  <T>  <T>  <T>  <T>  <T>  <T>  0.0%  52.5%  ok  fail (itl_p50 attainment <N>% [<N>, <N>])",
         "Endpoint: http://127.0.0.1:<PORT>/v1/chat/completions",
         "Total duration: <T>s; throughput: input <T> tok/s, output <T> tok/s, requests <T> req/s",
         "  Request latency  7 <T>",
         "Client health: event-loop lag p50=<T>ms p99=<T>ms max=<T>ms; client CPU <T>s (<T> ms per request over 7 requests); peak in-flight requests 2",
+        "[DRY-RUN] agent=2 invocation=1 input_content_tokens=758 output_tokens=128 environment_tokens=0 tool_call_latency_ms=0 trajectory_id=compacting-agent routing_slot=0 admitted_at_ms=<T> target_prompt_tokens=768 reset_before=false",
     ]
 
 
@@ -151,6 +151,9 @@ def test_a_stale_output_fails_naming_the_doc_line_with_a_diff(tmp_path):
             "-Capacity: 6 active agents hold it",
             "+Capacity: 2 active agents hold it",
         ]
+    )
+    assert check(example, Ran(0, "", "a note on stderr\n", 0.1), str(tmp_path)) == (
+        "docs/capacity.md:386: the example printed no line for its output block to show"
     )
     assert check(example, Ran(2, "", "Error: no such flag", 0.1), str(tmp_path)).startswith(
         "docs/capacity.md:386: the example exited with status 2, expected 0\n"
