@@ -76,12 +76,11 @@ MASKS: tuple[tuple[re.Pattern[str], str], ...] = (
     # ISO 8601 timestamps (results, capacity documents, banners)
     (re.compile(r"\b\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)?"), MASK),
     # SLO attainment strictly between 0 and 100 %: the share of latencies that land within
-    # the limit follows timing. 0.0 % and 100.0 % (and their intervals, which follow from the
-    # sample count alone) stay compared.
-    (
-        re.compile(r"(attainment) (?!100\.0%|0\.0%)\d+(?:\.\d+)?% \[[\d.]+, [\d.]+\]"),
-        r"\1 <N>% [<N>, <N>]",
-    ),
+    # the limit follows timing; 0.0 % and 100.0 % (all or none) stay compared.
+    (re.compile(r"(attainment) (?!100\.0%|0\.0%)\d+(?:\.\d+)?%"), r"\1 <N>%"),
+    # ... and its 95 % interval, which also follows the number of requests the window held
+    # (one more or less as a request starts just before or after the window's end)
+    (re.compile(r"(attainment (?:<N>|[\d.]+)% )\[[\d.]+, [\d.]+\]"), r"\1[<N>, <N>]"),
     # client CPU and its share of a core (client-health and client verdict lines)
     (re.compile(r"(client CPU )\d+(?:\.\d+)?s"), r"\1" + MASK + "s"),
     (re.compile(r"\b\d+(?:\.\d+)?%( of (?:one|a) core)"), MASK + r"%\1"),
@@ -100,9 +99,11 @@ LATENCY_ROW = re.compile(
     r"^(\s+(?:TTFT|ITL|TPOT|Request latency|Agent end-to-end|E2E)\s+\d+)\s+\d.*$"
 )
 # Capacity search table: window, req/s, out tok/s, TTFT p50/p99, ITL p99 and E2E p95 are
-# times and rates; agents, goodput, cache hit, client and verdict stay compared.
+# times and rates; cache hit is a share of the prompt tokens of the requests the window
+# happened to hold (see the attainment interval above). Agents, goodput, client and verdict
+# stay compared.
 CAPACITY_ROW = re.compile(r"^\s*\d+\s{2,}\S")
-CAPACITY_TIMED_COLUMNS = (1, 2, 3, 4, 5, 6, 7)
+CAPACITY_TIMED_COLUMNS = (1, 2, 3, 4, 5, 6, 7, 9)
 
 
 @dataclass

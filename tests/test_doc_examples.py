@@ -21,6 +21,9 @@ def test_the_docs_have_marked_examples():
     ]
 
 
+# native_pass_only: the commands' twin-module paths are covered by the dry-run, simulator
+# and capacity tests; the examples check the docs, once per CI run.
+@pytest.mark.native_pass_only
 @pytest.mark.parametrize("example", EXAMPLES, ids=[example.id for example in EXAMPLES])
 def test_doc_example(example: Example):
     ran, work = run(example)
@@ -120,8 +123,8 @@ def test_masks_leave_counts_fidelity_verdicts_and_answers_alone():
     ) == [
         "Capacity: 2 active agents hold E2E p50 ≤ 360 ms (<T> ms); 3 break it (<T> ms)",
         "agents  window  req/s  out tok/s  TTFT p50  TTFT p99  ITL p99  E2E p95  goodput  cache hit  client  verdict",
-        "2  <T>  <T>  <T>  <T>  <T>  <T>  <T>  100.0%  62.2%  ok  pass (e2e_p50 attainment 100.0% [61.0, 100.0])",
-        "7  <T>  <T>  <T>  <T>  <T>  <T>  <T>  0.0%  52.5%  ok  fail (itl_p50 attainment <N>% [<N>, <N>])",
+        "2  <T>  <T>  <T>  <T>  <T>  <T>  <T>  100.0%  <T>  ok  pass (e2e_p50 attainment 100.0% [<N>, <N>])",
+        "7  <T>  <T>  <T>  <T>  <T>  <T>  <T>  0.0%  <T>  ok  fail (itl_p50 attainment <N>% [<N>, <N>])",
         "Endpoint: http://127.0.0.1:<PORT>/v1/chat/completions",
         "Total duration: <T>s; throughput: input <T> tok/s, output <T> tok/s, requests <T> req/s",
         "  Request latency  7 <T>",
