@@ -16,7 +16,11 @@ separated by ``; ``:
 - ``stream=stdout|stderr|both``: what the output block shows (default stdout; ``both`` is
   stderr after stdout);
 - ``lines=REGEX``: the output block shows only the lines that match REGEX (``re.search``),
-  in their order: an excerpt that regenerates like a whole output.
+  in their order: an excerpt that regenerates like a whole output;
+- ``mark=NAME[,NAME]``: pytest marks of the example's test (``serial`` for one whose output
+  depends on the client keeping up, such as a capacity search's verdicts).
+
+Examples with the same commands run once per test process (and once per update).
 
 The output shown and the real output are compared after masking what varies from run to run
 (MASKS below: durations, latencies, rates, timestamps, ports, CPU figures, paths); token
@@ -39,6 +43,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +57,8 @@ FENCE = re.compile(r"^(?P<indent>\s*)```(?P<info>[\w-]*)\s*$")
 COMMAND_INFOS = ("sh", "bash", "shell", "console")
 OUTPUT_INFOS = ("", "text")
 DEFAULT_TIMEOUT = 60.0
+OPTIONS = ("timeout", "status", "stream", "lines", "mark")
+MARKS = ("serial", "slow")  # the project's markers (tests/conftest.py) an example may take
 # A command line's leading `pip install ... &&`: the package under test is installed already.
 PIP_PREFIX = re.compile(r"^\s*pip install [^&;|]*&&\s*")
 
@@ -131,6 +138,10 @@ class Example:
     def status(self) -> int:
         return int(self.options.get("status", "0"))
 
+    @property
+    def marks(self) -> list[str]:
+        return [m.strip() for m in self.options.get("mark", "").split(",") if m.strip()]
+
 
 @dataclass
 class Ran:
@@ -170,8 +181,8 @@ def parse_options(text: str | None) -> tuple[dict[str, str], list[str]]:
             continue
         key, sep, value = part.partition("=")
         key = key.strip()
-        if key not in ("timeout", "status", "stream", "lines") or not sep:
-            problems.append(f"unknown example option {part!r} (timeout=, status=, stream=, lines=)")
+        if key not in OPTIONS or not sep:
+            problems.append(f"unknown example option {part!r} ({'=, '.join(OPTIONS)}=)")
             continue
         options[key] = value.strip()
     if options.get("stream", "stdout") not in ("stdout", "stderr", "both"):
@@ -182,6 +193,9 @@ def parse_options(text: str | None) -> tuple[dict[str, str], list[str]]:
                 float(options[key]) if key == "timeout" else int(options[key])
             except ValueError:
                 problems.append(f"{key}={options[key]} is not a number")
+    for mark in options.get("mark", "").split(","):
+        if mark.strip() and mark.strip() not in MARKS:
+            problems.append(f"mark={mark.strip()}: expected one of {', '.join(MARKS)}")
     if "lines" in options:
         try:
             re.compile(options["lines"])
@@ -320,7 +334,25 @@ def script_of(example: Example) -> str:
     return "\n".join(PIP_PREFIX.sub("", line) for line in example.commands.splitlines())
 
 
+_RUNS: dict[tuple[str, str, float], tuple[Ran, str]] = {}
+_KEY_LOCKS: dict[tuple[str, str, float], threading.Lock] = {}
+_RUNS_LOCK = threading.Lock()
+
+
 def run(example: Example, root: Path = ROOT) -> tuple[Ran, str]:
+    """(what happened, the directory it ran in) of the example's commands, run once per
+    process: examples with the same commands (one shown in README.md and in a docs page)
+    share the run."""
+    key = (str(root), script_of(example), example.timeout)
+    with _RUNS_LOCK:
+        lock = _KEY_LOCKS.setdefault(key, threading.Lock())
+    with lock:
+        if key not in _RUNS:
+            _RUNS[key] = run_once(example, root)
+        return _RUNS[key]
+
+
+def run_once(example: Example, root: Path = ROOT) -> tuple[Ran, str]:
     """Run the example in a fresh directory; (what happened, the directory's path)."""
     base = Path(tempfile.mkdtemp(prefix="batchbench-doc-example-"))
     work = base / "work"

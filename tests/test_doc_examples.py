@@ -23,8 +23,15 @@ def test_the_docs_have_marked_examples():
 
 # native_pass_only: the commands' twin-module paths are covered by the dry-run, simulator
 # and capacity tests; the examples check the docs, once per CI run.
+# A marker's mark= option gives the example's test its marks (serial: run alone).
 @pytest.mark.native_pass_only
-@pytest.mark.parametrize("example", EXAMPLES, ids=[example.id for example in EXAMPLES])
+@pytest.mark.parametrize(
+    "example",
+    [
+        pytest.param(example, id=example.id, marks=[getattr(pytest.mark, m) for m in example.marks])
+        for example in EXAMPLES
+    ],
+)
 def test_doc_example(example: Example):
     ran, work = run(example)
     problem = check(example, ran, work)
@@ -56,7 +63,7 @@ Prose between.
 not an output block: prose came first
 ```
 
-<!-- example: colour=red -->
+<!-- example: colour=red; mark=fast -->
 ```python
 print()
 ```
@@ -93,7 +100,8 @@ def test_markers_blocks_and_options_are_parsed(tmp_path):
         [],
     )
     assert third.problems == [
-        "unknown example option 'colour=red' (timeout=, status=, stream=, lines=)",
+        "unknown example option 'colour=red' (timeout=, status=, stream=, lines=, mark=)",
+        "mark=fast: expected one of serial, slow",
         "the example marker is not followed by a ```sh block",
     ]
 
