@@ -29,7 +29,8 @@ counts, fidelity lines, agent counts, verdicts and capacity answers are compared
 
     python -m tests.doc_examples --update [FILE...] [-k TEXT]
 
-runs them (in parallel) and rewrites every output block with the real output, unmasked.
+runs them (in parallel, then those marked serial one by one) and rewrites every output block
+with the real output, unmasked.
 """
 
 from __future__ import annotations
@@ -444,8 +445,12 @@ def update(files: Sequence[str], keyword: str | None, jobs: int) -> int:
     examples = [
         e for e in find_examples(paths) if keyword is None or keyword in f"{e.id} {e.commands}"
     ]
+    # as the tests run them: the parallel ones together, then the serial ones one by one
+    parallel = [e for e in examples if "serial" not in e.marks]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        results = list(pool.map(run, examples))
+        ran = dict(zip(map(id, parallel), pool.map(run, parallel), strict=True))
+    ran.update((id(e), run(e)) for e in examples if "serial" in e.marks)
+    results = [ran[id(e)] for e in examples]
     failed = 0
     rewrites: dict[str, list[tuple[Example, list[str]]]] = {}
     for example, (ran, work) in zip(examples, results, strict=True):
