@@ -36,10 +36,12 @@ with the real output, unmasked.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -358,7 +360,8 @@ def run_once(example: Example, root: Path = ROOT) -> tuple[Ran, str]:
     base = Path(tempfile.mkdtemp(prefix="batchbench-doc-example-"))
     work = base / "work"
     work.mkdir()
-    shutil.copytree(root / "examples", work / "examples")
+    if (root / "examples").is_dir():
+        shutil.copytree(root / "examples", work / "examples")
     fixtures = root / "tests" / "fixtures"  # the traces an import example may read
     if fixtures.is_dir():
         (work / "tests").mkdir()
@@ -371,27 +374,27 @@ def run_once(example: Example, root: Path = ROOT) -> tuple[Ran, str]:
     )  # fmt: skip
     env.pop("COLUMNS", None)
     began = time.monotonic()
+    # its own process group, so that a timeout stops the commands and what they started
+    process = subprocess.Popen(
+        ["bash", "-c", "set -eo pipefail\n" + script_of(example)],
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        done = subprocess.run(
-            ["bash", "-c", "set -eo pipefail\n" + script_of(example)],
-            cwd=work,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=example.timeout,
-        )
-        ran = Ran(done.returncode, done.stdout, done.stderr, time.monotonic() - began)
-    except subprocess.TimeoutExpired as expired:
-        ran = Ran(None, _text(expired.stdout), _text(expired.stderr), time.monotonic() - began)
+        stdout, stderr = process.communicate(timeout=example.timeout)
+        ran = Ran(process.returncode, stdout, stderr, time.monotonic() - began)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):  # it ended in between
+            os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        ran = Ran(None, stdout, stderr, time.monotonic() - began)
     shutil.rmtree(base, ignore_errors=True)
     return ran, str(work)
-
-
-def _text(value: bytes | str | None) -> str:
-    if value is None:
-        return ""
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
 def check(example: Example, ran: Ran, work: str) -> str | None:
@@ -438,19 +441,23 @@ def _tail(ran: Ran, lines: int = 20) -> str:
     return f"--- stdout (end)\n{out}\n--- stderr (end)\n{err}"
 
 
-def update(files: Sequence[str], keyword: str | None, jobs: int) -> int:
+def update(
+    files: Sequence[str], keyword: str | None = None, jobs: int = 4, root: Path = ROOT
+) -> int:
     """Run the chosen examples and rewrite their output blocks; the exit status is 1 when an
     example failed to run as its marker says (its block is left as it was)."""
     paths = [Path(f).resolve() for f in files] if files else None
     examples = [
-        e for e in find_examples(paths) if keyword is None or keyword in f"{e.id} {e.commands}"
+        e
+        for e in find_examples(paths, root)
+        if keyword is None or keyword in f"{e.id} {e.commands}"
     ]
     # as the tests run them: the parallel ones together, then the serial ones one by one
     parallel = [e for e in examples if "serial" not in e.marks]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        ran = dict(zip(map(id, parallel), pool.map(run, parallel), strict=True))
-    ran.update((id(e), run(e)) for e in examples if "serial" in e.marks)
-    results = [ran[id(e)] for e in examples]
+        done = dict(zip(map(id, parallel), pool.map(lambda e: run(e, root), parallel), strict=True))
+    done.update((id(e), run(e, root)) for e in examples if "serial" in e.marks)
+    results = [done[id(e)] for e in examples]
     failed = 0
     rewrites: dict[str, list[tuple[Example, list[str]]]] = {}
     for example, (ran, work) in zip(examples, results, strict=True):
@@ -465,7 +472,7 @@ def update(files: Sequence[str], keyword: str | None, jobs: int) -> int:
         if example.output_span is not None:
             rewrites.setdefault(example.doc, []).append((example, ran.shown(example)))
     for doc, changes in rewrites.items():
-        path = ROOT / doc
+        path = root / doc
         lines = path.read_text(encoding="utf-8").splitlines()
         # from the bottom up, so the earlier spans stay where they are
         for example, shown in sorted(changes, key=lambda c: -c[0].line):

@@ -7,8 +7,21 @@ console output: ``python -m tests.doc_examples --update`` rewrites every shown o
 
 from __future__ import annotations
 
+import time
+
 import pytest
-from doc_examples import ROOT, Example, Ran, check, find_examples, mask, parse_doc, run
+from doc_examples import (
+    ROOT,
+    Example,
+    Ran,
+    check,
+    find_examples,
+    mask,
+    parse_doc,
+    run,
+    run_once,
+    update,
+)
 
 EXAMPLES = find_examples()
 
@@ -184,3 +197,38 @@ def test_an_example_runs_in_a_temp_dir_with_the_examples_and_the_commands():
     assert lines[0] == "examples/trajectory-replay/plans.jsonl"
     assert lines[1].startswith("batchbench ")
     assert str(ROOT) not in work
+
+
+def test_update_rewrites_the_shown_output_and_then_it_matches(tmp_path):
+    (tmp_path / "docs").mkdir()
+    doc = tmp_path / "docs" / "x.md"
+    doc.write_text(
+        "Intro.\n\n"
+        "<!-- example: lines=^Agents -->\n```sh\nprintf 'Banner\\nAgents: 3 completed / 3 total\\n'\n```\n\n"
+        "```text\nAgents: 2 completed / 2 total\n```\n\n"
+        "- In a list:\n\n  <!-- example -->\n  ```sh\n  echo 'took 1.5 s'\n  ```\n\n  ```\n  stale\n  ```\n",
+        encoding="utf-8",
+    )
+    first, _second = parse_doc(doc, tmp_path)
+    assert check(first, *run(first, tmp_path)) is not None
+    assert update([str(doc)], root=tmp_path) == 0
+    assert doc.read_text(encoding="utf-8") == (
+        "Intro.\n\n"
+        "<!-- example: lines=^Agents -->\n```sh\nprintf 'Banner\\nAgents: 3 completed / 3 total\\n'\n```\n\n"
+        "```text\nAgents: 3 completed / 3 total\n```\n\n"
+        "- In a list:\n\n  <!-- example -->\n  ```sh\n  echo 'took 1.5 s'\n  ```\n\n  ```\n  took 1.5 s\n  ```\n"
+    )
+    for example in parse_doc(doc, tmp_path):
+        assert check(example, *run_once(example, tmp_path)) is None
+
+
+def test_an_example_past_its_timeout_is_stopped_with_what_it_started(tmp_path):
+    example = Example("docs/x.md", 3, "sleep 30 & echo started; wait", {"timeout": "1"})
+    began = time.monotonic()
+    ran, work = run_once(example, tmp_path)
+    assert time.monotonic() - began < 10
+    assert (ran.status, ran.stdout) == (None, "started\n")
+    assert check(example, ran, work).startswith(
+        "docs/x.md:3: the example did not finish within 1 s (raise timeout= in its marker or "
+        "shorten it)\n"
+    )
