@@ -6,8 +6,9 @@ An example is a shell block (```sh) right after a marker line the reader does no
 
 optionally followed (only blank lines between) by the output block it shows (``` or ```text).
 The commands run with bash (``set -eo pipefail``) in a fresh temporary directory holding a
-copy of the repository's ``examples/`` and its ``tests/fixtures`` (a link), with ``batchbench``, ``batchbench-agent`` and
-``batchbench-export-plans`` on PATH running the same package the tests import. A leading
+copy of the repository's ``examples/`` and its ``tests/fixtures`` (a link), with
+``batchbench``, ``batchbench-agent`` and ``batchbench-export-plans`` on PATH running the
+same package the tests import. A leading
 ``pip install ... &&`` on a line is not run (the package is installed already). Options,
 separated by ``; ``:
 
@@ -74,10 +75,13 @@ SCRIPTS = {
 }
 
 MASK = "<T>"
-# What varies between two runs of the same command, in the order applied; everything else
-# is compared as shown. Keep each rule narrow: a count, a fidelity line, an agent count, a
+# What varies between two runs of the same command, in the order applied after the paths
+# (the example's directory, site-packages and the checkout, in mask()); everything else is
+# compared as shown. Keep each rule narrow: a count, a fidelity line, an agent count, a
 # verdict or a capacity answer must never be masked.
 MASKS: tuple[tuple[re.Pattern[str], str], ...] = (
+    # the banner's content salt, drawn at random for every run (even with --seed)
+    (re.compile(r"^(Content salt: )[0-9a-f]{16}$"), r"\1<SALT>"),
     # the simulator's (or any loopback server's) port, chosen free at run time
     (re.compile(r"(https?://(?:127\.0\.0\.1|localhost|\[::1\])):\d+"), r"\1:<PORT>"),
     # times on the benchmark clock written name_at_ms=N (a dry run's admitted_at_ms: when

