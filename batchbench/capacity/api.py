@@ -9,7 +9,8 @@ simulator's loopback URL as its host.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -25,6 +26,7 @@ from batchbench.errors import UsageError
 from batchbench.plan.manifest import hash_manifest
 from batchbench.results.documents import ManifestSection
 from batchbench.results.slo import SPEED_METRICS
+from batchbench.stages.prepare import calibrate_ahead
 from batchbench.stages.target import sim_chat_template, start_sim
 
 Listener = Callable[[StepRecord, Search, bool], None]
@@ -68,10 +70,12 @@ def check_capacity_config(config: RunConfig) -> None:
 
 
 class _Target:
-    """The run configuration steps use: the simulator started on first use."""
+    """The run configuration steps use: the simulator started on first use, and the
+    server calibrated then, once for every step (the steps send no probes of their own)."""
 
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, config: RunConfig, say: Callable[[str], None]) -> None:
         self.config = config
+        self.say = say
         self.sim: Any = None
         self._resolved: RunConfig | None = None
 
@@ -84,13 +88,27 @@ class _Target:
                 config = replace(
                     started, sim=False, sim_args=None, sim_dp_ranks=None, chat_template=template
                 )
-            self._resolved = config
+            self._resolved = asyncio.run(calibrate_ahead(config, _Said(self.say)))
         return self._resolved
 
     def stop(self) -> None:
         if self.sim is not None:
             self.sim.stop()
             self.sim = None
+
+
+class _Said:
+    """The calibration's lines and notes, through the search's own note channel."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+
+    def lines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.say(line)
+
+    def warning(self, text: str) -> None:
+        self.say(text)
 
 
 class _LazyRunner:
@@ -172,7 +190,7 @@ def run_capacity(
             + "; ".join(outdir.changed)
             + f"): its decided steps are kept{again}"
         )
-    target = _Target(config)
+    target = _Target(config, say)
     runner_box: list[StepRunner] = []
 
     def make_runner() -> StepRunner:

@@ -1,5 +1,5 @@
 """Stage 1, the plans: the manifest read and hashed (replay), the root seed drawn, and the
-workload compiled when it can be before the tokenizer loads (with ``--calibrate`` the
+workload compiled when it can be before the tokenizer loads (when the run calibrates, the
 replay overheads come from the server, so compiling waits for ``prepare``)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class Plans:
     manifest: Manifest | None  # replay only
     sha256: str | None  # the manifest's hash (replay only)
     root_seed: int
-    workload: Workload | None  # None until calibrated (``--calibrate``)
+    workload: Workload | None  # None until calibrated (``RunConfig.calibrates``)
 
 
 async def load_plans(config: RunConfig, out: RunOutput, call: BlockingCall) -> Plans:
@@ -40,8 +40,11 @@ async def load_plans(config: RunConfig, out: RunOutput, call: BlockingCall) -> P
     )
     root_seed = config.seed if config.seed is not None else secrets.randbits(64)
     workload = None
-    if not config.calibrate:  # plans are compiled before the tokenizer loads
-        workload = build_workload(config, manifest, root_seed, starting_overheads(config, None))
+    if not config.calibrates:  # plans are compiled before the tokenizer loads
+        preset = config.preset_calibration
+        calibration = preset if isinstance(preset, Calibration) else None
+        overheads = starting_overheads(config, calibration)
+        workload = build_workload(config, manifest, root_seed, overheads)
         planned(config, workload, root_seed, out)
     return Plans(started, manifest, sha256, root_seed, workload)
 
