@@ -28,6 +28,7 @@ def prompt_fidelity_cause(
     prompt_correction: bool,
     calibrate: bool | None,
     calibrated: bool,
+    calibration_check_ok: bool | None,
     calibration_note: str | None,
     started_from: tuple[int, int],
     flags: tuple[int | None, int | None],
@@ -36,7 +37,9 @@ def prompt_fidelity_cause(
 ) -> str | None:
     """The cause line under ``Prompt fidelity:`` (None at 100 %, or when another line
     already says why). ``started_from`` is the (initial, turn) framing the run started
-    from; ``flags`` the --replay-*-overhead-tokens values given (None: not given)."""
+    from; ``flags`` the --replay-*-overhead-tokens values given (None: not given);
+    ``calibration_check_ok`` the calibration's check (None: no calibration): a calibration
+    that mispredicted its own check conversation means the counts differ, not the framing."""
     prompt = fidelity.prompt
     if not prompt.requests:
         if not no_usage:
@@ -57,7 +60,7 @@ def prompt_fidelity_cause(
         )
     if fidelity.limited_requests >= inexact:
         return None  # "Prompt correction could not reach the target ..." says why
-    if framing is not None:
+    if framing is not None and calibration_check_ok is not False:
         learned = (framing["initial_overhead_tokens"], framing["turn_overhead_tokens"])
         if learned != started_from:
             return _framing_cause(

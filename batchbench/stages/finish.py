@@ -183,6 +183,9 @@ def finish_run(
                 prompt_correction=config.prompt_correction,
                 calibrate=config.calibrate,
                 calibrated=setup.calibration is not None,
+                calibration_check_ok=(
+                    setup.calibration.get("check_ok") if setup.calibration is not None else None
+                ),
                 calibration_note=setup.calibration_note,
                 started_from=(setup.framing_initial, setup.framing_turn),
                 flags=(config.replay_initial_overhead_tokens, config.replay_turn_overhead_tokens),
