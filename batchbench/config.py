@@ -880,7 +880,7 @@ class RunConfig:
             "in output tokens/s on a low percentile of per-request output speed) and "
             "goodput=95%% (the share of good requests). Each verdict is pass, fail or "
             "unresolved (the window was too short to tell, at 95%% confidence). ttft, itl, "
-            "tpot and output_speed need --stream",
+            "tpot and output_speed need streamed replies (not --no-stream)",
             WINDOW,
             parse=from_usage_parser(parse_slo, "slo"),
             metavar="OBJECTIVES",
@@ -1363,8 +1363,8 @@ class RunConfig:
             named += [f"--goodput {m}" for m, _ in self.goodput if m in STREAMED_METRICS]
             if named:
                 raise UsageError(
-                    f"{', '.join(named)} needs --stream: TTFT, ITL and TPOT are measured only "
-                    "on streamed replies"
+                    f"{', '.join(named)} cannot be combined with --no-stream: TTFT, ITL and "
+                    "TPOT are measured only on streamed replies"
                 )
         if any(o.metric == "goodput" for o in self.slo) and not self.goodput_thresholds:
             raise UsageError(
