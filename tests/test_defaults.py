@@ -270,3 +270,41 @@ def test_a_dry_run_neither_calibrates_nor_changes_its_lines(capsys):
         "environment_tokens=128 tool_call_latency_ms=0 trajectory_id=short-agent routing_slot=0 "
         "admitted_at_ms=0 target_prompt_tokens=256 reset_before=false"
     )
+
+
+def test_workers_calibrate_once_in_the_parent(capsys):
+    status, out, _err = run(
+        capsys, "--agents", "8", "--max-active-agents", "4", "--tool-invocations", "2",
+        "--output-tokens", "4", "--sim", "--sim-args", "--speed 0", "--seed", "7",
+        "--workers", "2", "--no-progress",
+    )  # fmt: skip
+    assert status == 0
+    assert [bool(CALIBRATED.fullmatch(line)) for line in out if "alibrated against" in line] == [
+        True
+    ]
+    assert "Calibrated overhead: initial 9 tokens; turn 35 tokens (check OK)" in out
+    assert "Prompt fidelity: 16/16 exact (100.0%), mean |drift| 0.00 tokens, max 0" in out
+
+
+def test_a_capacity_search_calibrates_once_before_its_first_step(tmp_path, capsys):
+    from batchbench.cli.capacity import run as capacity_cli
+
+    directory = tmp_path / "out"
+    status = capacity_cli(
+        ["--sim", "--sim-args", "--speed 0", "--output-tokens", "4", "--slo", "e2e_p95=10s",
+         "--warmup", "0", "--window", "1", "--min-agents", "1", "--max-agents", "2",
+         "--resolution", "1", "--max-extensions", "0", "--no-progress",
+         "--output-dir", str(directory)]
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    assert status == 0
+    steps = sorted(directory.glob("step-*.json"))
+    assert [path.name for path in steps] == ["step-0001.json", "step-0002.json"]
+    calibrated = [line for line in captured.err.splitlines() if "alibrated against" in line]
+    assert len(calibrated) == 1 and CALIBRATED.fullmatch(calibrated[0])
+    for path in steps:
+        calibration = json.loads(path.read_text())["configuration"]["calibration"]
+        assert (calibration["initial_overhead_tokens"], calibration["turn_overhead_tokens"]) == (
+            9,
+            35,
+        )
