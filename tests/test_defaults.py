@@ -19,7 +19,7 @@ from batchbench.cli.agent import main
 from batchbench.config import RunConfig
 from batchbench.drive.calibrate import CalibrationError
 from batchbench.drive.simlaunch import SimProcess, sim_command
-from batchbench.errors import UsageError
+from batchbench.errors import PlanError, UsageError
 
 EXAMPLE = "examples/trajectory-replay/plans.jsonl"
 README_RUN = ["--agent-plans-jsonl", EXAMPLE, "--max-active-agents", "2", "--sim", "--seed", "7"]
@@ -308,3 +308,32 @@ def test_a_capacity_search_calibrates_once_before_its_first_step(tmp_path, capsy
             9,
             35,
         )
+
+
+def test_calibrated_overheads_that_do_not_fit_the_plans_cost_one_note(tmp_path, capsys):
+    """A 5-token first prompt cannot hold the simulator's 9-token framing: compiled with
+    the calibration that is a plan error (with --calibrate, as before); by default one note,
+    and the prompt correction reports the request it cannot reach."""
+    plans = tmp_path / "small.jsonl"
+    plans.write_text(
+        '{"schema_version":1,"trajectory_id":"big","requests":'
+        '[{"prompt_tokens":80,"output_tokens":4},{"prompt_tokens":200,"output_tokens":4}]}\n'
+        '{"schema_version":1,"trajectory_id":"tiny","requests":'
+        '[{"prompt_tokens":5,"output_tokens":4},{"prompt_tokens":120,"output_tokens":4}]}\n'
+    )
+    argv = ["--agent-plans-jsonl", str(plans), "--max-active-agents", "1", "--sim",
+            "--sim-args", "--speed 0", "--seed", "7", "--no-progress", "--no-stream"]  # fmt: skip
+    status, out, err = run(capsys, *argv)
+    assert status == 0
+    assert [line for line in err if line.startswith("note: the calibrated")] == [
+        "note: the calibrated overheads (initial 9, turn 35 tokens) do not fit the plans "
+        '(trajectory "tiny" request 1 prompt (5) must exceed its replay overhead (9)); they are '
+        "compiled with initial 0, turn 0 instead"
+    ]
+    assert after(out, "Prompt fidelity:")[0].startswith("Prompt fidelity: 3/4 exact (75.0%)")
+    assert (
+        "Prompt correction could not reach the target on 1 requests (the plan left no room; "
+        "see correction_note in the request events)"
+    ) in out
+    with pytest.raises(PlanError, match="must exceed its replay overhead"):
+        main([*argv, "--calibrate"])

@@ -11,7 +11,7 @@ from functools import partial
 
 from batchbench.config import RunConfig
 from batchbench.drive.calibrate import Calibration
-from batchbench.errors import UsageError
+from batchbench.errors import PlanError, UsageError
 from batchbench.plan.manifest import Manifest, hash_manifest, load_manifest
 from batchbench.plan.workload import Workload, compile_manifest, compile_sampled
 from batchbench.stages.console import RunOutput
@@ -43,10 +43,36 @@ async def load_plans(config: RunConfig, out: RunOutput, call: BlockingCall) -> P
     if not config.calibrates:  # plans are compiled before the tokenizer loads
         preset = config.preset_calibration
         calibration = preset if isinstance(preset, Calibration) else None
-        overheads = starting_overheads(config, calibration)
-        workload = build_workload(config, manifest, root_seed, overheads)
+        workload = calibrated_workload(config, manifest, root_seed, calibration, out)
         planned(config, workload, root_seed, out)
     return Plans(started, manifest, sha256, root_seed, workload)
+
+
+def calibrated_workload(
+    config: RunConfig,
+    manifest: Manifest | None,
+    root_seed: int,
+    calibration: Calibration | None,
+    out: RunOutput,
+) -> Workload:
+    """Compile the plans with the overheads ``starting_overheads`` gives. A calibration
+    the run made by default (not asked for with --calibrate) whose overheads do not fit a
+    plan (a prompt smaller than the framing) costs one note: the plans are compiled without
+    it, and the prompt correction, which starts from the calibrated framing, reports the
+    requests it cannot bring to their targets."""
+    overheads = starting_overheads(config, calibration)
+    try:
+        return build_workload(config, manifest, root_seed, overheads)
+    except PlanError as exc:
+        if calibration is None or config.calibrate:
+            raise
+        fallback = starting_overheads(config, None)
+        out.warning(
+            f"note: the calibrated overheads (initial {overheads[0]}, turn {overheads[1]} "
+            f"tokens) do not fit the plans ({exc}); they are compiled with initial "
+            f"{fallback[0]}, turn {fallback[1]} instead"
+        )
+        return build_workload(config, manifest, root_seed, fallback)
 
 
 def build_workload(

@@ -24,7 +24,7 @@ from batchbench.stages.console import RunOutput
 from batchbench.stages.hosting import BlockingCall
 from batchbench.stages.plans import (
     Plans,
-    build_workload,
+    calibrated_workload,
     planned,
     start_offsets,
     starting_overheads,
@@ -69,10 +69,9 @@ async def prepare(
     note = preset if isinstance(preset, str) else None
     if config.calibrates:
         calibration, note = await calibrate_or_note(config, synth, replies, out)
-    overheads = starting_overheads(config, calibration)
     workload = plans.workload
     if workload is None:
-        workload = build_workload(config, plans.manifest, plans.root_seed, overheads)
+        workload = calibrated_workload(config, plans.manifest, plans.root_seed, calibration, out)
         planned(config, workload, plans.root_seed, out)
     salt = content_salt(config)
     setup = run_setup(config, plans, workload, loaded, template_name, calibration, salt)
