@@ -337,3 +337,36 @@ def test_calibrated_overheads_that_do_not_fit_the_plans_cost_one_note(tmp_path, 
     ) in out
     with pytest.raises(PlanError, match="must exceed its replay overhead"):
         main([*argv, "--calibrate"])
+
+
+def short_replies(recorded):
+    """Every reply 2 tokens long, whatever was planned (a model that stops at EOS)."""
+    return Reply(body=chat_completion("ok", 10, 2))
+
+
+@pytest.mark.parametrize(
+    ("flags", "cause"),
+    [
+        ((), "cause: 1 replies ended before their planned length (the model stopped at end of "
+             "sequence): give --ignore-eos so the server generates every planned token"),
+        (("--ignore-eos",), "cause: 1 replies ended before their planned length although "
+         "ignore_eos was sent: the server ignores min_tokens/max_tokens (an SGLang server needs "
+         "--sglang)"),
+    ],
+)  # fmt: skip
+def test_replies_shorter_than_planned_name_the_fix(tmp_path, capsys, flags, cause):
+    plans = tmp_path / "plans.jsonl"
+    document = {"schema_version": 1, "trajectory_id": "t", "requests": [
+        {"prompt_tokens": 24, "output_tokens": 4}]}  # fmt: skip
+    plans.write_text(json.dumps(document) + "\n")
+    with StubServer(handler=short_replies) as stub:
+        status, out, _err = run(
+            capsys, "--host", stub.url, "--agent-plans-jsonl", str(plans), "--tokenizer-model",
+            "deepseek-v3", "--no-progress", "--no-prompt-correction", "--no-calibrate",
+            "--no-stream", "--model", "m", "--no-preflight", *flags,
+        )  # fmt: skip
+    assert status == 0
+    assert after(out, "Output fidelity:") == (
+        "Output fidelity: 0/1 exact (0.0%), mean |drift| 2.00 tokens, max 2",
+        cause,
+    )

@@ -415,6 +415,8 @@ def fidelity_lines(live: LiveFigures) -> list[str]:
     if live.prompt_cause is not None:
         lines.append(live.prompt_cause)
     lines.append(drift_line("Output fidelity", fidelity.output, no_usage))
+    if live.output_cause is not None:
+        lines.append(live.output_cause)
     if fidelity.limited_requests:
         lines.append(
             f"Prompt correction could not reach the target on {fidelity.limited_requests} "

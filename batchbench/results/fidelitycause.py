@@ -11,6 +11,10 @@ The causes it tells apart, in this order:
   run learned the right ones drifted; the line names the flags with the server's values;
 * otherwise the drift is irregular: the server counts tokens or renders the template
   differently from this run's tokenizer and template.
+
+Output fidelity below 100 % has a cause line when the replies were shorter than planned
+(the model stopped at EOS: ``--ignore-eos``; or the server ignored the token fields it was
+sent: ``--sglang`` names them as SGLang does) or longer (the server ignored max_tokens).
 """
 
 from __future__ import annotations
@@ -107,3 +111,36 @@ def _framing_cause(
         f"cause: the server frames prompts with {what} overhead tokens, not the {before} the "
         f"run started from (learned after its first requests): {why}; {fix}"
     )
+
+
+def output_fidelity_cause(
+    fidelity: FidelityFigures, *, ignore_eos: bool, sglang: bool
+) -> str | None:
+    """The cause line under ``Output fidelity:`` (None at 100 % or with no request)."""
+    histogram = fidelity.output.histogram
+    short = sum(count for drift, count in histogram.items() if drift < 0)
+    long = sum(count for drift, count in histogram.items() if drift > 0)
+    fields = "min_new_tokens/max_new_tokens" if sglang else "min_tokens/max_tokens"
+    other = "without --sglang" if sglang else "an SGLang server needs --sglang"
+    if short and not long:
+        if not ignore_eos:
+            return (
+                f"cause: {short} replies ended before their planned length (the model stopped "
+                "at end of sequence): give --ignore-eos so the server generates every planned "
+                "token"
+            )
+        return (
+            f"cause: {short} replies ended before their planned length although ignore_eos "
+            f"was sent: the server ignores {fields} ({other})"
+        )
+    if long and not short:
+        return (
+            f"cause: {long} replies ran past their planned length: the server ignores "
+            f"{fields} ({other})"
+        )
+    if short or long:
+        return (
+            f"cause: {short} replies were shorter and {long} longer than planned: the server "
+            f"does not honour {fields} ({other}){'' if ignore_eos else '; give --ignore-eos'}"
+        )
+    return None

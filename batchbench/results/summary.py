@@ -66,6 +66,7 @@ class LiveFigures:
     fidelity: FidelityFigures = field(default_factory=FidelityFigures)
     framing: dict | None = None  # what the run learned of the server's framing
     prompt_cause: str | None = None  # why prompt fidelity is below 100 % (one line)
+    output_cause: str | None = None  # why output fidelity is below 100 % (one line)
     no_usage_failures: int = 0  # failed requests whose server sent no usage
     requests: int = 0  # sent requests (succeeded or failed)
     input_tokens: int = 0  # prompt tokens the server counted

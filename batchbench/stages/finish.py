@@ -15,7 +15,7 @@ from batchbench.drive.wire import DP_RANK_HEADERS, MISSING_USAGE, NO_STREAM_USAG
 from batchbench.plan.workload import Workload
 from batchbench.results.console import dry_run_lines, summary_model
 from batchbench.results.documents import SummaryDocument
-from batchbench.results.fidelitycause import prompt_fidelity_cause
+from batchbench.results.fidelitycause import output_fidelity_cause, prompt_fidelity_cause
 from batchbench.results.lifecycle import EngineResult
 from batchbench.results.metrics import RunTotals, StreamSamples
 from batchbench.results.recording import ClientHealth, FidelityFigures, RankFigures
@@ -191,6 +191,9 @@ def finish_run(
                 flags=(config.replay_initial_overhead_tokens, config.replay_turn_overhead_tokens),
                 tokenizer=config.tokenizer,
                 chat_template=setup.chat_template,
+            ),
+            output_cause=output_fidelity_cause(
+                recorder.fidelity, ignore_eos=config.ignore_eos, sglang=config.sglang
             ),
             no_usage_failures=sum(1 for f in totals.failures if f[3] in NO_USAGE_ERRORS),
             requests=totals.total_requests,
