@@ -192,6 +192,25 @@ def api_key_from(flag_value: str | None, env: str) -> ApiKey | None:
 
 # Configurations that passed every check, by identity (a weak map: a configuration held
 # nowhere else is forgotten, so a reused id never stands for another one).
+def _stream_value(stream: bool | None, no_stream: bool | None) -> bool:
+    """Streaming from --stream (a no-op: the default) and --no-stream; an options file's
+    ``stream = false`` (as files written before streaming became the default say) turns
+    it off too."""
+    if stream and no_stream:
+        raise UsageError("--stream and --no-stream contradict each other: give one of them")
+    return not no_stream and stream is not False
+
+
+def _calibrate_value(calibrate: bool | None, no_calibrate: bool | None) -> bool | None:
+    """None (the default: calibrate a live run, a failure is one note), True (--calibrate:
+    a failure fails the run) or False (--no-calibrate)."""
+    if calibrate and no_calibrate:
+        raise UsageError("--calibrate and --no-calibrate contradict each other: give one of them")
+    if no_calibrate:
+        return False
+    return True if calibrate else None
+
+
 _FULLY_CHECKED: weakref.WeakValueDictionary[int, RunConfig] = weakref.WeakValueDictionary()
 
 
@@ -343,16 +362,30 @@ class RunConfig:
             metavar="N",
         ),
     )
-    calibrate: bool = option(
-        False,
+    calibrate: bool | None = option(
+        None,  # None: calibrate a live run, a failure is a note; True: asked, a failure fails
         Flag(
             "calibrate",
             "before the run, measure the server's initial and per-turn framing overhead "
-            "with probe requests (as `batchbench calibrate` does) and use them; explicit "
-            "--replay-*-overhead-tokens flags still win",
+            "with probe requests (as `batchbench calibrate` does) and use them: the default "
+            "for a live run, where a server that cannot be calibrated costs one note; given, "
+            "a failed calibration fails the run; explicit --replay-*-overhead-tokens flags "
+            "still win",
             FIDELITY,
             switch=True,
         ),
+        Flag(
+            "no-calibrate",
+            "send no calibration probes: the run starts from --replay-*-overhead-tokens (or "
+            "0) and learns the framing from usage.prompt_tokens as it goes",
+            FIDELITY,
+            switch=True,
+        ),
+        read=lambda args: _calibrate_value(args.calibrate, args.no_calibrate),
+        write=lambda value: {
+            "calibrate": True if value else None,
+            "no-calibrate": True if value is False else None,
+        },
     )
     prompt_correction: bool = option(
         True,
@@ -567,16 +600,33 @@ class RunConfig:
     )
     # HTTP
     stream: bool = option(
-        False,
+        True,
         Flag(
             "stream",
             "stream every reply (SSE with stream_options.include_usage) and report TTFT, "
-            "inter-token latency and time per output token",
+            "inter-token latency and time per output token: the default (this flag only "
+            "confirms it)",
             LIVE,
             switch=True,
             commands=WITH_CALIBRATE,
-            variants=(("calibrate", Variant(help="stream the probe replies", group=PROBES)),),
+            variants=(
+                ("calibrate", Variant(help="stream the probe replies (the default)", group=PROBES)),
+            ),
         ),
+        Flag(
+            "no-stream",
+            "do not stream: plain JSON replies, as the Rust batchbench-agent's request bodies "
+            "(no TTFT, inter-token latency or time per output token)",
+            LIVE,
+            switch=True,
+            negates=True,
+            commands=WITH_CALIBRATE,
+            variants=(
+                ("calibrate", Variant(help="do not stream the probe replies", group=PROBES)),
+            ),
+        ),
+        read=lambda args: _stream_value(args.stream, args.no_stream),
+        write=lambda value: {"no-stream": not value},
     )
     request_timeout_secs: float = option(
         60,  # an int when whole (options files say 60, not 60.0)
@@ -830,7 +880,7 @@ class RunConfig:
             "in output tokens/s on a low percentile of per-request output speed) and "
             "goodput=95%% (the share of good requests). Each verdict is pass, fail or "
             "unresolved (the window was too short to tell, at 95%% confidence). ttft, itl, "
-            "tpot and output_speed need --stream",
+            "tpot and output_speed need streamed replies (not --no-stream)",
             WINDOW,
             parse=from_usage_parser(parse_slo, "slo"),
             metavar="OBJECTIVES",
@@ -999,7 +1049,28 @@ class RunConfig:
         ),
     )
 
+    # Not an option: a calibration already made for this run (a --workers parent's, or a
+    # capacity search's before its first step), or the note of one that failed there (a
+    # str); the run then sends no probes of its own.
+    preset_calibration: Any = dataclasses.field(default=None, repr=False, compare=False)
+
     # -- derived values ---------------------------------------------------------------
+    @property
+    def calibrates(self) -> bool:
+        """Whether the run probes the server's framing before it starts: a live run does
+        unless --no-calibrate, both --replay-*-overhead-tokens flags (which win anyway),
+        --prompt-oracle server (the server counts every prompt) or a preset calibration;
+        --calibrate asks for it whatever the flags say."""
+        if self.calibrate is False or self.dry_run or self.preset_calibration is not None:
+            return False
+        if self.calibrate:
+            return True
+        both = (
+            self.replay_initial_overhead_tokens is not None
+            and self.replay_turn_overhead_tokens is not None
+        )
+        return not both and self.prompt_oracle != "server"
+
     @property
     def endpoint_url(self) -> str | None:
         """The request URL; None without a target (a dry run without --host)."""
@@ -1192,7 +1263,7 @@ class RunConfig:
             prompt_oracle=self.prompt_oracle,
             prompt_correction=self.prompt_correction,
             chat_template=self.chat_template,
-            calibrate=self.calibrate,
+            calibrate=bool(self.calibrate),
             admission=self.admission,
             arrival_rate=self.arrival_rate,
             arrival_process=self.arrival_process,
@@ -1292,8 +1363,8 @@ class RunConfig:
             named += [f"--goodput {m}" for m, _ in self.goodput if m in STREAMED_METRICS]
             if named:
                 raise UsageError(
-                    f"{', '.join(named)} needs --stream: TTFT, ITL and TPOT are measured only "
-                    "on streamed replies"
+                    f"{', '.join(named)} cannot be combined with --no-stream: TTFT, ITL and "
+                    "TPOT are measured only on streamed replies"
                 )
         if any(o.metric == "goodput" for o in self.slo) and not self.goodput_thresholds:
             raise UsageError(

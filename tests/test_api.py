@@ -54,7 +54,7 @@ def test_dry_run_is_quiet_and_writes_nothing(tmp_path, monkeypatch, capsys):
 
 
 def test_live_run_against_the_simulator(tmp_path, capsys):
-    result = run(replay(sim=True, calibrate=True))
+    result = run(replay(sim=True))  # streamed and calibrated: the defaults
     summary = result.summary
     assert (summary.successful_requests, summary.failed_requests) == (7, 0)
     assert (summary.prompt_exact_requests, summary.output_exact_requests) == (7, 7)
@@ -62,7 +62,7 @@ def test_live_run_against_the_simulator(tmp_path, capsys):
     assert result.setup.calibration["check_ok"] is True
     assert result.config.host.startswith("http://127.0.0.1:")  # the config as run
     assert result.client_health.peak_in_flight == 2
-    assert summary.stream is False and summary.ttft_p50_ms is None
+    assert summary.stream is True and summary.ttft_p50_ms is not None
     assert summary.requests_per_second == pytest.approx(7 / summary.total_duration_seconds)
     assert len(result.lifecycle) == 3 and all(r["successful_requests"] for r in result.lifecycle)
     captured = capsys.readouterr()

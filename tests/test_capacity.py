@@ -250,7 +250,7 @@ def test_client_bound_step_refuses_to_conclude():
     assert result.text == (
         "Capacity: not concluded: the client was the bottleneck at 16 active agents "
         "(event-loop lag p99 35.2 ms, 97% of one core), so that step measured the client, "
-        "not the server; give it fewer stream chunks (or no --stream), or fewer agents per "
+        "not the server; give it fewer stream chunks (or --no-stream), or fewer agents per "
         "client machine; so far 8 active agents hold TTFT p99 ≤ 2 s (330 ms)"
     )
     with_workers = answer(search, TTFT_P99, workers_available=True).text
@@ -791,9 +791,9 @@ def test_help_explains_the_search(capsys):
           "--window-trajectories", "9"], "Error: give --window or --window-trajectories, not both"),
         (["--sim", "--slo", "e2e_p95=1s", "--output-dir", "x", "--min-agents", "8",
           "--max-agents", "4"], "Error: --max-agents (4) must be at least --min-agents (8)"),
-        (["--sim", "--slo", "ttft_p99=1s", "--output-dir", "x"],
-         "Error: ttft_p99 needs --stream: TTFT, ITL and TPOT are measured only on streamed "
-         "replies"),
+        (["--sim", "--no-stream", "--slo", "ttft_p99=1s", "--output-dir", "x"],
+         "Error: ttft_p99 cannot be combined with --no-stream: TTFT, ITL and TPOT are measured "
+         "only on streamed replies"),
         (["--sim", "--slo", "e2e_p95=1s", "--output-dir", "x", "--dry-run"],
          "Error: --dry-run does not apply to a capacity search: it needs a live server"),
     ],
@@ -810,8 +810,9 @@ def test_usage_errors(capsys, argv, message):
          "--max-agents (4) must be at least --min-agents (8)"),
         (["--sim", "--report-html", "elsewhere/report.html"],
          "--report-html elsewhere/report.html: the directory elsewhere does not exist"),
-        (["--sim", "--slo", "ttft_p99=1s", "--report-html", "{out}/report.html"],
-         "ttft_p99 needs --stream: TTFT, ITL and TPOT are measured only on streamed replies"),
+        (["--sim", "--no-stream", "--slo", "ttft_p99=1s", "--report-html", "{out}/report.html"],
+         "ttft_p99 cannot be combined with --no-stream: TTFT, ITL and TPOT are measured only on "
+         "streamed replies"),
         (["--sim", "--window", "3", "--window-trajectories", "9"],
          "give --window or --window-trajectories, not both"),
         (["--host", "localhost:8000"],

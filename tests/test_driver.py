@@ -186,9 +186,20 @@ def argv(stub: StubServer, plans: Path, *extra: str) -> list[str]:
     ]
 
 
+def spawned_argv(stub: StubServer, plans: Path, *extra: str) -> list[str]:
+    """``argv`` with the stub's defaults (``with_stub_defaults``), for a subprocess."""
+    return with_stub_defaults(argv(stub, plans, *extra))
+
+
 def with_stub_defaults(args: list[str]) -> list[str]:
-    """The stub serves canned answers: name the model and skip the preflight request."""
+    """The stub serves canned answers: name the model and skip the preflight request; and,
+    unless the test says, replies as plain JSON (the stub's canned bodies are the tests'
+    subject) and no calibration probes (the stub's canned usage cannot calibrate)."""
     extra = []
+    if "--stream" not in args and "--no-stream" not in args:
+        extra.append("--no-stream")
+    if "--calibrate" not in args and "--no-calibrate" not in args:
+        extra.append("--no-calibrate")
     if "--model" not in args:
         extra += ["--model", DEFAULT_MODEL]
     if "--no-preflight" not in args and "--sim" not in args:
@@ -1451,7 +1462,7 @@ def spawn_agent(stub: StubServer, plans: Path, *extra: str) -> subprocess.Popen:
         sys.executable,
         "-c",
         "from batchbench.cli.agent import console_main; console_main()",
-        *argv(stub, plans, *extra),
+        *spawned_argv(stub, plans, *extra),
     ]
     return subprocess.Popen(
         command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

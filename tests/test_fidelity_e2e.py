@@ -201,7 +201,7 @@ def test_learning_without_calibration_converges_after_one_request(tmp_path, caps
         tmp_path,
         "--agent-plans-jsonl", str(plans), "--max-active-agents", "1",
         "--tokenizer-model", "deepseek-v3", "--chat-template", "gemma",
-        "--sim-args", "--speed 0",
+        "--sim-args", "--speed 0", "--no-calibrate",
     )  # fmt: skip
     capsys.readouterr()
     assert status == 0
@@ -268,7 +268,7 @@ def test_a_first_request_the_plan_leaves_no_room_for_is_counted_and_reported(tmp
     status, summary, events, _ = run(
         tmp_path,
         "--agent-plans-jsonl", str(plans), "--tokenizer-model", "deepseek-v3",
-        "--max-active-agents", "1", "--sim-args", "--speed 0",
+        "--max-active-agents", "1", "--sim-args", "--speed 0", "--no-calibrate",
     )  # fmt: skip
     out = capsys.readouterr().out
     assert status == 0
@@ -378,7 +378,7 @@ def test_an_empty_tool_result_does_not_teach_the_turn_overhead(tmp_path, capsys,
         tmp_path,
         "--agent-plans-jsonl", str(plans), "--max-active-agents", "1",
         "--tokenizer-model", str(qwen3_tokenizers["qwen-3"]), "--chat-template", "qwen3",
-        "--sim-args", "--speed 0",
+        "--sim-args", "--speed 0", "--no-calibrate",
     )  # fmt: skip
     capsys.readouterr()
     assert status == 0

@@ -343,7 +343,7 @@ def test_fidelity_is_not_measurable_when_the_server_sends_no_usage(tmp_path, cap
             [
                 "--host", stub.url, "--agent-plans-jsonl", str(plans), "--tokenizer-model",
                 "deepseek-v3", "--no-progress", "--retry-delay-ms", "0", "--model", "m",
-                "--no-preflight",
+                "--no-preflight", "--no-stream", "--no-calibrate",
             ]
         )  # fmt: skip
     out = capsys.readouterr().out.splitlines()

@@ -226,6 +226,10 @@ def run_agent(
         "--request-events-jsonl", str(files["requests"]),
         "--agent-events-jsonl", str(files["agents"]),
         *([] if preflight else ["--no-preflight"]),
+        # the scripted answers are for the run's requests: plain JSON unless a case streams,
+        # and no calibration probes
+        *([] if "--stream" in extra or "--no-stream" in extra else ["--no-stream"]),
+        *([] if "--calibrate" in extra else ["--no-calibrate"]),
         *extra,
     ]  # fmt: skip
     environment = os.environ.copy()

@@ -97,6 +97,7 @@ def test_the_commands_that_take_it():
         "--sglang",
         "--ignore-eos",
         "--stream",
+        "--no-stream",
         "--disable-user-tagging",
         "--request-timeout-secs",
         "--chat-template",
@@ -105,12 +106,14 @@ def test_the_commands_that_take_it():
 
 def test_every_field_of_the_run_configuration_is_declared_once():
     declared_fields = [spec.name for spec, _option in declared(RunConfig)]
-    assert declared_fields == [spec.name for spec in dataclasses.fields(RunConfig)]
+    # preset_calibration is no option: a calibration made before the run (--workers, capacity)
+    fields = [spec.name for spec in dataclasses.fields(RunConfig)]
+    assert declared_fields == [name for name in fields if name != "preset_calibration"]
     strings = [s for flag in all_flags(RunConfig) for s in flag.option_strings]
     assert len(strings) == len(set(strings))
     # as batchbench-agent has always had, but -h, --config, --version; plus --dp-rank-header,
-    # --routed-worker-header and --rank-failover
-    assert len(all_flags(RunConfig)) == 90
+    # --routed-worker-header and --rank-failover; plus --no-stream and --no-calibrate
+    assert len(all_flags(RunConfig)) == 92
 
 
 def test_a_command_line_run_checks_its_options_once(monkeypatch, capsys):

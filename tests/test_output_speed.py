@@ -135,13 +135,16 @@ def test_goodput_speed_threshold_parses_and_round_trips():
 
 def test_speed_objectives_need_stream_and_give_the_default_goodput_floor():
     with pytest.raises(UsageError) as caught:
-        RunConfig.from_args(["--sim", "--slo", "output_speed_p10>=30"])
+        RunConfig.from_args(["--sim", "--no-stream", "--slo", "output_speed_p10>=30"])
     assert str(caught.value) == (
-        "output_speed_p10 needs --stream: TTFT, ITL and TPOT are measured only on streamed replies"
+        "output_speed_p10 cannot be combined with --no-stream: TTFT, ITL and TPOT are measured "
+        "only on streamed replies"
     )
     with pytest.raises(UsageError) as caught:
-        RunConfig.from_args(["--sim", "--goodput", "output_speed=30"])
-    assert str(caught.value).startswith("--goodput output_speed needs --stream")
+        RunConfig.from_args(["--sim", "--no-stream", "--goodput", "output_speed=30"])
+    assert str(caught.value).startswith(
+        "--goodput output_speed cannot be combined with --no-stream"
+    )
     config = RunConfig.from_args(
         ["--sim", "--stream", "--slo", "ttft_p99=2s,output_speed_p50>=50,output_speed_p10>=30"]
     )

@@ -173,6 +173,9 @@ def recorded(tmp_path_factory) -> dict[str, Any]:
                     "--no-preflight", "--max-active-agents", "3", "--seed", "5",
                     "--no-progress", "--request-events-jsonl", str(events),
                     "--results-json", str(summary),
+                    # the recording holds the run's requests only, streamed where the
+                    # manifest says: no calibration probes, plain JSON otherwise
+                    "--no-stream", "--no-calibrate",
                 ]
             )  # fmt: skip
         finally:

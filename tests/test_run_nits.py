@@ -114,10 +114,10 @@ def test_a_manifest_stream_a_drawn_seed_and_no_model_note(capsys, tmp_path):
 
 def test_no_stream_note_when_no_request_streams(capsys, tmp_path):
     plans = shared_manifest(tmp_path / "one.jsonl", 1)
-    out = run(capsys, tmp_path, plans, "--sim", "--seed", "7")["out"]
+    out = run(capsys, tmp_path, plans, "--sim", "--seed", "7", "--no-stream")["out"]
     assert line(out, "Time to first token, inter-token latency, TPOT: ") == (
         "Time to first token, inter-token latency, TPOT: not measured "
-        "(they need streamed replies: add --stream)"
+        "(--no-stream: replies were not streamed)"
     )
     assert result_seed(tmp_path) == 7
 

@@ -51,11 +51,15 @@ def overheads() -> tuple[int, int]:
 
 
 def run_agent(tmp_path: Path, *args: str) -> tuple[int, dict, list[dict], list[dict]]:
-    """Run in-process; returns (status, JSON summary, lifecycle records, request events)."""
+    """Run in-process; returns (status, JSON summary, lifecycle records, request events).
+    Plain JSON replies unless the test passes --stream, and no calibration probes unless
+    --calibrate (the tests count the simulator's requests and inject its faults)."""
     summary, events, requests = tmp_path / "s.json", tmp_path / "e.jsonl", tmp_path / "r.jsonl"
     status = main(
         [
             *args,
+            *([] if "--stream" in args else ["--no-stream"]),
+            *([] if "--calibrate" in args else ["--no-calibrate"]),
             "--tokenizer-model",
             "deepseek-v3",
             "--no-progress",

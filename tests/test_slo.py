@@ -40,7 +40,9 @@ METRIC_HELP = (
     "(e.g. ttft_p99=2s), output_speed_pPERCENTILE>=TOKENS_PER_SECOND (e.g. "
     "output_speed_p10>=30), or goodput=PERCENT"
 )
-STREAM_HELP = "needs --stream: TTFT, ITL and TPOT are measured only on streamed replies"
+STREAM_HELP = (
+    "cannot be combined with --no-stream: TTFT, ITL and TPOT are measured only on streamed replies"
+)
 
 
 def parse_error(parse, text: str) -> str:
@@ -324,10 +326,10 @@ def test_python_configs_parse_the_command_line_spellings():
         (["--percentiles", "50,abc"], 'argument --percentiles: "50,abc": "abc" is not a number'),
         (["--percentiles", "0"], 'argument --percentiles: "0": 0 is not in (0, 100]'),
         (["--percentiles", ","], 'argument --percentiles: ",": expected e.g. 50,90,95,99,99.9'),
-        (["--slo", "ttft_p99=2s"], f"ttft_p99 {STREAM_HELP}"),
-        (["--slo", "tpot_p50=1ms,e2e_p99=1s,itl_p99=5ms"], f"tpot_p50, itl_p99 {STREAM_HELP}"),
-        (["--goodput", "ttft=2s"], f"--goodput ttft {STREAM_HELP}"),
-        (["--slo", "ttft_p99=2s", "--goodput", "itl=100ms,e2e=3s"], f"ttft_p99, --goodput itl {STREAM_HELP}"),
+        (["--no-stream", "--slo", "ttft_p99=2s"], f"ttft_p99 {STREAM_HELP}"),
+        (["--no-stream", "--slo", "tpot_p50=1ms,e2e_p99=1s,itl_p99=5ms"], f"tpot_p50, itl_p99 {STREAM_HELP}"),
+        (["--no-stream", "--goodput", "ttft=2s"], f"--goodput ttft {STREAM_HELP}"),
+        (["--no-stream", "--slo", "ttft_p99=2s", "--goodput", "itl=100ms,e2e=3s"], f"ttft_p99, --goodput itl {STREAM_HELP}"),
         (["--slo", "goodput=95%"], "--slo goodput=... needs --goodput thresholds (e.g. --goodput ttft=2s) or a latency objective such as ttft_p99=2s"),
         (["--warmup", "2", "--duration", "2"], "--warmup (2 s) must end before --duration (2 s)"),
         (["--warmup", "3", "--duration", "2.5"], "--warmup (3 s) must end before --duration (2.5 s)"),
@@ -350,7 +352,7 @@ def test_the_console_shows_one_error_line(capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == f'Error: argument --slo: "ttft_p99=2": "2" {UNIT_HELP}\n'
-    assert run_console(["--sim", "--slo", "ttft_p99=2s"], "batchbench-agent") == 2
+    assert run_console(["--sim", "--no-stream", "--slo", "ttft_p99=2s"], "batchbench-agent") == 2
     assert capsys.readouterr().err == f"Error: ttft_p99 {STREAM_HELP}\n"
 
 
@@ -405,7 +407,7 @@ def test_dry_runs_refuse_what_needs_a_live_run():
         ({"duration": True}, "--duration must be a positive number of seconds, not True"),
         ({"server_metrics_interval": 0.0}, "--server-metrics-interval must be a positive number of seconds, not 0.0"),
         ({"warmup": 5.0, "duration": 5.0}, "--warmup (5 s) must end before --duration (5 s)"),
-        ({"slo": "ttft_p99=2s"}, f"ttft_p99 {STREAM_HELP}"),
+        ({"slo": "ttft_p99=2s", "stream": False}, f"ttft_p99 {STREAM_HELP}"),
         ({"slo": "goodput=90%"}, "--slo goodput=... needs --goodput thresholds (e.g. --goodput ttft=2s) or a latency objective such as ttft_p99=2s"),
         ({"server_metrics": "http://127.0.0.1:9/metrics"}, "--server-metrics takes a tuple of URLs, not the string 'http://127.0.0.1:9/metrics'"),
         ({"server_metrics": ("metrics",)}, "--server-metrics 'metrics' is not an http:// or https:// URL (e.g. http://127.0.0.1:8000/metrics)"),

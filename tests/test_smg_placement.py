@@ -140,7 +140,8 @@ def behind_smg(two_sims, policy: str, tmp_path, capsys, *args: str):
     gateway = Gateway(two_sims, policy)
     try:
         gateway.wait_ready()
-        outcome = run(tmp_path, capsys, "--host", gateway.url, *args)
+        # the simulators' request counts are the subject: no calibration probes
+        outcome = run(tmp_path, capsys, "--host", gateway.url, "--no-calibrate", *args)
     finally:
         gateway.stop()
     return (*outcome, served_since(two_sims, before))

@@ -1441,6 +1441,7 @@ def test_requests_the_server_closed_under_reach_the_results_as_resent(run, tmp_p
                 host=f"http://{HOST}:{server.port}", agent_plans_jsonl=str(plans), seed=7,
                 tokenizer_model="deepseek-v3", prompt_correction=False, content_salt="test",
                 model="m", preflight=False, results_json=str(tmp_path / "r.json"),
+                stream=False, calibrate=False,  # the scripted answers are for the run's requests
             )  # fmt: skip
             result = await run_async(config)
         return result, server.connection_numbers

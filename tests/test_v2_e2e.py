@@ -222,6 +222,9 @@ def test_live_open_loop_replay_against_the_simulator(capsys, tmp_path, deepseek,
     result = run(
         capsys, tmp_path, "--sim", "--sim-args", "--speed 4", "--admission", "open-loop",
         "--seed", "5",
+        # the manifest's own "stream": true is the one streamed request; nothing is sent
+        # before the first request (no calibration probes)
+        "--no-stream", "--no-calibrate",
     )  # fmt: skip
     out = result["out"]
     events = result["events"]
@@ -339,6 +342,7 @@ def capture(
             "--tokenizer-model", "deepseek-v3", "--model", "m", "--no-preflight",
             "--no-progress", "--no-prompt-correction", "--user-prefix", "t", "--seed", seed,
             "--results-csv", str(tmp_path / f"results-{seed}.csv"),
+            "--no-stream", "--no-calibrate",  # the stub's canned bodies, the run's requests
         ]
     )  # fmt: skip
     captured = capsys.readouterr()
@@ -709,6 +713,7 @@ def test_corrected_block_bodies_do_not_depend_on_reply_timing(capsys, tmp_path, 
                 "--host", stub.url, "--agent-plans-jsonl", str(plans),
                 "--tokenizer-model", "deepseek-v3", "--model", "m", "--no-preflight",
                 "--no-progress", "--user-prefix", "t", "--seed", "1",
+                "--no-stream", "--no-calibrate",  # the stub's bodies, the run's requests
             ]
         )  # fmt: skip
         capsys.readouterr()

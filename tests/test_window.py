@@ -1091,13 +1091,13 @@ def test_goodput_and_slo_verdicts_decided_by_the_samples(tmp_path, sim_url, thre
 
 @pytest.fixture(scope="module")
 def plain_run(tmp_path_factory, sim_url):
-    """A small closed-loop run without --stream: 2 agents, 6 requests."""
+    """A small closed-loop run with --no-stream: 2 agents, 6 requests."""
     path = tmp_path_factory.mktemp("plain") / "r.json"
     status, out = cli(
         sim_url,
         ["--agents", "2", "--max-active-agents", "2", "--tool-invocations", "3",
          "--input-tokens", "32", "--output-tokens", "4",
-         "--results-json", str(path)]
+         "--results-json", str(path), "--no-stream", "--no-calibrate"]
     )  # fmt: skip
     return status, out, json.loads(path.read_text())
 
@@ -1108,8 +1108,8 @@ def test_console_of_a_small_unstreamed_closed_loop_run(plain_run):
     lines = out.splitlines()
     w = document["window"]
     assert (
-        "Time to first token, inter-token latency, TPOT: not measured (they need streamed "
-        "replies: add --stream)"
+        "Time to first token, inter-token latency, TPOT: not measured (--no-stream: replies "
+        "were not streamed)"
     ) in lines
     assert not [line for line in lines if "Open-loop admission" in line]
     health = [line for line in lines if line.startswith("Client health: ")]

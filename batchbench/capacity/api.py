@@ -9,8 +9,9 @@ simulator's loopback URL as its host.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -36,6 +37,7 @@ from batchbench.options.simulator import sim_model_name
 from batchbench.plan.manifest import hash_manifest
 from batchbench.results.documents import ManifestSection
 from batchbench.results.slo import SPEED_METRICS, parse_slo
+from batchbench.stages.prepare import calibrate_ahead
 from batchbench.stages.target import sim_chat_template, start_sim
 
 Listener = Callable[[StepRecord, Search, bool], None]
@@ -95,10 +97,12 @@ def check_capacity_config(config: RunConfig, sweep: int | None = None) -> None:
 
 
 class _Target:
-    """The run configuration steps use: the simulator started on first use."""
+    """The run configuration steps use: the simulator started on first use, and the
+    server calibrated then, once for every step (the steps send no probes of their own)."""
 
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, config: RunConfig, say: Callable[[str], None]) -> None:
         self.config = config
+        self.say = say
         self.sim: Any = None
         self._resolved: RunConfig | None = None
 
@@ -118,13 +122,27 @@ class _Target:
                     chat_template=template,
                     model=model,
                 )
-            self._resolved = config
+            self._resolved = asyncio.run(calibrate_ahead(config, _Said(self.say)))
         return self._resolved
 
     def stop(self) -> None:
         if self.sim is not None:
             self.sim.stop()
             self.sim = None
+
+
+class _Said:
+    """The calibration's lines and notes, through the search's own note channel."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+
+    def lines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.say(line)
+
+    def warning(self, text: str) -> None:
+        self.say(text)
 
 
 class _LazyRunner:
@@ -251,7 +269,7 @@ def run_capacity(
             + "; ".join(outdir.changed)
             + f"): its decided steps are kept{again}"
         )
-    target = _Target(config)
+    target = _Target(config, say)
     runner_box: list[StepRunner] = []
 
     def make_runner() -> StepRunner:

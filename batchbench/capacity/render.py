@@ -196,7 +196,7 @@ def broken_text(record: StepRecord, objectives: Sequence[Objective], named: bool
 
 
 CLIENT_ADVICE_WORKERS = "more worker processes (--workers)"
-CLIENT_ADVICE = "fewer stream chunks (or no --stream), or fewer agents per client machine"
+CLIENT_ADVICE = "fewer stream chunks (or --no-stream), or fewer agents per client machine"
 
 
 def answer(

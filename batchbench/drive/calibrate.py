@@ -57,7 +57,11 @@ BACKOFF_SECONDS = 0.25
 
 
 class CalibrationError(BatchbenchError):
-    """The server could not be calibrated (unreachable, errors, or no usage)."""
+    """The server could not be calibrated (unreachable, errors, or no usage: ``no_usage``)."""
+
+    def __init__(self, message: str, no_usage: bool = False) -> None:
+        super().__init__(message)
+        self.no_usage = no_usage
 
 
 @dataclass(frozen=True)
@@ -156,7 +160,8 @@ class _Prober:
                 if attempt == ATTEMPTS - 1 and str(exc) in (MISSING_USAGE, NO_STREAM_USAGE):
                     raise CalibrationError(
                         "calibration needs usage.prompt_tokens in every response, and "
-                        f"{self.url} sent none ({exc})"
+                        f"{self.url} sent none ({exc})",
+                        no_usage=True,
                     ) from None
                 error = str(exc)
             except _Status as exc:

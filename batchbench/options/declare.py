@@ -149,18 +149,23 @@ def add_run_options(
 
 
 def _parser_default(spec_field: dataclasses.Field[Any], spec: FieldOption, flag: Flag) -> Any:
-    """A switch is off unless given; a field's only flag defaults to the field's default
-    (shown by ``%(default)s``); the flags of a many-flag field to "not given"."""
-    if flag.switch:
-        return False
-    return spec_field.default if len(spec.flags) == 1 else None
+    """A field's only switch is off unless given; a field's only flag defaults to the
+    field's default (shown by ``%(default)s``); the flags of a many-flag field (switches
+    too: an options file may set one false) to "not given" (None)."""
+    if len(spec.flags) > 1:
+        return None
+    return False if flag.switch else spec_field.default
 
 
 def _add_flag(section: Any, flag: Flag, variant: Variant, default: Any) -> None:
     help_text = variant.help or flag.help
     if flag.switch:
         section.add_argument(
-            *flag.option_strings, dest=flag.dest, action="store_true", help=help_text
+            *flag.option_strings,
+            dest=flag.dest,
+            action="store_true",
+            default=default,
+            help=help_text,
         )
         return
     if flag.repeat:  # argparse's append; its field's default is the empty tuple

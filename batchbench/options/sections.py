@@ -37,6 +37,7 @@ LIVE = Group(
     "live runs (not in the Rust batchbench-agent)",
     order=(
         "stream",
+        "no-stream",
         "request-events-jsonl",
         "results-json",
         "grace-seconds",
@@ -55,6 +56,7 @@ PROBES = Group(
         "sglang",
         "ignore-eos",
         "stream",
+        "no-stream",
         "disable-user-tagging",
         "request-timeout-secs",
         "chat-template",

@@ -267,7 +267,11 @@ class Page:
             counts = self.charts_module.CDF_COUNTS[metric]
             chart = self.charts_module.cdf_chart(f"bb-cdf-{metric}", title, series, limits, counts)
             if chart is None:
-                hint = " (TTFT and ITL need --stream)" if metric != "e2e" else ""
+                hint = (
+                    " (TTFT and ITL need streamed replies: not --no-stream)"
+                    if metric != "e2e"
+                    else ""
+                )
                 self.note(f"{title}: no distribution in the documents{hint}.")
             else:
                 self.chart(chart)

@@ -411,10 +411,12 @@ def fidelity_lines(live: LiveFigures) -> list[str]:
     run's own content cannot explain."""
     fidelity = live.fidelity
     no_usage = live.no_usage_failures > 0
-    lines = [
-        drift_line("Prompt fidelity", fidelity.prompt, no_usage),
-        drift_line("Output fidelity", fidelity.output, no_usage),
-    ]
+    lines = [drift_line("Prompt fidelity", fidelity.prompt, no_usage)]
+    if live.prompt_cause is not None:
+        lines.append(live.prompt_cause)
+    lines.append(drift_line("Output fidelity", fidelity.output, no_usage))
+    if live.output_cause is not None:
+        lines.append(live.output_cause)
     if fidelity.limited_requests:
         lines.append(
             f"Prompt correction could not reach the target on {fidelity.limited_requests} "
@@ -450,10 +452,12 @@ def live_lines(live: LiveFigures) -> list[str]:
     the per-rank table (perfect routing) and the client-health line."""
     lines = fidelity_lines(live)
     if not live.streamed_requests and not live.stream.ttft_ms:  # no request streamed
-        lines.append(
-            "Time to first token, inter-token latency, TPOT: not measured "
-            "(they need streamed replies: add --stream)"
+        why = (
+            'every request of the manifest sets "stream": false'
+            if live.streaming
+            else "--no-stream: replies were not streamed"
         )
+        lines.append(f"Time to first token, inter-token latency, TPOT: not measured ({why})")
     if live.server_cached_tokens is not None:
         sent = live.input_tokens
         share = (

@@ -44,6 +44,9 @@ class RunSetup:
     # Chat requests sent before the run under perfect routing, by what sent them
     # ("preflight", "rank_layout", "calibration"); None without perfect routing.
     probes: dict[str, int] | None = None
+    # Why a run that would have calibrated did not (the note it printed): None when it
+    # calibrated, or was not to (--no-calibrate, a dry run, both overhead flags given).
+    calibration_note: str | None = None
 
 
 @dataclass
@@ -62,6 +65,8 @@ class LiveFigures:
     shared_blocks: bool = False
     fidelity: FidelityFigures = field(default_factory=FidelityFigures)
     framing: dict | None = None  # what the run learned of the server's framing
+    prompt_cause: str | None = None  # why prompt fidelity is below 100 % (one line)
+    output_cause: str | None = None  # why output fidelity is below 100 % (one line)
     no_usage_failures: int = 0  # failed requests whose server sent no usage
     requests: int = 0  # sent requests (succeeded or failed)
     input_tokens: int = 0  # prompt tokens the server counted

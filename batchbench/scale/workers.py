@@ -52,7 +52,7 @@ from batchbench.scale.salvage import salvage
 from batchbench.scale.supervisor import PROGRESS_SECONDS, Supervisor, WorkerState
 from batchbench.stages.console import Silent
 from batchbench.stages.hosting import event_loop_runner, worker
-from batchbench.stages.prepare import content_salt
+from batchbench.stages.prepare import calibrate_ahead, content_salt
 from batchbench.stages.sequence import check_run, run_stages
 from batchbench.stages.target import (
     check_rank_layout,
@@ -205,17 +205,20 @@ def run_workers(config: RunConfig, output: Any = None):
         if sim is not None:
             sim.start()
             target = targeting_sim(config, sim)
+        calibrated = target
         if not target.dry_run:
             with event_loop_runner() as runner:
                 target = runner.run(check_target(target, out))
                 layout = runner.run(check_rank_layout(target))
+                # Once here, for every worker (which then sends no probes of its own).
+                calibrated = runner.run(calibrate_ahead(target, out))
             if layout is not None:  # the workers print the banner, without the probes
                 for note in layout.notes:
                     out.warning(note)
                 out.lines(rank_layout_lines(layout.workers, target.routed_worker_header))
         # Workers share one seed and salt (one run's content), not a simulator or preflight.
         common = replace(
-            target,
+            calibrated,
             seed=config.seed if config.seed is not None else secrets.randbits(64),
             content_salt=content_salt(config),
             chat_template=sim_chat_template(config) if config.sim else config.chat_template,

@@ -15,6 +15,7 @@ from batchbench.drive.wire import DP_RANK_HEADERS, MISSING_USAGE, NO_STREAM_USAG
 from batchbench.plan.workload import Workload
 from batchbench.results.console import dry_run_lines, summary_model
 from batchbench.results.documents import SummaryDocument
+from batchbench.results.fidelitycause import output_fidelity_cause, prompt_fidelity_cause
 from batchbench.results.lifecycle import EngineResult
 from batchbench.results.metrics import RunTotals, StreamSamples
 from batchbench.results.recording import ClientHealth, FidelityFigures, RankFigures
@@ -175,6 +176,25 @@ def finish_run(
             ),
             fidelity=recorder.fidelity,
             framing=live.framing.learned() if config.prompt_correction else None,
+            prompt_cause=prompt_fidelity_cause(
+                recorder.fidelity,
+                live.framing.learned() if config.prompt_correction else None,
+                no_usage=any(f[3] in NO_USAGE_ERRORS for f in totals.failures),
+                prompt_correction=config.prompt_correction,
+                calibrate=config.calibrate,
+                calibrated=setup.calibration is not None,
+                calibration_check_ok=(
+                    setup.calibration.get("check_ok") if setup.calibration is not None else None
+                ),
+                calibration_note=setup.calibration_note,
+                started_from=(setup.framing_initial, setup.framing_turn),
+                flags=(config.replay_initial_overhead_tokens, config.replay_turn_overhead_tokens),
+                tokenizer=config.tokenizer,
+                chat_template=setup.chat_template,
+            ),
+            output_cause=output_fidelity_cause(
+                recorder.fidelity, ignore_eos=config.ignore_eos, sglang=config.sglang
+            ),
             no_usage_failures=sum(1 for f in totals.failures if f[3] in NO_USAGE_ERRORS),
             requests=totals.total_requests,
             input_tokens=totals.total_input_tokens,

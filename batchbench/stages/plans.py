@@ -1,5 +1,5 @@
 """Stage 1, the plans: the manifest read and hashed (replay), the root seed drawn, and the
-workload compiled when it can be before the tokenizer loads (with ``--calibrate`` the
+workload compiled when it can be before the tokenizer loads (when the run calibrates, the
 replay overheads come from the server, so compiling waits for ``prepare``)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from functools import partial
 
 from batchbench.config import RunConfig
 from batchbench.drive.calibrate import Calibration
-from batchbench.errors import UsageError
+from batchbench.errors import PlanError, UsageError
 from batchbench.plan.manifest import Manifest, hash_manifest, load_manifest
 from batchbench.plan.workload import Workload, compile_manifest, compile_sampled
 from batchbench.stages.console import RunOutput
@@ -26,7 +26,7 @@ class Plans:
     manifest: Manifest | None  # replay only
     sha256: str | None  # the manifest's hash (replay only)
     root_seed: int
-    workload: Workload | None  # None until calibrated (``--calibrate``)
+    workload: Workload | None  # None until calibrated (``RunConfig.calibrates``)
 
 
 async def load_plans(config: RunConfig, out: RunOutput, call: BlockingCall) -> Plans:
@@ -40,10 +40,39 @@ async def load_plans(config: RunConfig, out: RunOutput, call: BlockingCall) -> P
     )
     root_seed = config.seed if config.seed is not None else secrets.randbits(64)
     workload = None
-    if not config.calibrate:  # plans are compiled before the tokenizer loads
-        workload = build_workload(config, manifest, root_seed, starting_overheads(config, None))
+    if not config.calibrates:  # plans are compiled before the tokenizer loads
+        preset = config.preset_calibration
+        calibration = preset if isinstance(preset, Calibration) else None
+        workload = calibrated_workload(config, manifest, root_seed, calibration, out)
         planned(config, workload, root_seed, out)
     return Plans(started, manifest, sha256, root_seed, workload)
+
+
+def calibrated_workload(
+    config: RunConfig,
+    manifest: Manifest | None,
+    root_seed: int,
+    calibration: Calibration | None,
+    out: RunOutput,
+) -> Workload:
+    """Compile the plans with the overheads ``starting_overheads`` gives. A calibration
+    the run made by default (not asked for with --calibrate) whose overheads do not fit a
+    plan (a prompt smaller than the framing) costs one note: the plans are compiled without
+    it, and the prompt correction, which starts from the calibrated framing, reports the
+    requests it cannot bring to their targets."""
+    overheads = starting_overheads(config, calibration)
+    try:
+        return build_workload(config, manifest, root_seed, overheads)
+    except PlanError as exc:
+        if calibration is None or config.calibrate:
+            raise
+        fallback = starting_overheads(config, None)
+        out.warning(
+            f"note: the calibrated overheads (initial {overheads[0]}, turn {overheads[1]} "
+            f"tokens) do not fit the plans ({exc}); they are compiled with initial "
+            f"{fallback[0]}, turn {fallback[1]} instead"
+        )
+        return build_workload(config, manifest, root_seed, fallback)
 
 
 def build_workload(

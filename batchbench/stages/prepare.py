@@ -1,5 +1,5 @@
 """Stage 3, preparation: the tokenizer and the text synthesizer, how replies are counted in
-the server's chat template, calibration (``--calibrate``), the compiled workload, and the
+the server's chat template, calibration (a live run's default), the compiled workload, and the
 run's setup (printed as the banner). Everything the agents need, before the clock runs."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 
 from batchbench.config import RunConfig
-from batchbench.drive.calibrate import Calibration, calibrate
+from batchbench.drive.calibrate import Calibration, CalibrationError, calibrate
 from batchbench.drive.rankcheck import RankLayout
 from batchbench.drive.wire import tool_call_id
 from batchbench.errors import BatchbenchError, UsageError
@@ -24,7 +24,7 @@ from batchbench.stages.console import RunOutput
 from batchbench.stages.hosting import BlockingCall
 from batchbench.stages.plans import (
     Plans,
-    build_workload,
+    calibrated_workload,
     planned,
     start_offsets,
     starting_overheads,
@@ -59,28 +59,24 @@ async def prepare(
     layout: RankLayout | None = None,
 ) -> Prepared:
     """Load and measure what the run needs against the target ``config`` names; prints the
-    calibration (when asked) and the banner (with the rank layout the target stage
+    calibration (when the run calibrates) and the banner (with the rank layout the target stage
     probed, when it did)."""
     loaded = await call(load_tokenizer, config.tokenizer, config.tokenizer_download or None)
     synth = await call(Synthesizer.prepare, loaded)
     template_name, replies = reply_accounting(config, loaded, out.warning)
-    calibration = None
-    if config.calibrate:
-        calibration = await calibrate_target(config, synth, replies)
-        url = config.endpoint_url
-        assert url is not None  # calibrate_target needed it
-        for line in calibration.lines(url):
-            if line.startswith("warning:"):
-                out.warning(line)
-            else:
-                out.lines([line])
-    overheads = starting_overheads(config, calibration)
+    preset = config.preset_calibration
+    calibration = preset if isinstance(preset, Calibration) else None
+    note = preset if isinstance(preset, str) else None
+    if config.calibrates:
+        calibration, note = await calibrate_or_note(config, synth, replies, out)
     workload = plans.workload
     if workload is None:
-        workload = build_workload(config, plans.manifest, plans.root_seed, overheads)
+        workload = calibrated_workload(config, plans.manifest, plans.root_seed, calibration, out)
         planned(config, workload, plans.root_seed, out)
     salt = content_salt(config)
     setup = run_setup(config, plans, workload, loaded, template_name, calibration, salt)
+    if note is not None:
+        setup = replace(setup, calibration_note=note)
     if layout is not None:
         setup = replace(setup, rank_workers=list(layout.workers))
     # A --workers child sent no preflight or layout probes (its parent did): it would
@@ -174,10 +170,57 @@ def template_beside(loaded: LoadedTokenizer) -> bool:
         return False
 
 
+async def calibrate_or_note(
+    config: RunConfig, synth: Synthesizer, replies: ReplyAccounting, out: RunOutput
+) -> tuple[Calibration | None, str | None]:
+    """Calibrate and print the result; (calibration, None), or, when a default calibration
+    fails (not asked for with --calibrate, whose failure fails the run), (None, the one
+    note line printed instead) and the run goes on uncalibrated."""
+    url = config.endpoint_url
+    assert url is not None  # validated: a live run has a target
+    try:
+        calibration = await calibrate_target(config, synth, replies)
+    except CalibrationError as exc:
+        if config.calibrate:
+            raise
+        if exc.no_usage:
+            note = (
+                f"note: {url} reports no usage.prompt_tokens; prompts are not calibrated "
+                "(give --replay-*-overhead-tokens, or --no-calibrate to skip this check)"
+            )
+        else:
+            note = (
+                f"note: prompts are not calibrated ({exc}); the run learns the framing as it "
+                "goes (give --replay-*-overhead-tokens, or --no-calibrate to skip this check)"
+            )
+        out.warning(note)
+        return None, note
+    for line in calibration.lines(url):
+        if line.startswith("warning:"):
+            out.warning(line)
+        else:
+            out.lines([line])
+    return calibration, None
+
+
+async def calibrate_ahead(config: RunConfig, out: RunOutput) -> RunConfig:
+    """Calibrate once for runs to come (a --workers parent's, a capacity search's before
+    its first step): ``config`` with the calibration (or the note of a failed one) preset,
+    so that those runs send no probes of their own."""
+    if not config.calibrates:
+        return config
+    assert config.tokenizer is not None  # a live run's target named it
+    loaded = load_tokenizer(config.tokenizer, config.tokenizer_download or None)
+    synth = Synthesizer.prepare(loaded)
+    _template, replies = reply_accounting(config, loaded, out.warning)
+    calibration, note = await calibrate_or_note(config, synth, replies, out)
+    return replace(config, preset_calibration=calibration if calibration is not None else note)
+
+
 async def calibrate_target(
     config: RunConfig, synth: Synthesizer, replies: ReplyAccounting
 ) -> Calibration:
-    """Probe the target for its framing overheads (``--calibrate``)."""
+    """Probe the target for its framing overheads."""
     url = config.endpoint_url
     assert url is not None  # validated: a live run has a target
     headers = probe_headers(config)
@@ -203,7 +246,9 @@ def probe_counts(
     return {
         "preflight": 1 if config.preflight else 0,
         "rank_layout": layout.probes if layout is not None else 0,
-        "calibration": calibration.requests if calibration is not None else 0,
+        "calibration": calibration.requests
+        if calibration is not None and config.preset_calibration is None
+        else 0,
     }
 
 
