@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import orjson
 import pytest
+from test_capacity import FakeServer, WritingServer, search_config, window
 
 import batchbench
 from batchbench.capacity import PASS, UNRESOLVED, Bounds, StepRecord, WindowPlan, run_capacity
@@ -28,7 +29,6 @@ from batchbench.config import RunConfig
 from batchbench.errors import UsageError
 from batchbench.options.values import wall_duration
 from batchbench.results.slo import parse_slo
-from tests.test_capacity import FakeServer, WritingServer, search_config, window
 
 SIM_ARGS = (
     "--decode-step-ms 0 --decode-step-ms-per-seq 40 --decode-step-ms-per-ktoken 0 "
