@@ -30,6 +30,10 @@ from batchbench.errors import UsageError
 from batchbench.options.values import wall_duration
 from batchbench.results.slo import parse_slo
 
+# The search, its estimate and re-judging are pure-Python logic (no compiled twin):
+# checked in the native pass.
+pytestmark = pytest.mark.native_pass_only
+
 SIM_ARGS = (
     "--decode-step-ms 0 --decode-step-ms-per-seq 40 --decode-step-ms-per-ktoken 0 "
     "--prefill-tokens-per-s 1e9"

@@ -21,6 +21,10 @@ from batchbench.drive.calibrate import CalibrationError
 from batchbench.drive.simlaunch import SimProcess, sim_command
 from batchbench.errors import PlanError, UsageError
 
+# The run defaults are pure-Python logic (no compiled twin): checked in the native pass;
+# the twins' request paths have their own tests.
+pytestmark = pytest.mark.native_pass_only
+
 EXAMPLE = "examples/trajectory-replay/plans.jsonl"
 README_RUN = ["--agent-plans-jsonl", EXAMPLE, "--max-active-agents", "2", "--sim", "--seed", "7"]
 FAST = ["--sim-args", "--speed 0", "--no-progress"]

@@ -450,7 +450,7 @@ def test_capacity_search_judges_a_speed_floor(tmp_path, capsys):
         "--sim", "--sim-args", CAPACITY_SIM, "--stream", "--output-tokens", "8",
         "--slo", "output_speed_p10>=45", "--warmup", "1", "--window", "4",
         "--min-agents", "2", "--max-agents", "4", "--resolution", "2", "--no-progress",
-        "--output-dir", str(directory),
+        "--probe", "0", "--output-dir", str(directory),
     ]  # fmt: skip
     status = capacity_main(argv)
     out = capsys.readouterr().out

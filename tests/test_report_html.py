@@ -130,7 +130,7 @@ def make_capacity(root: Path) -> None:
             "--agents", "400", "--tool-invocations", "4", "--input-tokens", "256",
             "--output-tokens", "32", "--environment-tokens", "32", "--stream", "--seed", "3",
             "--slo", "ttft_p90=60ms,itl_p90=100ms", "--min-agents", "2", "--max-agents", "4",
-            "--resolution", "1", "--warmup", "0.5", "--window", "4", "--max-extensions", "0",
+            "--resolution", "1", "--warmup", "0.5", "--window", "4", "--max-extensions", "0", "--probe", "0",
             "--output-dir", str(out), "--no-progress",
         ]
     )  # fmt: skip
