@@ -20,18 +20,17 @@ cannot be re-judged, and the step is measured again.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 from batchbench.results.confidence import (
     attainment_verdict,
     combine_verdicts,
-    percentile_interval,
     wilson_interval,
 )
-from batchbench.results.metrics import percentile
 from batchbench.results.slo import SPEED_METRICS, Objective
+from batchbench.results.window import limit_outcome
 
 _DISTRIBUTION_KEYS = {"ttft": "ttft_ms", "itl": "itl_ms", "e2e": "e2e_ms"}
 
@@ -71,38 +70,11 @@ def _limit_outcome(
     failed = window.get("failed_requests")
     if values is None or not isinstance(failed, int):
         return None
-    n = len(values)
-    limit = objective.limit_ms or 0.0
-    within = bisect.bisect_right(values, limit)
-    if objective.metric == "itl":
-        if effective is None:
-            return None
-        share = within / n if n else 0.0
-        trials, met = effective + failed, share * effective
-    else:
-        trials, met = n + failed, float(within)
-    low, high = wilson_interval(met, trials)
-    value_low, value_high = percentile_interval(values, objective.quantile, effective=effective)
-    return {
-        "objective": objective.name,
-        "metric": objective.metric,
-        "quantile": objective.quantile,
-        "limit_ms": limit,
-        "value_ms": percentile(values, objective.quantile),
-        "samples": trials,
-        "within": round(met),
-        "attainment": met / trials if trials else None,
-        "attainment_low": low,
-        "attainment_high": high,
-        "value_low_ms": value_low,
-        "value_high_ms": value_high,
-        "verdict": attainment_verdict(met, trials, objective.quantile),
-        "required": objective.quantile,
-        "limit_tokens_per_second": None,
-        "value_tokens_per_second": None,
-        "value_low_tokens_per_second": None,
-        "value_high_tokens_per_second": None,
-    }
+    if objective.metric != "itl":
+        effective = None  # only ITL counts requests instead of samples
+    elif effective is None:
+        return None
+    return asdict(limit_outcome(objective, values, failed, effective))
 
 
 def _goodput_outcome(

@@ -481,15 +481,26 @@ def _outcome(objective: Objective, window: Window) -> ObjectiveOutcome:
     if objective.at_least:
         return _floor_outcome(objective, window)
     values = sorted(window.values(f"{objective.metric}_ms"))
-    n = len(values)
-    limit = objective.limit_ms or 0.0
-    within = _count_at_most(values, limit)
     failed = len(window.rows) - len(window.ok_rows)  # a failed request met no limit
     effective = None
     if objective.metric == "itl":
         # Gaps of one request are correlated: the interval counts requests, not gaps.
         samples = window.inputs.samples
         effective = sum(1 for i in window.ok_rows if samples.gap_count[i] > 0)
+    return limit_outcome(objective, values, failed, effective)
+
+
+def limit_outcome(
+    objective: Objective, values: list[float], failed: int, effective: int | None
+) -> ObjectiveOutcome:
+    """A latency limit (``ttft_p99=2s``) judged on the window's ``values`` (sorted) and its
+    ``failed`` requests (each a sample beyond the limit). For ITL, ``effective`` is the
+    number of requests with gaps: the gaps of one request are correlated, so the interval
+    counts requests, not gaps (the share of gaps within the limit, applied to them)."""
+    n = len(values)
+    limit = objective.limit_ms or 0.0
+    within = _count_at_most(values, limit)
+    if effective is not None:
         share = within / n if n else 0.0
         trials, met = effective + failed, share * effective
     else:
