@@ -70,12 +70,18 @@ def test_no_stream_and_no_calibrate_turn_both_off_and_the_cause_names_the_fix(ca
     assert status == 0
     assert not [line for line in out if line.startswith(("Calibrated", "Check (", "flags:"))]
     assert "Replay prompt overhead: initial/reset 0 tokens; appended turn 0 tokens" in out
-    assert after(out, "Prompt fidelity:") == (
-        "Prompt fidelity: 3/7 exact (42.9%), mean |drift| 12.57 tokens, max 35",
+    fidelity, cause = after(out, "Prompt fidelity:")
+    # how many requests go out before the framing is learned depends on their timing
+    # (two agents at once): some of the 7 are exact, the others drift by the framing
+    assert re.fullmatch(
+        r"Prompt fidelity: [1-6]/7 exact \(\d+\.\d%\), mean \|drift\| \d+\.\d\d tokens, max 35",
+        fidelity,
+    ), fidelity
+    assert cause == (
         "cause: the server frames prompts with initial 9, turn 35 overhead tokens, not the 0 "
         "and 0 the run started from (learned after its first requests): calibration was off "
         "(--no-calibrate); drop --no-calibrate, or give --replay-initial-overhead-tokens 9 "
-        "--replay-turn-overhead-tokens 35",
+        "--replay-turn-overhead-tokens 35"
     )
     assert (
         "Time to first token, inter-token latency, TPOT: not measured "
@@ -91,11 +97,16 @@ def test_wrong_overhead_flags_are_named_with_the_servers_values(capsys):
     )  # fmt: skip
     assert status == 0
     assert not [line for line in out if line.startswith("Calibrated")]  # both flags: no probes
-    assert after(out, "Prompt fidelity:") == (
-        "Prompt fidelity: 4/7 exact (57.1%), mean |drift| 2.14 tokens, max 5",
+    fidelity, cause = after(out, "Prompt fidelity:")
+    # how many requests go out before the framing is learned depends on their timing
+    assert re.fullmatch(
+        r"Prompt fidelity: [1-6]/7 exact \(\d+\.\d%\), mean \|drift\| \d+\.\d\d tokens, max 5",
+        fidelity,
+    ), fidelity
+    assert cause == (
         "cause: the server frames prompts with turn 35 overhead tokens, not the 30 the run "
         "started from (learned after its first requests): the given "
-        "--replay-turn-overhead-tokens differ; give --replay-turn-overhead-tokens 35",
+        "--replay-turn-overhead-tokens differ; give --replay-turn-overhead-tokens 35"
     )
 
 
