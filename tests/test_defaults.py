@@ -325,6 +325,29 @@ def test_a_capacity_search_calibrates_once_before_its_first_step(tmp_path, capsy
         )
 
 
+def test_a_capacity_search_without_model_asks_the_server_before_it_calibrates(tmp_path, capsys):
+    """No --model and no --tokenizer-model: the search's calibration probes need the model
+    the server lists (and the tokenizer it names), so the preflight runs first; its note is
+    printed once."""
+    from batchbench.cli.capacity import run as capacity_cli
+
+    directory = tmp_path / "out"
+    # a server that lists one model, whose name is also a tokenizer's (as a hub id would be)
+    with SimProcess(sim_command("deepseek-v3", None, "--speed 0 --model deepseek-v3")) as sim:
+        status = capacity_cli(
+            ["--host", sim.url, "--output-tokens", "4",
+             "--slo", "e2e_p95=10s", "--warmup", "0", "--window", "1", "--min-agents", "1",
+             "--max-agents", "1", "--max-extensions", "0", "--probe", "0", "--no-progress",
+             "--output-dir", str(directory)]
+        )  # fmt: skip
+    err = capsys.readouterr().err.splitlines()
+    assert status == 0
+    assert [line for line in err if "--model not given" in line] == [
+        "note: --model not given; using deepseek-v3, the one model the server lists"
+    ]
+    assert len([line for line in err if CALIBRATED.fullmatch(line)]) == 1
+
+
 def test_calibrated_overheads_that_do_not_fit_the_plans_cost_one_note(tmp_path, capsys):
     """A 5-token first prompt cannot hold the simulator's 9-token framing: compiled with
     the calibration that is a plan error (with --calibrate, as before); by default one note,

@@ -38,7 +38,7 @@ from batchbench.plan.manifest import hash_manifest
 from batchbench.results.documents import ManifestSection
 from batchbench.results.slo import SPEED_METRICS, parse_slo
 from batchbench.stages.prepare import calibrate_ahead
-from batchbench.stages.target import sim_chat_template, start_sim
+from batchbench.stages.target import check_target, sim_chat_template, start_sim
 
 Listener = Callable[[StepRecord, Search, bool], None]
 StartListener = Callable[[int, int, float | None], None]  # agents, extension, seconds
@@ -122,8 +122,16 @@ class _Target:
                     chat_template=template,
                     model=model,
                 )
-            self._resolved = asyncio.run(calibrate_ahead(config, _Said(self.say)))
+            self._resolved = asyncio.run(self._calibrated(config))
         return self._resolved
+
+    async def _calibrated(self, config: RunConfig) -> RunConfig:
+        """The preflight the steps would run (the model, and so the tokenizer, the probes
+        need, when --model is not given), then the calibration."""
+        if not config.calibrates:
+            return config
+        said = _Said(self.say)
+        return await calibrate_ahead(await check_target(config, said), said)
 
     def stop(self) -> None:
         if self.sim is not None:
