@@ -190,8 +190,6 @@ def api_key_from(flag_value: str | None, env: str) -> ApiKey | None:
     return ApiKey(key) if key else None
 
 
-# Configurations that passed every check, by identity (a weak map: a configuration held
-# nowhere else is forgotten, so a reused id never stands for another one).
 def _stream_value(stream: bool | None, no_stream: bool | None) -> bool:
     """Streaming from --stream (a no-op: the default) and --no-stream; an options file's
     ``stream = false`` (as files written before streaming became the default say) turns
@@ -211,6 +209,8 @@ def _calibrate_value(calibrate: bool | None, no_calibrate: bool | None) -> bool 
     return True if calibrate else None
 
 
+# Configurations that passed every check, by identity (a weak map: a configuration held
+# nowhere else is forgotten, so a reused id never stands for another one).
 _FULLY_CHECKED: weakref.WeakValueDictionary[int, RunConfig] = weakref.WeakValueDictionary()
 
 

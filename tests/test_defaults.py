@@ -273,6 +273,26 @@ def test_an_older_options_file_that_says_stream_keeps_its_meaning(tmp_path, valu
     assert RunConfig.from_args(["--config", str(path), "--stream"]).stream is True
 
 
+@pytest.mark.parametrize(
+    ("line", "flag", "stream", "calibrate"),
+    [
+        ("stream = true", "--no-stream", False, None),
+        ("no-stream = true", "--stream", True, None),
+        ("calibrate = true", "--no-calibrate", True, False),
+        ("no-calibrate = true", "--calibrate", True, True),
+    ],
+)
+def test_the_command_line_turns_off_what_the_options_file_turned_on(
+    tmp_path, line, flag, stream, calibrate
+):
+    """An options file (a saved run's) says one of a pair; the command line's other one
+    wins, as the command line does for every option, instead of the two contradicting."""
+    path = tmp_path / "run.config.toml"
+    path.write_text(f"agents = 1\nsim = true\n{line}\n")
+    config = RunConfig.from_args(["--config", str(path), flag])
+    assert (config.stream, config.calibrate) == (stream, calibrate)
+
+
 def test_a_dry_run_neither_calibrates_nor_changes_its_lines(capsys):
     status, out, err = run(
         capsys, "--agent-plans-jsonl", EXAMPLE, "--max-active-agents", "2",

@@ -200,9 +200,34 @@ def parse_with_config(parser: CommandParser, argv: Sequence[str]) -> argparse.Na
     ``--version`` printed (a usage error raises as the parser does)."""
     argv = list(argv)
     path = config_file_argument(argv)
-    if path is not None and not {"-h", "--help", "--version"} & set(argv):
-        parser.set_defaults(**toml_defaults(parser, path))
+    if path is None or {"-h", "--help", "--version"} & set(argv):
+        return parse_or_help(parser, argv)
+    defaults = toml_defaults(parser, path)
+    overridden = _opposites_given(parser, argv, defaults)
+    parser.set_defaults(
+        **{dest: value for dest, value in defaults.items() if dest not in overridden}
+    )
     return parse_or_help(parser, argv)
+
+
+def _opposites_given(
+    parser: CommandParser, argv: list[str], defaults: dict[str, object]
+) -> set[str]:
+    """The file's switches whose opposite the command line gives (``stream = true`` in the
+    file, ``--no-stream`` here; ``no-calibrate = true`` there, ``--calibrate`` here): the
+    command line wins, as it does for every other option, instead of the two contradicting."""
+    given = {word.split("=", 1)[0] for word in argv if word.startswith("--")}
+    overridden = set()
+    for flag in given:
+        name = flag[2:]
+        opposite = name[3:] if name.startswith("no-") else f"no-{name}"
+        action = parser.action_for(f"--{opposite}")
+        mine = parser.action_for(flag)
+        if action is None or mine is None or action.nargs != 0 or mine.nargs != 0:
+            continue
+        if action.dest in defaults and action.dest != mine.dest:
+            overridden.add(action.dest)
+    return overridden
 
 
 def config_file_argument(argv: list[str]) -> str | None:
