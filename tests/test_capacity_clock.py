@@ -206,6 +206,36 @@ def test_max_time_ends_the_search_with_its_bracket(tmp_path):
     assert plain.answer.concluded
 
 
+def test_max_time_leaves_the_one_off_setup_out_of_each_steps_estimate(tmp_path, monkeypatch):
+    """The simulator's start and the calibration happen once, when the first step's runner
+    is made: they count against --max-time but are no per-step overhead."""
+    from batchbench.capacity import api
+
+    clock = Clock()
+    server = WritingServer(str(tmp_path), 48)
+
+    class Runner:
+        def __init__(self, *args, **kwargs):
+            clock.now += 20.0  # the one-off setup
+            self.deadline = None
+
+        def __call__(self, agents, phase, extension, previous=None):
+            clock.now += 35.0  # 5 s warm-up + 30 s window
+            return server(agents, phase, extension, previous)
+
+    monkeypatch.setattr(api, "StepRunner", Runner)
+    monkeypatch.setattr(api._Target, "get", lambda self: self.config)
+    result = run_capacity(
+        search_config(), str(tmp_path), max_time=140.0, clock=clock, probe_seconds=0
+    )
+    # 20 s of setup, then 35 s per step: the step at 8 would take 35 s, 15 s are left
+    assert server.calls == [(1, 0), (2, 0), (4, 0)]
+    assert result.answer.text.startswith(
+        "Capacity: not concluded: --max-time 2.3 min ran out before the step at 8 active "
+        "agents: it would take ~35 s, ~15 s were left"
+    )
+
+
 def test_max_time_used_up_and_an_extension_that_cannot_fit(tmp_path):
     clock = Clock()
     server = WritingServer(str(tmp_path), 48, overrides={2: lambda ext: UNRESOLVED})

@@ -344,6 +344,10 @@ def run_capacity(
     ) -> StepRecord:
         if deadline is None:
             return inner(agents, phase, extension, previous)
+        if step is None:
+            # once: the simulator's start and the calibration, before the fit is judged
+            # and outside the step's time (they are no per-step overhead)
+            lazy.get()
         seconds, trajectories = window.attempt(extension, previous)
         planned = window.warmup + seconds if seconds is not None else None
         estimated_seconds = planned
