@@ -778,7 +778,7 @@ def test_help_explains_the_search(capsys):
     ("argv", "message"),
     [
         (["--sim", "--output-dir", "x"], "Error: a capacity search needs --slo: the objectives "
-         "each step must meet, e.g. --slo ttft_p99=2s (with --stream) or --slo e2e_p95=30s"),
+         "each step must meet, e.g. --slo ttft_p99=2s or --slo e2e_p95=30s"),
         (["--sim", "--slo", "e2e_p95=1s"], "Error: a capacity search needs --output-dir DIR "
          "(where every step's results JSON and capacity.json are kept)"),
         (["--sim", "--slo", "e2e_p95=1s", "--output-dir", "x", "--max-active-agents", "4"],

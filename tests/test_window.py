@@ -43,6 +43,7 @@ from batchbench.results.window import (
 from batchbench.results.windowreport import (
     latency_table,
     outcome_text,
+    peak_line,
     server_metrics_lines,
     window_csv,
     window_lines,
@@ -156,6 +157,18 @@ def test_peak_output_rate_counts_tokens_as_their_chunks_arrive():
         "counted_at": "chunks",
     }
     assert window_figures(hand_inputs(), 5.0, 6.0).peak_output is None  # no request
+
+
+def test_a_window_shorter_than_a_bin_is_its_own_bin():
+    """The window [1, 1.5]: rows 1 and 2 (6 tokens) in half a second are 12 tokens/s, the
+    window's own output rate, not 6 (a full second's rate of half a second's tokens)."""
+    w = window_figures(hand_inputs(), 1.0, 1.5)
+    assert w.peak_output == PeakOutput(12.0, 1.0, 0.5, "chunks")
+    assert w.output_tokens_per_second == 12.0
+    assert peak_line(w, "Peak output tokens/s") == [
+        "Peak output tokens/s: 12 (the whole 0.50-second window from 1.00s; tokens counted "
+        "as their chunks arrived)"
+    ]
 
 
 def test_peak_output_rate_of_streamed_and_unstreamed_replies():
@@ -1139,11 +1152,18 @@ def test_console_of_a_small_unstreamed_closed_loop_run(plain_run):
     }
     streamed = document["configuration"]["stream"]
     assert peak["counted_at"] == ("chunks" if streamed else "completions")
-    assert peak["bin_seconds"] == 1.0 and 1 <= peak["tokens_per_second"] <= 24
-    assert (
-        f"Peak output tokens/s: {peak['tokens_per_second']:.0f} (the 1-second bin from "
-        f"{peak['bin_start_seconds']:.2f}s; {counted[peak['counted_at']]})"
-    ) in lines
+    duration = w["end_seconds"] - w["start_seconds"]
+    (peak_text,) = [line for line in lines if line.startswith("Peak output tokens/s: ")]
+    if duration < 1.0:  # a run shorter than a bin is one bin: its own output rate
+        assert peak["bin_seconds"] == pytest.approx(duration)
+        assert peak["tokens_per_second"] == pytest.approx(24 / duration)
+        span = f"the whole {peak['bin_seconds']:.2f}-second window"
+    else:
+        assert peak["bin_seconds"] == 1.0 and 1 <= peak["tokens_per_second"] <= 24
+        span = "the 1-second bin"
+    assert peak_text.endswith(
+        f" ({span} from {peak['bin_start_seconds']:.2f}s; {counted[peak['counted_at']]})"
+    )
     title = "Latency over the whole run (p50, p90, p99 in the lines above):"
     table = lines[lines.index(title) + 1 :][:3]
     assert table[0].split() == ["(ms)", "count", "mean", "min", "max", "std", "p95", "p99.9"]

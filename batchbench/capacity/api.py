@@ -89,7 +89,7 @@ def check_capacity_config(config: RunConfig, sweep: int | None = None) -> None:
     if not config.slo and sweep is None:
         raise UsageError(
             "a capacity search needs --slo: the objectives each step must meet, e.g. "
-            "--slo ttft_p99=2s (with --stream) or --slo e2e_p95=30s"
+            "--slo ttft_p99=2s or --slo e2e_p95=30s"
         )
     if config.dry_run:
         raise UsageError("a capacity search needs a live server (not --dry-run)")

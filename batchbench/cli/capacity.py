@@ -237,7 +237,7 @@ def parse_capacity_args(argv: Sequence[str]) -> argparse.Namespace | None:
     if not args.slo and args.sweep is None:
         raise UsageError(
             "a capacity search needs --slo: the objectives each step must meet, e.g. "
-            "--slo ttft_p99=2s (with --stream) or --slo e2e_p95=30s"
+            "--slo ttft_p99=2s or --slo e2e_p95=30s"
         )
     return args
 

@@ -196,19 +196,28 @@ def request_tokens(samples: RequestSamples, rows: Sequence[int]) -> dict | None:
 
 
 def peak_output(
-    samples: RequestSamples, gaps_ms: Sequence[float], rows: Sequence[int], start: float
+    samples: RequestSamples,
+    gaps_ms: Sequence[float],
+    rows: Sequence[int],
+    start: float,
+    end: float | None = None,
 ) -> PeakOutput | None:
     """The most output tokens that arrived in one PEAK_BIN_SECONDS bin (bins from
     ``start``), over the successful requests ``rows``, per second. A streamed reply's
     tokens arrive with its content chunks (first at the TTFT, then after each gap), spread
     evenly over them in whole tokens; an unstreamed reply's all arrive at its completion.
-    None when no token arrived."""
+    A window shorter than one bin (``end - start``) is one bin of its own length, so that
+    its peak is not a full second's rate of a fraction of a second's tokens. None when no
+    token arrived."""
     bins: dict[int, int] = {}
     kinds: set[str] = set()
+    width = PEAK_BIN_SECONDS
+    if end is not None and 0 < end - start < PEAK_BIN_SECONDS:
+        width = end - start
 
     def add(t: float, tokens: int) -> None:
         if tokens:
-            index = math.floor((t - start) / PEAK_BIN_SECONDS)
+            index = math.floor((t - start) / width) if width == PEAK_BIN_SECONDS else 0
             bins[index] = bins.get(index, 0) + tokens
 
     for i in rows:
@@ -233,9 +242,9 @@ def peak_output(
         return None
     index = max(sorted(bins), key=lambda b: bins[b])  # the earliest of equal bins
     return PeakOutput(
-        tokens_per_second=bins[index] / PEAK_BIN_SECONDS,
-        bin_start_seconds=start + index * PEAK_BIN_SECONDS,
-        bin_seconds=PEAK_BIN_SECONDS,
+        tokens_per_second=bins[index] / width,
+        bin_start_seconds=start + index * width,
+        bin_seconds=width,
         counted_at=" and ".join(sorted(kinds)),
     )
 
@@ -385,7 +394,7 @@ def window_figures(inputs: WindowInputs, start: float, end: float) -> WindowFigu
             agents=_stats(window.agent_speeds(), low),
         ),
         request_tokens=request_tokens(samples, ok_rows),
-        peak_output=peak_output(samples, inputs.gaps_ms, ok_rows, start),
+        peak_output=peak_output(samples, inputs.gaps_ms, ok_rows, start, end),
     )
 
 

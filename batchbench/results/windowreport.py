@@ -20,7 +20,7 @@ from batchbench.results.slo import (
     percentile_label,
     speed_text,
 )
-from batchbench.results.window import MetricStats, ObjectiveOutcome, WindowFigures
+from batchbench.results.window import PEAK_BIN_SECONDS, MetricStats, ObjectiveOutcome, WindowFigures
 
 LATENCY_ROWS = (
     ("ttft_ms", "TTFT"),
@@ -117,8 +117,11 @@ def peak_line(window: WindowFigures, label: str) -> list[str]:
     peak = window.peak_output
     if peak is None:
         return []
+    span = f"the {peak.bin_seconds:g}-second bin"
+    if peak.bin_seconds < PEAK_BIN_SECONDS:  # a window shorter than one bin
+        span = f"the whole {peak.bin_seconds:.2f}-second window"
     return [
-        f"{label}: {count_text(peak.tokens_per_second)} (the {peak.bin_seconds:g}-second bin "
+        f"{label}: {count_text(peak.tokens_per_second)} ({span} "
         f"from {peak.bin_start_seconds:.2f}s; {COUNTED_AT[peak.counted_at]})"
     ]
 
