@@ -20,7 +20,7 @@ import batchbench
 from batchbench.capacity import PASS, UNRESOLVED, Bounds, StepRecord, WindowPlan, run_capacity
 from batchbench.capacity.api import write_capacity_report
 from batchbench.capacity.estimate import duration_words, estimate, estimate_objective
-from batchbench.capacity.outdir import CAPACITY_FILE, OutputDirectory, step_file
+from batchbench.capacity.outdir import CAPACITY_FILE, OutputDirectory, current_names, step_file
 from batchbench.capacity.rejudge import rejudged_window
 from batchbench.capacity.search import FAIL, MEASURED, OUT_OF_TIME, sweep_caps
 from batchbench.capacity.steps import StepRunner
@@ -234,6 +234,37 @@ def test_max_time_leaves_the_one_off_setup_out_of_each_steps_estimate(tmp_path, 
         "Capacity: not concluded: --max-time 2.3 min ran out before the step at 8 active "
         "agents: it would take ~35 s, ~15 s were left"
     )
+
+
+def test_a_search_recorded_before_the_new_defaults_resumes_as_it_ran(tmp_path):
+    """capacity.json of a search run before streaming and calibration were the defaults
+    says ``stream`` and ``calibrate = false``: read in today's terms, the same options
+    resume it, and today's defaults are refused with what to add."""
+    directory = str(tmp_path)
+    run_capacity(search_config(), directory, step=WritingServer(directory, 48))
+    path = tmp_path / CAPACITY_FILE
+    document = json.loads(path.read_text())
+    options = document["configuration"]
+    del options["no-stream"]
+    options.update(stream=True, calibrate=False)  # as such a search recorded them
+    path.write_text(json.dumps(document))
+    with pytest.raises(UsageError) as refused:
+        run_capacity(search_config(), directory, step=WritingServer(directory, 48))
+    assert str(refused.value) == (
+        f"--output-dir {directory} holds a search with other options (--no-calibrate was "
+        "on, now unset) (it was measured before streamed replies and calibration became the "
+        "defaults: add --no-stream and --no-calibrate as it ran to resume it): run with the "
+        "same options, add --restart to discard it, or give another --output-dir"
+    )
+    again = WritingServer(directory, 48)
+    run_capacity(search_config(calibrate=False), directory, step=again)
+    assert again.calls == []  # every step read back
+    # an unstreamed older search: its stream = false is today's --no-stream
+    assert current_names({"stream": False, "calibrate": True, "seed": 7}) == {
+        "seed": 7,
+        "no-stream": True,
+        "calibrate": True,
+    }
 
 
 def test_max_time_used_up_and_an_extension_that_cannot_fit(tmp_path):

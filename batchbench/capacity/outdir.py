@@ -94,7 +94,30 @@ def partial_file(agents: int) -> str:
 
 
 def compared(options: Mapping[str, Any]) -> dict[str, Any]:
-    return {name: value for name, value in options.items() if name not in NOT_COMPARED}
+    return {
+        name: value for name, value in current_names(options).items() if name not in NOT_COMPARED
+    }
+
+
+def older_defaults(options: Mapping[str, Any]) -> bool:
+    """Options recorded before streaming and calibration became the defaults (they say
+    ``stream`` and ``calibrate``, true or false)."""
+    return "stream" in options and "no-stream" not in options
+
+
+def current_names(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Recorded options in today's terms: an older search's ``stream = false`` is
+    ``no-stream = true``, and its ``calibrate = false`` (no calibration then) is
+    ``no-calibrate = true``; so the same search compares equal to itself."""
+    if not older_defaults(options):
+        return dict(options)
+    current = {k: v for k, v in options.items() if k not in ("stream", "calibrate")}
+    current["no-stream"] = not options["stream"]
+    if options.get("calibrate"):
+        current["calibrate"] = True
+    else:
+        current["no-calibrate"] = True
+    return current
 
 
 def differences(
@@ -222,11 +245,19 @@ class OutputDirectory:
         if self.manifest_sha256 is not None and recorded_sha not in (None, self.manifest_sha256):
             found.append("the manifest's contents changed (SHA-256)")
         if found:
+            hint = ""
+            if older_defaults(recorded_options) and any(
+                text.startswith(("--no-stream", "--no-calibrate")) for text in found
+            ):
+                hint = (
+                    " (it was measured before streamed replies and calibration became the "
+                    "defaults: add --no-stream and --no-calibrate as it ran to resume it)"
+                )
             raise UsageError(
                 f"--output-dir {self.path} holds a search with other options ("
                 + "; ".join(found)
-                + "): run with the same options, add --restart to discard it, or give another "
-                "--output-dir"
+                + f"){hint}: run with the same options, add --restart to discard it, or give "
+                "another --output-dir"
             )
         self.changed = differences(
             {k: recorded_search.get(k) for k in RESUMABLE},
