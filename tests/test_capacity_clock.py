@@ -381,6 +381,11 @@ def test_max_time_values_and_banner(tmp_path, capsys, monkeypatch):
     assert [wall_duration(t) for t in ("90", "90s", "30m", "1.5h", "1h30m")] == [
         90.0, 90.0, 1800.0, 5400.0, 5400.0
     ]  # fmt: skip
+    # as the search prints durations (duration_words): they are accepted back
+    assert [wall_duration(duration_words(s)) for s in (35.0, 960.0, 4800.0)] == [
+        35.0, 960.0, 4800.0
+    ]  # fmt: skip
+    assert wall_duration("1 h 20 min") == 4800.0
     out = str(tmp_path / "out")
     argv = ["--sim", "--slo", "e2e_p95=1s", "--output-dir", out, "--max-time"]
     assert capacity_cli([*argv, "soon"]) == 2

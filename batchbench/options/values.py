@@ -86,8 +86,8 @@ _WALL_PART = re.compile(r"([0-9]*\.?[0-9]+)\s*(h|min|m|s)")
 
 def wall_duration(text: str) -> float:
     """A positive wall-clock duration in seconds: ``90`` or ``90s``, ``30m``, ``1.5h``,
-    ``1h30m``."""
-    compact = text.strip().lower()
+    ``1h30m``, and as the search prints them (``1 h 30 min``, ``16 min``)."""
+    compact = re.sub(r"\s+", "", text.lower())
     total = 0.0
     if re.fullmatch(r"[0-9]*\.?[0-9]+", compact):
         total = float(compact)
