@@ -289,7 +289,6 @@ class OutputDirectory:
                     self.remeasured.append(record.agents)
                     continue
                 window = rejudged
-                self.rejudged += 1
             elif isinstance(record.window, dict) and isinstance(record.window.get("slo"), list):
                 # the outcomes the step was last judged with: the results JSON keeps those it
                 # was measured with, which an earlier resume with another --slo replaced
@@ -300,6 +299,8 @@ class OutputDirectory:
                 }
             if record.verdict == UNRESOLVED and self.window_changed:
                 continue  # measured again with the new window
+            if self.slo_changed is not None:
+                self.rejudged += 1  # kept, judged again: not measured again
             record.window = window
             record.resumed = True
             steps[record.agents] = record
