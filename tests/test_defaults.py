@@ -14,6 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 from stubserver import Reply, Stream, StubServer, chat_completion, delta_chunk, sse, usage_chunk
+from test_fidelity_e2e import TINY_FIRST_PROMPT_PLANS
 
 from batchbench.cli.agent import main
 from batchbench.config import RunConfig
@@ -373,12 +374,7 @@ def test_calibrated_overheads_that_do_not_fit_the_plans_cost_one_note(tmp_path, 
     the calibration that is a plan error (with --calibrate, as before); by default one note,
     and the prompt correction reports the request it cannot reach."""
     plans = tmp_path / "small.jsonl"
-    plans.write_text(
-        '{"schema_version":1,"trajectory_id":"big","requests":'
-        '[{"prompt_tokens":80,"output_tokens":4},{"prompt_tokens":200,"output_tokens":4}]}\n'
-        '{"schema_version":1,"trajectory_id":"tiny","requests":'
-        '[{"prompt_tokens":5,"output_tokens":4},{"prompt_tokens":120,"output_tokens":4}]}\n'
-    )
+    plans.write_text(TINY_FIRST_PROMPT_PLANS)
     argv = ["--agent-plans-jsonl", str(plans), "--max-active-agents", "1", "--sim",
             "--sim-args", "--speed 0", "--seed", "7", "--no-progress", "--no-stream"]  # fmt: skip
     status, out, err = run(capsys, *argv)

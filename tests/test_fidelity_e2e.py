@@ -255,16 +255,21 @@ def test_rerun_with_the_same_salt_warns_about_cache_hits_it_cannot_explain(tmp_p
     assert warning not in third
 
 
+# Two trajectories; the second's first prompt (5 tokens) is smaller than the simulator's
+# 9-token framing alone.
+TINY_FIRST_PROMPT_PLANS = (
+    '{"schema_version":1,"trajectory_id":"big","requests":'
+    '[{"prompt_tokens":80,"output_tokens":4},{"prompt_tokens":200,"output_tokens":4}]}\n'
+    '{"schema_version":1,"trajectory_id":"tiny","requests":'
+    '[{"prompt_tokens":5,"output_tokens":4},{"prompt_tokens":120,"output_tokens":4}]}\n'
+)
+
+
 def test_a_first_request_the_plan_leaves_no_room_for_is_counted_and_reported(tmp_path, capsys):
     """Without overhead flags the run learns the 9-token framing from the first trajectory;
     the second one's first prompt is 5 tokens, which the framing alone exceeds."""
     plans = tmp_path / "small.jsonl"
-    plans.write_text(
-        '{"schema_version":1,"trajectory_id":"big","requests":'
-        '[{"prompt_tokens":80,"output_tokens":4},{"prompt_tokens":200,"output_tokens":4}]}\n'
-        '{"schema_version":1,"trajectory_id":"tiny","requests":'
-        '[{"prompt_tokens":5,"output_tokens":4},{"prompt_tokens":120,"output_tokens":4}]}\n'
-    )
+    plans.write_text(TINY_FIRST_PROMPT_PLANS)
     status, summary, events, _ = run(
         tmp_path,
         "--agent-plans-jsonl", str(plans), "--tokenizer-model", "deepseek-v3",

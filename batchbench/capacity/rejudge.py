@@ -24,13 +24,9 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from batchbench.results.confidence import (
-    attainment_verdict,
-    combine_verdicts,
-    wilson_interval,
-)
+from batchbench.results.confidence import combine_verdicts
 from batchbench.results.slo import SPEED_METRICS, Objective
-from batchbench.results.window import limit_outcome
+from batchbench.results.window import goodput_outcome, limit_outcome
 
 _DISTRIBUTION_KEYS = {"ttft": "ttft_ms", "itl": "itl_ms", "e2e": "e2e_ms"}
 
@@ -88,27 +84,7 @@ def _goodput_outcome(
     good, n = goodput.get("good_requests"), window.get("requests")
     if stored != dict(thresholds) or not isinstance(good, int) or not isinstance(n, int):
         return None
-    low, high = wilson_interval(good, n)
-    return {
-        "objective": objective.name,
-        "metric": "goodput",
-        "quantile": objective.quantile,
-        "limit_ms": None,
-        "value_ms": None,
-        "samples": n,
-        "within": good,
-        "attainment": good / n if n else None,
-        "attainment_low": low,
-        "attainment_high": high,
-        "value_low_ms": None,
-        "value_high_ms": None,
-        "verdict": attainment_verdict(good, n, objective.quantile),
-        "required": objective.quantile,
-        "limit_tokens_per_second": None,
-        "value_tokens_per_second": None,
-        "value_low_tokens_per_second": None,
-        "value_high_tokens_per_second": None,
-    }
+    return asdict(goodput_outcome(objective, good, n))
 
 
 def rejudged_window(

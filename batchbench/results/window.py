@@ -468,25 +468,8 @@ def _goodput(inputs: WindowInputs, window: Window, duration: float) -> GoodputFi
 def _outcome(objective: Objective, window: Window) -> ObjectiveOutcome:
     if objective.metric == "goodput":
         samples = window.inputs.samples
-        n = len(window.rows)
         within = sum(1 for i in window.rows if samples.good[i])
-        low, high = wilson_interval(within, n)
-        return ObjectiveOutcome(
-            objective=objective.name,
-            metric="goodput",
-            quantile=objective.quantile,
-            limit_ms=None,
-            value_ms=None,
-            samples=n,
-            within=within,
-            attainment=within / n if n else None,
-            attainment_low=low,
-            attainment_high=high,
-            value_low_ms=None,
-            value_high_ms=None,
-            verdict=attainment_verdict(within, n, objective.quantile),
-            required=objective.quantile,
-        )
+        return goodput_outcome(objective, within, len(window.rows))
     if objective.at_least:
         return _floor_outcome(objective, window)
     values = sorted(window.values(f"{objective.metric}_ms"))
@@ -497,6 +480,27 @@ def _outcome(objective: Objective, window: Window) -> ObjectiveOutcome:
         samples = window.inputs.samples
         effective = sum(1 for i in window.ok_rows if samples.gap_count[i] > 0)
     return limit_outcome(objective, values, failed, effective)
+
+
+def goodput_outcome(objective: Objective, within: int, n: int) -> ObjectiveOutcome:
+    """Goodput (``goodput=95%``): ``within`` of the window's ``n`` requests were good."""
+    low, high = wilson_interval(within, n)
+    return ObjectiveOutcome(
+        objective=objective.name,
+        metric="goodput",
+        quantile=objective.quantile,
+        limit_ms=None,
+        value_ms=None,
+        samples=n,
+        within=within,
+        attainment=within / n if n else None,
+        attainment_low=low,
+        attainment_high=high,
+        value_low_ms=None,
+        value_high_ms=None,
+        verdict=attainment_verdict(within, n, objective.quantile),
+        required=objective.quantile,
+    )
 
 
 def limit_outcome(
