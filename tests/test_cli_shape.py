@@ -332,10 +332,20 @@ def test_a_sim_args_mistake_is_one_line(command, argv, message, capsys, tmp_path
 
 
 def test_good_sim_args_pass_the_check():
+    """Valid --sim-args pass the check (a mistake raises) and reach the child's command,
+    parsed as the simulator will parse them (its model: --model, else its default)."""
     from batchbench.config import RunConfig
+    from batchbench.options.simulator import sim_model_name
 
-    RunConfig(sim=True, sim_args="--max-batch 4 --speed 0").check()
-    RunConfig(sim=True, sim_args="--close-after-stream").check()
+    for args, model in (
+        ("--max-batch 4 --speed 0", "batchbench-sim"),
+        ("--close-after-stream --model m1", "m1"),
+    ):
+        config = RunConfig(sim=True, sim_args=args)
+        config.check()
+        command = config.sim_child_command()
+        assert command[-len(args.split()) :] == args.split()
+        assert sim_model_name(command) == model
 
 
 def test_a_simulator_that_does_not_start_names_its_whole_command():
